@@ -1,0 +1,604 @@
+/* device.c - device lifecycle, address mapping, the read path, stats. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dev.h"
+#include "states.h"
+
+int chm_version(void)
+{
+	return CHM_VERSION_MAJOR * 10000 + CHM_VERSION_MINOR * 100 + CHM_VERSION_PATCH;
+}
+
+const char *chm_strerror(int err)
+{
+	switch (-err) {
+	case 0: return "success";
+	case EINVAL: return "invalid argument";
+	case ENOENT: return "no such object or option";
+	case EAGAIN: return "queue full";
+	case ENOSPC: return "no capacity";
+	case EBUSY: return "in use";
+	case ETIMEDOUT: return "timed out";
+	case EIO: return "backing I/O error";
+	case ESTALE: return "stale handle (released or never issued)";
+	case ECANCELED: return "device closing";
+	case ENOMEM: return "out of host memory";
+	case EOPNOTSUPP: return "not supported in this mode or on this host";
+	default: return strerror(-err);
+	}
+}
+
+_Noreturn void chm_illegal_transition(const char *table, int from, int to, const char *file,
+				      int line)
+{
+	fprintf(stderr, "chm: illegal transition %d -> %d in %s at %s:%d\n", from, to, table,
+		file, line);
+	abort();
+}
+
+/* ---- clock ---- */
+
+uint64_t chm_mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t chm_now_ns(struct chm_dev *dev)
+{
+	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
+		return dev->vclock_ns;
+	return chm_mono_ns() - dev->t0_ns;
+}
+
+void chm_pace(struct chm_dev *dev, uint64_t done_ns)
+{
+	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
+		if (dev->vclock_ns < done_ns)
+			dev->vclock_ns = done_ns;
+		return;
+	}
+	if (!dev->timing.enabled)
+		return;
+	uint64_t now = chm_now_ns(dev);
+	if (now > done_ns) {
+		dev->st.pacing_late++;
+		dev->st.pacing_late_ns += now - done_ns;
+		return;
+	}
+	uint64_t until = dev->t0_ns + done_ns;
+	struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
+			      .tv_nsec = (long)(until % 1000000000ull)};
+	pthread_mutex_unlock(&dev->lock);
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+	pthread_mutex_lock(&dev->lock);
+}
+
+int chm_enter(struct chm_dev *dev)
+{
+	if (dev->closing)
+		return -ECANCELED;
+	dev->active_calls++;
+	return 0;
+}
+
+void chm_leave(struct chm_dev *dev)
+{
+	if (--dev->active_calls == 0 && dev->closing)
+		pthread_cond_broadcast(&dev->idle_cond);
+}
+
+/* ---- address mapping ---- */
+
+unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len)
+{
+	uint64_t unit = cfg->max_io;
+	if (cfg->n_targets > 1 && cfg->stripe_unit < unit)
+		unit = cfg->stripe_unit;
+	return (unsigned)(len / unit + 2);
+}
+
+int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
+		struct chm_io *ios, unsigned max)
+{
+	const struct chm_config *c = &dev->cfg;
+	uint64_t n = c->n_targets ? c->n_targets : 1;
+	unsigned k = 0;
+	while (len) {
+		uint64_t chunk, toff;
+		int t;
+		if (n == 1) {
+			t = 0;
+			toff = addr;
+			chunk = len < c->max_io ? len : c->max_io;
+		} else {
+			uint64_t stripe = addr / c->stripe_unit, in = addr % c->stripe_unit;
+			t = (int)(stripe % n);
+			toff = (stripe / n) * c->stripe_unit + in;
+			chunk = c->stripe_unit - in;
+			if (chunk > len)
+				chunk = len;
+			if (chunk > c->max_io)
+				chunk = c->max_io;
+		}
+		if (k == max)
+			return -EINVAL;
+		struct chm_io *io = &ios[k++];
+		io->op = op;
+		io->target = t;
+		io->offset = toff;
+		io->buf = buf;
+		io->len = (uint32_t)chunk;
+		io->res = 0;
+		io->model_done_ns = 0;
+		io->next = NULL;
+		addr += chunk;
+		buf += chunk;
+		len -= chunk;
+	}
+	return (int)k;
+}
+
+/* ---- synchronous transfers through the backend ---- */
+
+struct sync_wait {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned pending;
+	int err;
+	uint64_t bytes;
+};
+
+static void sync_io_done(struct chm_io *io)
+{
+	struct sync_wait *w = io->ctx;
+	pthread_mutex_lock(&w->lock);
+	if (io->res < 0 && !w->err)
+		w->err = io->res;
+	else if (io->res >= 0 && (uint64_t)io->res != io->len && io->op != CHM_IO_SYNC && !w->err)
+		w->err = -EIO;
+	if (io->res > 0)
+		w->bytes += (uint64_t)io->res;
+	if (--w->pending == 0)
+		pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+/* Runs n ios to completion. */
+static int run_ios(struct chm_dev *dev, struct chm_io *ios, unsigned n, uint64_t *bytes)
+{
+	struct sync_wait w = {.pending = n};
+	struct chm_io *ptrs[64];
+	pthread_mutex_init(&w.lock, NULL);
+	pthread_cond_init(&w.cond, NULL);
+	for (unsigned i = 0; i < n; i++) {
+		ios[i].done = sync_io_done;
+		ios[i].ctx = &w;
+		ptrs[i] = &ios[i];
+	}
+	int rc = dev->be_ops->submit(dev->be, ptrs, n);
+	pthread_mutex_lock(&w.lock);
+	if (rc < 0)
+		w.pending = 0;
+	while (w.pending)
+		pthread_cond_wait(&w.cond, &w.lock);
+	pthread_mutex_unlock(&w.lock);
+	pthread_mutex_destroy(&w.lock);
+	pthread_cond_destroy(&w.cond);
+	if (bytes)
+		*bytes = w.bytes;
+	return rc < 0 ? rc : w.err;
+}
+
+int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len)
+{
+	struct chm_io ios[64];
+	char *p = buf;
+	uint64_t moved;
+	while (len) {
+		/* at most 32 ios per round: stays within ios[] for any striping */
+		uint64_t unit = dev->cfg.max_io;
+		if (dev->cfg.n_targets > 1 && dev->cfg.stripe_unit < unit)
+			unit = dev->cfg.stripe_unit;
+		uint64_t round = unit * 32;
+		if (round > len)
+			round = len;
+		int n = chm_map_ios(dev, op, addr, round, p, ios, 64);
+		if (n < 0)
+			return n;
+		int rc = run_ios(dev, ios, (unsigned)n, &moved);
+		pthread_mutex_lock(&dev->lock);
+		if (op == CHM_IO_READ)
+			dev->st.bytes_read_ssd += moved;
+		else
+			dev->st.bytes_written_ssd += moved;
+		pthread_mutex_unlock(&dev->lock);
+		if (rc)
+			return rc;
+		addr += round;
+		p += round;
+		len -= round;
+	}
+	return 0;
+}
+
+/* fdatasync every target through the backend. */
+int chm_ssd_sync_all(struct chm_dev *dev)
+{
+	struct chm_io ios[CHM_MAX_TARGETS];
+	unsigned n = dev->cfg.n_targets ? dev->cfg.n_targets : 1;
+	for (unsigned i = 0; i < n; i++) {
+		memset(&ios[i], 0, sizeof(ios[i]));
+		ios[i].op = CHM_IO_SYNC;
+		ios[i].target = (int)i;
+	}
+	return run_ios(dev, ios, n, NULL);
+}
+
+/* ---- open / close ---- */
+
+static uint64_t target_need(const struct chm_config *c, unsigned i)
+{
+	uint64_t stripes = c->capacity / c->stripe_unit;
+	uint64_t n = c->n_targets;
+	uint64_t mine = stripes / n + (i < stripes % n ? 1 : 0);
+	return mine * c->stripe_unit;
+}
+
+static int open_target(struct chm_dev *dev, unsigned i)
+{
+	const struct chm_config *c = &dev->cfg;
+	const char *path = c->targets[i];
+	uint64_t need = target_need(c, i);
+	struct stat st;
+	int flags = O_RDWR | O_DIRECT | O_CLOEXEC;
+	if (stat(path, &st) < 0) {
+		if (errno != ENOENT || !c->create)
+			return -errno;
+		flags |= O_CREAT;
+	} else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+		return -EINVAL;
+	}
+	int fd = open(path, flags, 0644);
+	if (fd < 0)
+		return errno == EINVAL ? -EOPNOTSUPP : -errno; /* no O_DIRECT here */
+	if (fstat(fd, &st) < 0)
+		goto err_errno;
+	uint64_t have;
+	if (S_ISBLK(st.st_mode)) {
+		if (ioctl(fd, BLKGETSIZE64, &have) < 0)
+			goto err_errno;
+		if (have < need) {
+			close(fd);
+			return -ENOSPC;
+		}
+	} else {
+		have = (uint64_t)st.st_size;
+		if (have < need) {
+			if (!c->create) {
+				close(fd);
+				return -ENOSPC;
+			}
+			if (ftruncate(fd, (off_t)need) < 0) /* sparse */
+				goto err_errno;
+			have = need;
+		}
+	}
+	dev->fds[i] = fd;
+	dev->target_bytes[i] = have;
+	return 0;
+err_errno:;
+	int e = -errno;
+	close(fd);
+	return e;
+}
+
+static uint64_t pool_bytes_needed(const struct chm_config *c)
+{
+	if (c->mode == CHM_MODE_DIRECT)
+		return 0;
+	return c->dram_bytes;
+}
+
+int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
+{
+	if (!cfg || !out)
+		return -EINVAL;
+	int rc = chm_config_validate(cfg, NULL, 0);
+	if (rc)
+		return rc;
+	struct chm_dev *dev = calloc(1, sizeof(*dev));
+	if (!dev)
+		return -ENOMEM;
+	dev->cfg = *cfg;
+	chm_config_derive(&dev->cfg);
+	while (!dev->tag) {
+		if (getrandom(&dev->tag, sizeof(dev->tag), 0) != sizeof(dev->tag))
+			dev->tag = (uint16_t)(chm_mono_ns() ^ (uintptr_t)dev);
+	}
+	for (unsigned i = 0; i < CHM_MAX_TARGETS; i++)
+		dev->fds[i] = -1;
+	dev->t0_ns = chm_mono_ns();
+	chm_timing_init(&dev->timing, &dev->cfg.timing);
+
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_mutex_init(&dev->lock, NULL);
+	pthread_cond_init(&dev->cond, &ca);
+	pthread_cond_init(&dev->idle_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_mutex_init(&dev->faults.lock, NULL);
+
+	if (dev->cfg.backend != CHM_BACKEND_GHOST) {
+		for (unsigned i = 0; i < dev->cfg.n_targets; i++) {
+			rc = open_target(dev, i);
+			if (rc)
+				goto err_targets;
+		}
+	}
+	uint64_t pb = pool_bytes_needed(&dev->cfg);
+	if (pb) {
+		rc = chm_pool_create(&dev->pool, &dev->cfg, pb);
+		if (rc)
+			goto err_targets;
+	} else {
+		dev->pool.fd = -1;
+		dev->pool.numa_node = -1;
+	}
+	switch (dev->cfg.backend) {
+	case CHM_BACKEND_URING: dev->be_ops = &chm_backend_uring_ops; break;
+	case CHM_BACKEND_PREAD: dev->be_ops = &chm_backend_pread_ops; break;
+	default: dev->be_ops = &chm_backend_ghost_ops; break;
+	}
+	rc = dev->be_ops->init(dev, &dev->be);
+	if (rc)
+		goto err_pool;
+	if (dev->cfg.mode == CHM_MODE_PREFETCH) {
+		dev->staging_off = 0;
+		rc = chm_staging_init(dev);
+		if (rc)
+			goto err_backend;
+	}
+	*out = dev;
+	return 0;
+
+err_backend:
+	dev->be_ops->shutdown(dev->be);
+err_pool:
+	if (pb)
+		chm_pool_destroy(&dev->pool);
+err_targets:
+	for (unsigned i = 0; i < CHM_MAX_TARGETS; i++)
+		if (dev->fds[i] >= 0)
+			close(dev->fds[i]);
+	pthread_mutex_destroy(&dev->faults.lock);
+	pthread_cond_destroy(&dev->idle_cond);
+	pthread_cond_destroy(&dev->cond);
+	pthread_mutex_destroy(&dev->lock);
+	free(dev);
+	return rc;
+}
+
+void chm_dev_close(chm_dev *dev)
+{
+	if (!dev)
+		return;
+	pthread_mutex_lock(&dev->lock);
+	dev->closing = true;
+	if (dev->slots)
+		chm_staging_cancel_all(dev);
+	pthread_cond_broadcast(&dev->cond);
+	while (dev->active_calls)
+		pthread_cond_wait(&dev->idle_cond, &dev->lock);
+	pthread_mutex_unlock(&dev->lock);
+
+	/* in-flight fills drain here; their done() still takes the lock */
+	dev->be_ops->shutdown(dev->be);
+	if (dev->slots)
+		chm_staging_fini(dev);
+	if (dev->pool.base)
+		chm_pool_destroy(&dev->pool);
+	for (unsigned i = 0; i < CHM_MAX_TARGETS; i++)
+		if (dev->fds[i] >= 0)
+			close(dev->fds[i]);
+	pthread_mutex_destroy(&dev->faults.lock);
+	pthread_cond_destroy(&dev->idle_cond);
+	pthread_cond_destroy(&dev->cond);
+	pthread_mutex_destroy(&dev->lock);
+	free(dev);
+}
+
+int chm_dev_config(chm_dev *dev, struct chm_config *out)
+{
+	if (!dev || !out)
+		return -EINVAL;
+	*out = dev->cfg;
+	return 0;
+}
+
+int chm_dev_pool_fd(chm_dev *dev)
+{
+	if (!dev)
+		return -EINVAL;
+	if (dev->pool.kind != CHM_POOL_MEMFD || dev->pool.fd < 0 || !dev->pool.base)
+		return -ENOENT;
+	return dev->pool.fd;
+}
+
+/* ---- data path ---- */
+
+static int check_range(const struct chm_dev *dev, uint64_t addr, uint64_t len)
+{
+	if (len == 0 || addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
+		return -EINVAL;
+	return 0;
+}
+
+/* SSD read of an arbitrary range through an aligned bounce buffer. */
+static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len)
+{
+	const uint64_t chunk_max = 8u << 20;
+	uint64_t bounce_len = chunk_max + 2 * CHM_FILL_ALIGN;
+	void *bounce;
+	if (posix_memalign(&bounce, CHM_FILL_ALIGN, bounce_len))
+		return -ENOMEM;
+	int rc = 0;
+	while (len) {
+		uint64_t n = len < chunk_max ? len : chunk_max;
+		uint64_t a0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN);
+		uint64_t a1 = CHM_ALIGN_UP(addr + n, CHM_FILL_ALIGN);
+		if (a1 > dev->cfg.capacity)
+			a1 = dev->cfg.capacity;
+		pthread_mutex_lock(&dev->lock);
+		uint64_t done = chm_timing_ssd(&dev->timing, 0, chm_now_ns(dev), a1 - a0);
+		pthread_mutex_unlock(&dev->lock);
+		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0);
+		if (rc)
+			break;
+		memcpy(buf, (char *)bounce + (addr - a0), n);
+		pthread_mutex_lock(&dev->lock);
+		chm_pace(dev, done);
+		pthread_mutex_unlock(&dev->lock);
+		addr += n;
+		buf += n;
+		len -= n;
+	}
+	free(bounce);
+	return rc;
+}
+
+int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
+{
+	if (!dev || !buf)
+		return -EINVAL;
+	int rc = check_range(dev, addr, len);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&dev->lock);
+	rc = chm_enter(dev);
+	if (rc)
+		goto out_unlock;
+	if (dev->cfg.mode == CHM_MODE_PREFETCH && chm_staging_read_hit(dev, addr, buf, len)) {
+		dev->st.read_hits++;
+		dev->st.bytes_from_dram += len;
+		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
+		goto out_leave;
+	}
+	dev->st.read_misses++;
+	pthread_mutex_unlock(&dev->lock);
+	rc = read_miss(dev, addr, buf, len);
+	pthread_mutex_lock(&dev->lock);
+out_leave:
+	chm_leave(dev);
+out_unlock:
+	pthread_mutex_unlock(&dev->lock);
+	return rc;
+}
+
+/* Write-through of an aligned range (direct mode). */
+static int write_through(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
+{
+	const uint64_t chunk_max = 8u << 20;
+	void *bounce;
+	if (posix_memalign(&bounce, CHM_FILL_ALIGN, chunk_max))
+		return -ENOMEM;
+	int rc = 0;
+	const char *p = buf;
+	while (len && !rc) {
+		uint64_t n = len < chunk_max ? len : chunk_max;
+		memcpy(bounce, p, n);
+		pthread_mutex_lock(&dev->lock);
+		uint64_t done = chm_timing_ssd(&dev->timing, 1, chm_now_ns(dev), n);
+		pthread_mutex_unlock(&dev->lock);
+		rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, addr, bounce, n);
+		pthread_mutex_lock(&dev->lock);
+		chm_pace(dev, done);
+		pthread_mutex_unlock(&dev->lock);
+		addr += n;
+		p += n;
+		len -= n;
+	}
+	free(bounce);
+	return rc;
+}
+
+int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len, uint32_t flags)
+{
+	if (!dev || !buf || flags)
+		return -EINVAL;
+	int rc = check_range(dev, addr, len);
+	if (rc)
+		return rc;
+	if (addr % CHM_IO_ALIGN || len % CHM_IO_ALIGN)
+		return -EINVAL;
+	pthread_mutex_lock(&dev->lock);
+	rc = chm_enter(dev);
+	pthread_mutex_unlock(&dev->lock);
+	if (rc)
+		return rc;
+	if (dev->cfg.mode == CHM_MODE_DIRECT)
+		rc = write_through(dev, addr, buf, len);
+	else
+		rc = -EOPNOTSUPP;
+	pthread_mutex_lock(&dev->lock);
+	chm_leave(dev);
+	pthread_mutex_unlock(&dev->lock);
+	return rc;
+}
+
+int chm_flush(chm_dev *dev, uint64_t timeout_ns)
+{
+	(void)timeout_ns;
+	if (!dev)
+		return -EINVAL;
+	pthread_mutex_lock(&dev->lock);
+	int rc = chm_enter(dev);
+	pthread_mutex_unlock(&dev->lock);
+	if (rc)
+		return rc;
+	rc = chm_ssd_sync_all(dev);
+	pthread_mutex_lock(&dev->lock);
+	chm_leave(dev);
+	pthread_mutex_unlock(&dev->lock);
+	return rc;
+}
+
+int chm_stats(chm_dev *dev, struct chm_stats *out)
+{
+	if (!dev || !out)
+		return -EINVAL;
+	pthread_mutex_lock(&dev->lock);
+	*out = dev->st;
+	out->slots_total = dev->nslots;
+	out->slots_free = dev->slot_count_by_state[CHM_SLOT_FREE];
+	out->slots_filling = dev->slot_count_by_state[CHM_SLOT_FILLING];
+	out->slots_ready = dev->slot_count_by_state[CHM_SLOT_READY];
+	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD];
+	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
+	out->queue_len = dev->q_len;
+	out->queue_cap = dev->cfg.mode == CHM_MODE_PREFETCH ? dev->cfg.refill_queue : 0;
+	out->slot_bytes = dev->cfg.mode == CHM_MODE_PREFETCH ? dev->cfg.slot_bytes : 0;
+	out->window_bytes = (uint64_t)dev->nslots * dev->slot_stride;
+	out->clock_now_ns = chm_now_ns(dev);
+	out->pool_bytes = dev->pool.base ? dev->pool.bytes : 0;
+	out->pool_kind = dev->cfg.pool_kind;
+	out->pool_numa_node = dev->pool.numa_node;
+	out->pool_hugepages = dev->pool.hugepages;
+	out->backend = dev->cfg.backend;
+	out->mode = dev->cfg.mode;
+	pthread_mutex_unlock(&dev->lock);
+	return 0;
+}

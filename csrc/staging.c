@@ -1,0 +1,503 @@
+/* staging.c - the staging window: fixed-depth slots, a bounded FIFO refill
+ * queue and the issue-wait-release API.
+ *
+ * The window is slot_count slots of slot_stride bytes carved from the DRAM
+ * pool (slot_stride = slot_size rounded up to 4 KiB, plus 4 KiB so that an
+ * unaligned object still fits after its fill is widened to 4 KiB sectors).
+ * A request record (chm_req) exists for every issued, unreleased prefetch; it
+ * is either QUEUED (waiting for a slot, FIFO) or SLOTTED. Handles name a
+ * request record by index and generation, so a recycled record never
+ * answers to an old handle.
+ *
+ * Locking: dev->lock guards every field here. I/O is submitted to the backend
+ * after the lock is dropped (a backend may complete inline and its done()
+ * takes the lock); fills started under the lock are chained on a start list
+ * and submitted by chm_staging_submit().
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dev.h"
+#include "states.h"
+
+#define HANDLE_IDX_BITS 24
+#define HANDLE_GEN_BITS 24
+#define HANDLE_IDX_MASK ((1u << HANDLE_IDX_BITS) - 1)
+#define HANDLE_GEN_MASK ((1u << HANDLE_GEN_BITS) - 1)
+
+static chm_handle handle_make(const struct chm_dev *dev, uint32_t idx, uint32_t gen)
+{
+	return ((uint64_t)dev->tag << 48) | ((uint64_t)(gen & HANDLE_GEN_MASK) << 24) | idx;
+}
+
+/* Returns the request named by h, -EINVAL (foreign/malformed) or -ESTALE. */
+static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out)
+{
+	uint32_t idx = (uint32_t)(h & HANDLE_IDX_MASK);
+	uint32_t gen = (uint32_t)((h >> 24) & HANDLE_GEN_MASK);
+	if ((uint16_t)(h >> 48) != dev->tag || idx >= dev->nreqs)
+		return -EINVAL;
+	struct chm_req *r = &dev->reqs[idx];
+	if (r->state == CHM_REQ_FREE || (r->gen & HANDLE_GEN_MASK) != gen)
+		return -ESTALE;
+	*out = r;
+	return 0;
+}
+
+/* ---- slot state transitions (legal moves only, fw_spec/spec.yaml) ---- */
+
+static void slot_set(struct chm_dev *dev, struct chm_slot *s, int to)
+{
+	dev->slot_count_by_state[s->state]--;
+	CHM_TRANSITION(chm_slot_transitions, s->state, to);
+	dev->slot_count_by_state[to]++;
+}
+
+static void staged_link(struct chm_dev *dev, struct chm_slot *s)
+{
+	int32_t i = (int32_t)(s - dev->slots);
+	s->sprev = -1;
+	s->snext = dev->staged_head;
+	if (dev->staged_head >= 0)
+		dev->slots[dev->staged_head].sprev = i;
+	dev->staged_head = i;
+}
+
+static void staged_unlink(struct chm_dev *dev, struct chm_slot *s)
+{
+	if (s->sprev >= 0)
+		dev->slots[s->sprev].snext = s->snext;
+	else
+		dev->staged_head = s->snext;
+	if (s->snext >= 0)
+		dev->slots[s->snext].sprev = s->sprev;
+	s->sprev = s->snext = -1;
+}
+
+static void req_free(struct chm_dev *dev, struct chm_req *r)
+{
+	r->state = CHM_REQ_FREE;
+	r->gen = (r->gen + 1) & HANDLE_GEN_MASK;
+	r->slot = -1;
+	r->fnext = dev->req_free_head;
+	dev->req_free_head = (uint32_t)(r - dev->reqs) + 1;
+}
+
+static struct chm_req *req_alloc(struct chm_dev *dev)
+{
+	if (!dev->req_free_head)
+		return NULL;
+	struct chm_req *r = &dev->reqs[dev->req_free_head - 1];
+	dev->req_free_head = r->fnext;
+	r->fnext = 0;
+	return r;
+}
+
+static void fill_io_done(struct chm_io *io);
+
+/* FREE -> FILLING for request r; chains the slot on *start for submission. */
+static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
+{
+	uint32_t si = dev->slot_free_head - 1;
+	struct chm_slot *s = &dev->slots[si];
+	dev->slot_free_head = s->fnext;
+	s->fnext = 0;
+	slot_set(dev, s, CHM_SLOT_FILLING);
+	r->state = CHM_REQ_SLOTTED;
+	r->slot = (int32_t)si;
+	s->req = (int32_t)(r - dev->reqs);
+	s->addr = r->addr;
+	s->len = r->len;
+	s->fill_start = CHM_ALIGN_DOWN(r->addr, CHM_FILL_ALIGN);
+	uint64_t end = CHM_ALIGN_UP(r->addr + r->len, CHM_FILL_ALIGN);
+	if (end > dev->cfg.capacity)
+		end = dev->cfg.capacity; /* capacity is a multiple of 4 KiB */
+	s->fill_len = end - s->fill_start;
+	s->err = 0;
+	s->issue_ns = chm_now_ns(dev);
+	int n = chm_map_ios(dev, CHM_IO_READ, s->fill_start, s->fill_len, s->buf, s->ios,
+			    dev->max_ios);
+	/* max_ios is sized from the slot stride at init, so mapping cannot fail */
+	s->nios = (uint32_t)n;
+	s->ios_pending = (uint32_t)n;
+	uint64_t ready = s->issue_ns;
+	for (int i = 0; i < n; i++) {
+		struct chm_io *io = &s->ios[i];
+		io->done = fill_io_done;
+		io->ctx = s;
+		io->model_done_ns = chm_timing_ssd(&dev->timing, 0, s->issue_ns, io->len);
+		if (io->model_done_ns > ready)
+			ready = io->model_done_ns;
+		s->ioptrs[i] = io;
+	}
+	s->ready_ns = ready;
+	s->start_next = *start;
+	*start = si + 1;
+}
+
+/* Hands free slots to queued requests, FIFO. */
+static void queue_kick(struct chm_dev *dev, uint32_t *start)
+{
+	while (dev->slot_free_head && dev->q_head) {
+		struct chm_req *r = &dev->reqs[dev->q_head - 1];
+		dev->q_head = r->qnext;
+		if (!dev->q_head)
+			dev->q_tail = 0;
+		r->qnext = 0;
+		dev->q_len--;
+		fill_start(dev, r, start);
+	}
+}
+
+/* A slot becomes FREE (from any state via the event that fits). */
+static void slot_free(struct chm_dev *dev, struct chm_slot *s, uint32_t *start)
+{
+	if (s->state == CHM_SLOT_READY || s->state == CHM_SLOT_HELD)
+		staged_unlink(dev, s);
+	slot_set(dev, s, CHM_SLOT_FREE);
+	s->req = -1;
+	s->fnext = dev->slot_free_head;
+	dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
+	queue_kick(dev, start);
+}
+
+static void lat_record(struct chm_dev *dev, uint64_t ns)
+{
+	uint64_t us = ns / 1000;
+	unsigned b = 0;
+	while (us > 1 && b < CHM_HIST_BUCKETS - 1) {
+		us >>= 1;
+		b++;
+	}
+	dev->st.refill_lat_hist[b]++;
+	dev->st.refill_lat_count++;
+	dev->st.refill_lat_sum_ns += ns;
+}
+
+static void fill_io_done(struct chm_io *io)
+{
+	struct chm_slot *s = io->ctx;
+	struct chm_dev *dev = s->dev;
+	uint32_t start = 0;
+	pthread_mutex_lock(&dev->lock);
+	if (io->res < 0)
+		s->err = s->err ? s->err : io->res;
+	else if ((uint64_t)io->res != io->len)
+		s->err = s->err ? s->err : -EIO; /* short transfer */
+	if (io->res > 0)
+		dev->st.bytes_read_ssd += (uint64_t)io->res;
+	if (--s->ios_pending == 0) {
+		uint64_t now = chm_now_ns(dev);
+		lat_record(dev, now - s->issue_ns);
+		if (dev->cfg.clock == CHM_CLOCK_REAL && dev->timing.enabled && now > s->ready_ns) {
+			dev->st.pacing_late++;
+			dev->st.pacing_late_ns += now - s->ready_ns;
+		}
+		if (s->req < 0) {
+			slot_set(dev, s, CHM_SLOT_FREE); /* fill_done_orphan */
+			s->fnext = dev->slot_free_head;
+			dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
+			if (s->err)
+				dev->st.prefetch_failed++;
+			queue_kick(dev, &start);
+		} else if (s->err) {
+			slot_set(dev, s, CHM_SLOT_FAILED);
+			dev->st.prefetch_failed++;
+		} else {
+			slot_set(dev, s, CHM_SLOT_READY);
+			staged_link(dev, s);
+			dev->st.prefetch_completed++;
+		}
+		pthread_cond_broadcast(&dev->cond);
+	}
+	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
+}
+
+void chm_staging_submit(struct chm_dev *dev, uint32_t head)
+{
+	while (head) {
+		struct chm_slot *s = &dev->slots[head - 1];
+		/* read the link before submitting: a ghost fill completes inline
+		 * and the slot may be freed and re-chained before submit returns */
+		uint32_t next = s->start_next;
+		uint32_t n = s->nios;
+		int rc = dev->be_ops->submit(dev->be, s->ioptrs, n);
+		if (rc < 0) {
+			/* no done() will run for any of them: fail the fill */
+			for (uint32_t i = 0; i < n; i++) {
+				s->ioptrs[i]->res = rc;
+				fill_io_done(s->ioptrs[i]);
+			}
+		}
+		head = next;
+	}
+}
+
+int chm_staging_init(struct chm_dev *dev)
+{
+	struct chm_config *c = &dev->cfg;
+	dev->nslots = c->slot_count;
+	dev->slot_stride = CHM_ALIGN_UP(c->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
+	dev->nreqs = dev->nslots + c->refill_queue;
+	dev->max_ios = chm_map_max_ios(c, dev->slot_stride);
+	dev->staged_head = -1;
+	dev->slots = calloc(dev->nslots, sizeof(*dev->slots));
+	if (!dev->slots)
+		goto err_slots;
+	dev->reqs = calloc(dev->nreqs, sizeof(*dev->reqs));
+	if (!dev->reqs)
+		goto err_reqs;
+	struct chm_io *ios = calloc((size_t)dev->nslots * dev->max_ios, sizeof(*ios));
+	if (!ios)
+		goto err_ios;
+	struct chm_io **ptrs = calloc((size_t)dev->nslots * dev->max_ios, sizeof(*ptrs));
+	if (!ptrs)
+		goto err_ptrs;
+	for (uint32_t i = 0; i < dev->nslots; i++) {
+		struct chm_slot *s = &dev->slots[i];
+		s->dev = dev;
+		s->state = CHM_SLOT_FREE;
+		s->req = -1;
+		s->sprev = s->snext = -1;
+		s->buf = (char *)dev->pool.base + dev->staging_off + (uint64_t)i * dev->slot_stride;
+		s->ios = &ios[(size_t)i * dev->max_ios];
+		s->ioptrs = &ptrs[(size_t)i * dev->max_ios];
+		s->fnext = i + 1 < dev->nslots ? i + 2 : 0;
+	}
+	dev->slot_free_head = dev->nslots ? 1 : 0;
+	dev->slot_count_by_state[CHM_SLOT_FREE] = dev->nslots;
+	for (uint32_t i = 0; i < dev->nreqs; i++) {
+		dev->reqs[i].gen = 1;
+		dev->reqs[i].slot = -1;
+		dev->reqs[i].fnext = i + 1 < dev->nreqs ? i + 2 : 0;
+	}
+	dev->req_free_head = dev->nreqs ? 1 : 0;
+	return 0;
+
+err_ptrs:
+	free(ios);
+err_ios:
+	free(dev->reqs);
+	dev->reqs = NULL;
+err_reqs:
+	free(dev->slots);
+	dev->slots = NULL;
+err_slots:
+	return -ENOMEM;
+}
+
+void chm_staging_fini(struct chm_dev *dev)
+{
+	if (dev->slots) {
+		free(dev->slots[0].ios);
+		free(dev->slots[0].ioptrs);
+	}
+	free(dev->slots);
+	free(dev->reqs);
+	dev->slots = NULL;
+	dev->reqs = NULL;
+}
+
+void chm_staging_cancel_all(struct chm_dev *dev)
+{
+	while (dev->q_head) {
+		struct chm_req *r = &dev->reqs[dev->q_head - 1];
+		dev->q_head = r->qnext;
+		r->qnext = 0;
+		dev->q_len--;
+		dev->st.prefetch_cancelled++;
+		req_free(dev, r);
+	}
+	dev->q_tail = 0;
+}
+
+bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
+{
+	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
+		struct chm_slot *s = &dev->slots[i];
+		if (addr >= s->fill_start && addr + len <= s->fill_start + s->fill_len) {
+			memcpy(buf, s->buf + (addr - s->fill_start), len);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* ---- the API ---- */
+
+int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
+			chm_handle *h)
+{
+	if (!dev || !h || len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
+		return -EINVAL;
+	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
+		return -EINVAL;
+	if (dev->cfg.mode == CHM_MODE_DIRECT)
+		return -EOPNOTSUPP;
+	if (dev->cfg.mode != CHM_MODE_PREFETCH)
+		return -EOPNOTSUPP; /* lru hints: see lru.c */
+	if (len > dev->cfg.slot_bytes)
+		return -EINVAL;
+	uint32_t start = 0;
+	pthread_mutex_lock(&dev->lock);
+	int rc = chm_enter(dev);
+	if (rc)
+		goto out_unlock;
+	if (!dev->slot_free_head &&
+	    ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue)) {
+		dev->st.prefetch_rejected++;
+		rc = -EAGAIN;
+		goto out_leave;
+	}
+	struct chm_req *r = req_alloc(dev); /* nreqs = slots + queue: cannot fail */
+	r->addr = addr;
+	r->len = len;
+	r->issue_ns = chm_now_ns(dev);
+	dev->st.prefetch_issued++;
+	if (dev->slot_free_head) {
+		fill_start(dev, r, &start);
+	} else {
+		r->state = CHM_REQ_QUEUED;
+		uint32_t ri = (uint32_t)(r - dev->reqs) + 1;
+		if (dev->q_tail)
+			dev->reqs[dev->q_tail - 1].qnext = ri;
+		else
+			dev->q_head = ri;
+		dev->q_tail = ri;
+		dev->q_len++;
+		dev->st.prefetch_queued++;
+	}
+	*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
+out_leave:
+	chm_leave(dev);
+out_unlock:
+	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
+	return rc;
+}
+
+static struct timespec ns_to_ts(uint64_t ns)
+{
+	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
+			      .tv_nsec = (long)(ns % 1000000000ull)};
+	return ts;
+}
+
+int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
+{
+	if (!dev || !view)
+		return -EINVAL;
+	struct chm_req *r;
+	pthread_mutex_lock(&dev->lock);
+	int rc = chm_enter(dev);
+	if (rc)
+		goto out_unlock;
+	uint64_t start_mono = chm_mono_ns();
+	uint64_t deadline = timeout_ns > UINT64_MAX - start_mono ? UINT64_MAX
+								  : start_mono + timeout_ns;
+	for (;;) {
+		rc = handle_lookup(dev, h, &r);
+		if (rc)
+			goto out_leave;
+		if (dev->closing) {
+			rc = -ECANCELED;
+			goto out_leave;
+		}
+		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
+		if (s && s->state == CHM_SLOT_FAILED) {
+			rc = -EIO;
+			goto out_leave;
+		}
+		if (s && s->state == CHM_SLOT_HELD)
+			break;
+		uint64_t until = deadline; /* how long to sleep, if at all */
+		if (s && s->state == CHM_SLOT_READY) {
+			if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
+				if (dev->vclock_ns < s->ready_ns)
+					dev->vclock_ns = s->ready_ns;
+				slot_set(dev, s, CHM_SLOT_HELD);
+				break;
+			}
+			/* staged; the timing model may say it is not there yet */
+			uint64_t ready_mono = dev->t0_ns + s->ready_ns;
+			if (!dev->timing.enabled || chm_mono_ns() >= ready_mono) {
+				slot_set(dev, s, CHM_SLOT_HELD);
+				break;
+			}
+			if (ready_mono < until)
+				until = ready_mono;
+		}
+		if (timeout_ns == 0 || chm_mono_ns() >= deadline) {
+			rc = -ETIMEDOUT;
+			goto out_leave;
+		}
+		if (until == UINT64_MAX) {
+			pthread_cond_wait(&dev->cond, &dev->lock);
+		} else {
+			struct timespec ts = ns_to_ts(until);
+			pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
+		}
+	}
+	struct chm_slot *s = &dev->slots[r->slot];
+	view->data = s->buf + (r->addr - s->fill_start);
+	view->len = r->len;
+	view->dev_addr = r->addr;
+	view->pool_offset = (uint64_t)((char *)view->data - (char *)dev->pool.base);
+	rc = 0;
+out_leave:
+	chm_leave(dev);
+out_unlock:
+	pthread_mutex_unlock(&dev->lock);
+	return rc;
+}
+
+int chm_prefetch_release(chm_dev *dev, chm_handle h)
+{
+	if (!dev)
+		return -EINVAL;
+	uint32_t start = 0;
+	struct chm_req *r;
+	pthread_mutex_lock(&dev->lock);
+	/* release works while closing too: it only returns resources */
+	int rc = handle_lookup(dev, h, &r);
+	if (rc)
+		goto out_unlock;
+	dev->st.prefetch_released++;
+	if (r->state == CHM_REQ_QUEUED) {
+		uint32_t ri = (uint32_t)(r - dev->reqs) + 1, prev = 0;
+		for (uint32_t q = dev->q_head; q; prev = q, q = dev->reqs[q - 1].qnext) {
+			if (q != ri)
+				continue;
+			if (prev)
+				dev->reqs[prev - 1].qnext = r->qnext;
+			else
+				dev->q_head = r->qnext;
+			if (dev->q_tail == ri)
+				dev->q_tail = prev;
+			break;
+		}
+		r->qnext = 0;
+		dev->q_len--;
+		dev->st.prefetch_cancelled++;
+	} else {
+		struct chm_slot *s = &dev->slots[r->slot];
+		if (s->state == CHM_SLOT_FILLING) {
+			s->req = -1; /* orphan: freed by fill_io_done */
+			dev->st.prefetch_cancelled++;
+		} else {
+			slot_free(dev, s, &start);
+		}
+	}
+	req_free(dev, r);
+	pthread_cond_broadcast(&dev->cond);
+out_unlock:
+	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
+	return rc;
+}

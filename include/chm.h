@@ -1,0 +1,365 @@
+/*
+ * chm.h - the contract of the chm CXL-hybrid-memory device emulator.
+ *
+ * A chm device is a byte-addressable address space [0, capacity) backed by SSD
+ * targets (files or block devices, striped) with a small internal DRAM in
+ * front of it. In prefetch mode the DRAM is a staging window driven by the
+ * issue-wait-release API plus an isolated write buffer; in lru mode it is one
+ * transparent LRU cache (the baseline); in direct mode there is no DRAM.
+ *
+ * Conventions (every call):
+ *   - Every fallible call returns int: >= 0 on success, -errno on failure.
+ *     errno is never used to pass errors back.
+ *   - Error vocabulary: -EINVAL bad argument, -ENOENT no such object/option,
+ *     -EAGAIN queue full, -ENOSPC no capacity, -EBUSY in use, -ETIMEDOUT,
+ *     -EIO backing I/O, -ESTALE stale handle, -ECANCELED device closing,
+ *     -ENOMEM host memory, -EOPNOTSUPP feature missing on this host.
+ *   - Thread safety: every call on a chm_dev is thread-safe, except that no
+ *     call may start on a device after chm_dev_close() has begun.
+ *     One completion thread per io_uring ring (or per pread worker) runs
+ *     inside the device; callbacks never run in caller threads.
+ *   - Memory: the caller owns every buffer it passes; the device owns its DRAM
+ *     pool. A chm_view points into the pool and is valid from a successful
+ *     chm_prefetch_wait() until chm_prefetch_release() of that handle.
+ *
+ * The region between CFFI_BEGIN and CFFI_END is parsed by cffi verbatim, so
+ * it holds only declarations cffi understands (no expressions in #defines).
+ */
+#ifndef CHM_H
+#define CHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* CFFI_BEGIN */
+
+#define CHM_VERSION_MAJOR 0
+#define CHM_VERSION_MINOR 1
+#define CHM_VERSION_PATCH 0
+
+#define CHM_MAX_TARGETS 16
+#define CHM_PATH_MAX 1024
+#define CHM_HIST_BUCKETS 32
+#define CHM_ERRMSG_MAX 256
+
+/* Direct I/O granularity: staging fills are widened to this alignment; writes
+ * must be aligned to it in address and length. */
+#define CHM_IO_ALIGN 512
+
+/* chm_write_object() return value when the write buffer is full: the object
+ * was NOT admitted and nothing changed. Distinct from 0 (admitted). */
+#define CHM_WRITE_SKIPPED 1
+
+typedef struct chm_dev chm_dev;
+
+/* An opaque prefetch token: device tag, generation and request index. A
+ * released, foreign or never-issued handle is rejected, never reused. */
+typedef uint64_t chm_handle;
+
+enum chm_backend_kind {
+	CHM_BACKEND_URING = 0, /* io_uring, O_DIRECT, registered buffers, fixed files */
+	CHM_BACKEND_PREAD = 1, /* pread/pwrite worker threads, O_DIRECT */
+	CHM_BACKEND_GHOST = 2, /* no data; completions at modeled times */
+};
+
+enum chm_mode {
+	CHM_MODE_PREFETCH = 0, /* staging window + isolated write buffer */
+	CHM_MODE_LRU = 1,      /* transparent LRU cache (baseline) */
+	CHM_MODE_DIRECT = 2,   /* no DRAM: every access goes to the SSD */
+};
+
+enum chm_pool_kind {
+	CHM_POOL_ANON = 0,    /* anonymous memory, transparent huge pages advised */
+	CHM_POOL_HUGETLB = 1, /* MAP_HUGETLB (needs vm.nr_hugepages) */
+	CHM_POOL_MEMFD = 2,   /* memfd, shareable with clients of a daemon */
+	CHM_POOL_FILE = 3,    /* mmap of pool_path (a file or a devdax device) */
+};
+
+enum chm_clock_kind {
+	CHM_CLOCK_REAL = 0,    /* completions paced in wall-clock time */
+	CHM_CLOCK_VIRTUAL = 1, /* simulated clock (ghost backend only) */
+};
+
+/* Staging slot states (fw_spec/staging.yaml). */
+enum chm_slot_state {
+	CHM_SLOT_FREE = 0,
+	CHM_SLOT_FILLING = 1,
+	CHM_SLOT_READY = 2,
+	CHM_SLOT_HELD = 3,
+	CHM_SLOT_FAILED = 4,
+};
+
+/* Write-buffer entry states (fw_spec/wbuf.yaml). SKIPPED is never stored:
+ * it is the outcome of a write that was not admitted. */
+enum chm_wbuf_state {
+	CHM_WB_FREE = 0,
+	CHM_WB_ADMITTED = 1,
+	CHM_WB_FLUSHING = 2,
+	CHM_WB_DURABLE = 3,
+	CHM_WB_SKIPPED = 4,
+};
+
+/* LRU line states (fw_spec/lru.yaml). */
+enum chm_line_state {
+	CHM_LINE_INVALID = 0,
+	CHM_LINE_CLEAN = 1,
+	CHM_LINE_DIRTY = 2,
+	CHM_LINE_WRITING_BACK = 3,
+};
+
+/* chm_prefetch_object() flags. */
+enum chm_prefetch_flags {
+	CHM_PF_NOQUEUE = 1, /* fail with -EAGAIN instead of queueing */
+};
+
+/* Timing model parameters; units are in the names. All-zero = no pacing. */
+struct chm_timing {
+	uint64_t ssd_read_lat_ns;   /* per-I/O read latency of one channel */
+	uint64_t ssd_write_lat_ns;  /* per-I/O program latency of one channel */
+	uint64_t ssd_read_bw_bps;   /* aggregate read bandwidth, bytes/s */
+	uint64_t ssd_write_bw_bps;  /* aggregate write bandwidth, bytes/s */
+	uint32_t ssd_channels;      /* internal parallelism */
+	uint32_t reserved0;
+	uint64_t dram_bw_bps;       /* device DRAM bandwidth, bytes/s */
+	uint64_t link_bw_bps;       /* host link bandwidth, bytes/s */
+	uint64_t link_lat_ns;       /* host link latency per transfer */
+};
+
+/* Device configuration. Fill with chm_config_init(), then set fields
+ * directly or by name with chm_config_set(). */
+struct chm_config {
+	uint64_t capacity;          /* address-space bytes, multiple of stripe_unit */
+	uint32_t n_targets;         /* 1..CHM_MAX_TARGETS backing targets */
+	uint32_t create;            /* 1: create missing regular files sparse */
+	char targets[16][1024];     /* backing paths (files or block devices) */
+	uint64_t stripe_unit;       /* striping unit, multiple of 4096 */
+	int32_t backend;            /* enum chm_backend_kind */
+	int32_t mode;               /* enum chm_mode */
+	uint32_t queue_depth;       /* backend I/Os in flight */
+	uint32_t sqpoll;            /* 1: IORING_SETUP_SQPOLL */
+	uint64_t max_io;            /* largest single backend I/O, bytes */
+	uint64_t dram_bytes;        /* internal DRAM: staging + write buffer */
+	uint64_t wbuf_bytes;        /* write buffer share of dram_bytes */
+	int32_t pool_kind;          /* enum chm_pool_kind */
+	int32_t numa_node;          /* -1: no binding; else mbind to this node */
+	char pool_path[1024];       /* CHM_POOL_FILE: file or devdax path */
+	uint64_t slot_bytes;        /* largest staged object; 0 = derive */
+	uint32_t slot_count;        /* staging depth; 0 = derive from DRAM */
+	uint32_t refill_queue;      /* bounded refill queue length */
+	uint64_t lru_line_bytes;    /* LRU mode line size */
+	int32_t clock;              /* enum chm_clock_kind */
+	uint32_t flush_high_water_pct; /* wbuf fill that forces flushing */
+	struct chm_timing timing;   /* zero = no pacing */
+};
+
+/* Description of one configuration option (see chm_config_option()). */
+struct chm_option_info {
+	const char *name;
+	const char *type;  /* "size", "uint", "int", "str", "enum", "path" */
+	const char *defval;
+	const char *help;
+};
+
+/* A staged object in device DRAM. */
+struct chm_view {
+	const void *data;     /* first byte of the object */
+	uint64_t len;         /* object length */
+	uint64_t dev_addr;    /* device address of data[0] */
+	uint64_t pool_offset; /* offset of data[0] in the DRAM pool */
+};
+
+/* Device counters. A snapshot, consistent under the device lock. */
+struct chm_stats {
+	/* prefetch */
+	uint64_t prefetch_issued;
+	uint64_t prefetch_queued;     /* issued while no slot was free */
+	uint64_t prefetch_completed;  /* fills that reached READY */
+	uint64_t prefetch_failed;     /* fills that reached FAILED */
+	uint64_t prefetch_released;
+	uint64_t prefetch_cancelled;  /* queued or in flight at close/release */
+	uint64_t prefetch_rejected;   /* -EAGAIN: refill queue full */
+	/* reads */
+	uint64_t read_hits;           /* chm_read served from DRAM */
+	uint64_t read_misses;         /* chm_read that went to the SSD */
+	uint64_t bytes_read_ssd;      /* all SSD reads (fills, misses, LRU fills) */
+	uint64_t bytes_from_dram;     /* bytes served from DRAM to the host */
+	uint64_t bytes_written_ssd;
+	/* staging window */
+	uint32_t slots_total;
+	uint32_t slots_free;
+	uint32_t slots_filling;
+	uint32_t slots_ready;
+	uint32_t slots_held;
+	uint32_t slots_failed;
+	uint32_t queue_len;
+	uint32_t queue_cap;
+	uint64_t slot_bytes;
+	uint64_t window_bytes;
+	/* refill latency: bucket i counts fills of [2^i, 2^(i+1)) microseconds */
+	uint64_t refill_lat_hist[32];
+	uint64_t refill_lat_count;
+	uint64_t refill_lat_sum_ns;
+	/* write buffer */
+	uint64_t wr_admitted;
+	uint64_t wr_skipped;
+	uint64_t wr_admitted_bytes;
+	uint64_t wr_skipped_bytes;
+	uint64_t wr_flushed_bytes;
+	uint64_t flush_batches;
+	uint64_t read_wait_flush_ns;  /* time reads waited behind flush I/O */
+	uint64_t wbuf_used_bytes;
+	uint64_t wbuf_bytes;
+	/* lru mode */
+	uint64_t lru_hits;
+	uint64_t lru_misses;
+	uint64_t lru_refills;         /* line evicted earlier, fetched again */
+	uint64_t lru_dirty_evictions;
+	uint64_t lru_writeback_bytes;
+	uint64_t lru_lines_total;
+	uint64_t lru_lines_valid;
+	uint64_t lru_lines_dirty;
+	/* timing */
+	uint64_t clock_now_ns;        /* device clock (virtual or monotonic) */
+	uint64_t pacing_late;         /* completions later than the model */
+	uint64_t pacing_late_ns;      /* total lateness of the host vs model */
+	/* what was actually obtained */
+	uint64_t pool_bytes;
+	int32_t pool_kind;
+	int32_t pool_numa_node;       /* -1 when not bound */
+	uint32_t pool_hugepages;      /* 1 when backed by huge pages */
+	int32_t backend;
+	int32_t mode;
+	uint32_t reserved1;
+};
+
+/* Returns the library version as MAJOR*10000 + MINOR*100 + PATCH. */
+int chm_version(void);
+
+/* Returns a static English string for a -errno value returned by chm. */
+const char *chm_strerror(int err);
+
+/* ---- configuration (non-blocking, touch only *cfg, thread-safe per cfg) ---- */
+
+/* Fills *cfg with defaults. Returns 0, or -EINVAL when cfg is NULL. */
+int chm_config_init(struct chm_config *cfg);
+
+/* Sets option `key` from its text form `value` (sizes accept K/M/G/T
+ * suffixes, enums their names, "targets" a comma-separated list). On failure
+ * writes a one-line reason into err (if non-NULL). Returns 0, -ENOENT for an
+ * unknown key, -EINVAL for a bad value. */
+int chm_config_set(struct chm_config *cfg, const char *key, const char *value,
+		   char *err, size_t errlen);
+
+/* Checks a whole configuration. Returns 0 or -EINVAL with a one-line reason
+ * in err (if non-NULL). chm_dev_open() runs the same check. */
+int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen);
+
+/* Describes option number idx (0-based). Returns 0, or -ENOENT past the end.
+ * The strings are static. */
+int chm_config_option(unsigned idx, struct chm_option_info *out);
+
+/* Loads a named timing preset ("none", "gen5-tlc-200g", "fpga-cxlhm").
+ * Returns 0, -ENOENT for an unknown name, -EINVAL for NULL arguments. */
+int chm_timing_preset(const char *name, struct chm_timing *out);
+
+/* ---- device lifecycle ---- */
+
+/* Opens a device: validates cfg, opens (and with cfg->create, creates sparse)
+ * the backing targets, allocates the DRAM pool, starts completion threads.
+ * Blocks for setup only. On success *out owns everything; cfg is copied.
+ * Returns 0, -EINVAL (bad config; reason via chm_config_validate), -ENOENT
+ * (target missing), -ENOSPC (target smaller than needed), -ENOMEM (pool),
+ * -EOPNOTSUPP (backend or pool kind unavailable on this host), -EBUSY, or
+ * another -errno from open/mmap/io_uring_queue_init. */
+int chm_dev_open(const struct chm_config *cfg, chm_dev **out);
+
+/* Closes a device. Outstanding prefetches are cancelled: blocked waiters
+ * return -ECANCELED, in-flight I/O is drained, the write buffer is flushed
+ * (best effort; counted). Blocks until all of that is done. Accepts NULL. */
+void chm_dev_close(chm_dev *dev);
+
+/* Copies the device's effective configuration. Returns 0 or -EINVAL. */
+int chm_dev_config(chm_dev *dev, struct chm_config *out);
+
+/* Returns the DRAM pool's memfd (CHM_POOL_MEMFD) for sharing, -ENOENT for
+ * other pool kinds. The fd stays owned by the device. */
+int chm_dev_pool_fd(chm_dev *dev);
+
+/* ---- prefetch: issue - wait - release ---- */
+
+/* Issues a prefetch of [addr, addr+len) into the staging window. Never
+ * blocks: takes a free slot and starts the fill, or queues on the bounded
+ * refill queue (FIFO; started as slots are released). Returns 0 and a
+ * handle in *h; -EINVAL (len 0, len > slot_bytes, range beyond capacity,
+ * unknown flags, NULL h), -EAGAIN (refill queue full, or no free slot with
+ * CHM_PF_NOQUEUE), -EOPNOTSUPP (direct mode), -ECANCELED (closing). In lru
+ * mode the call is a hint that fills cache lines and pins nothing. */
+int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
+			chm_handle *h);
+
+/* Waits up to timeout_ns (0: poll; UINT64_MAX: forever) for the object to be
+ * staged; on success fills *view and the slot becomes HELD. Waiting again on
+ * a HELD handle returns the same view. Returns 0, -ETIMEDOUT, -EIO (the fill
+ * failed; release the handle), -ESTALE (released), -EINVAL (foreign or
+ * malformed handle, NULL view), -ECANCELED (device closing). */
+int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns,
+		      struct chm_view *view);
+
+/* Releases a handle in any state: a queued request is dropped, a filling
+ * slot is freed when its I/O completes, a READY/HELD/FAILED slot is freed
+ * now (and the next queued request starts). The handle and any view from it
+ * are dead afterwards. Returns 0, -ESTALE (already released or never
+ * issued), -EINVAL (foreign or malformed). */
+int chm_prefetch_release(chm_dev *dev, chm_handle h);
+
+/* ---- data path ---- */
+
+/* Reads [addr, addr+len) into buf. Served from DRAM when a READY/HELD staged
+ * object covers the whole range (a hit; in lru mode, per line), otherwise
+ * read from the SSD without touching the staging window (a miss). Sees
+ * admitted-but-unflushed writes. Blocks until the data is in buf. Returns 0,
+ * -EINVAL (range, NULL buf), -EIO, -ECANCELED. */
+int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
+
+/* Offers [addr, addr+len) from buf for writing. Never blocks on the SSD: in
+ * prefetch mode the object is copied into the write buffer (returns 0,
+ * "admitted") or, when the buffer lacks space, not written at all (returns
+ * CHM_WRITE_SKIPPED). lru mode dirties cache lines; direct mode writes
+ * through (blocking). addr and len must be multiples of CHM_IO_ALIGN.
+ * Returns 0, CHM_WRITE_SKIPPED, -EINVAL, -EIO (direct), -ECANCELED. */
+int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
+		     uint32_t flags);
+
+/* Durability barrier: returns once every write admitted before the call is
+ * on the backing targets and synced (fdatasync or equivalent). Blocks up to
+ * timeout_ns (UINT64_MAX: forever). Returns 0, -ETIMEDOUT, -EIO (a flush
+ * failed; the affected writes are not durable), -ECANCELED. */
+int chm_flush(chm_dev *dev, uint64_t timeout_ns);
+
+/* Copies a consistent snapshot of the counters. Returns 0 or -EINVAL. */
+int chm_stats(chm_dev *dev, struct chm_stats *out);
+
+/* ---- fault injection (tests) ---- */
+
+enum chm_fault_kind {
+	CHM_FAULT_NONE = 0,
+	CHM_FAULT_EIO_READ = 1,   /* the nth backend read (from now) fails -EIO */
+	CHM_FAULT_EIO_WRITE = 2,  /* the nth backend write fails -EIO */
+	CHM_FAULT_SHORT_READ = 3, /* the nth backend read returns half its bytes */
+	CHM_FAULT_SLOW = 4,       /* every backend I/O completes arg ns late */
+};
+
+/* Arms a fault in the backend. nth counts from 1. Returns 0 or -EINVAL. */
+int chm_fault_inject(chm_dev *dev, int kind, uint64_t nth, uint64_t arg);
+
+/* CFFI_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHM_H */
