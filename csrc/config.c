@@ -303,6 +303,8 @@ int chm_config_derive(struct chm_config *cfg)
 		uint64_t n = window / stride;
 		cfg->slot_count = n > (1u << 20) ? (1u << 20) : (uint32_t)n;
 	}
+	if (cfg->mode == CHM_MODE_LRU && cfg->slot_count == 0)
+		cfg->slot_count = 8; /* host view buffers for prefetch hints */
 	return 0;
 }
 
@@ -365,8 +367,11 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 				    (unsigned long long)cfg->lru_line_bytes);
 		if (cfg->dram_bytes < cfg->lru_line_bytes)
 			return fail(err, errlen, "dram: smaller than one lru_line");
-		if (cfg->wbuf_bytes >= cfg->dram_bytes)
-			return fail(err, errlen, "wbuf: must be smaller than dram");
+		if (cfg->slot_bytes < 512 || cfg->slot_bytes > (1ull << 30))
+			return fail(err, errlen, "slot_size: %llu not in 512..1G",
+				    (unsigned long long)cfg->slot_bytes);
+		if (cfg->slot_count > 4096)
+			return fail(err, errlen, "slots: at most 4096 prefetch views in lru mode");
 		return 0;
 	}
 	/* prefetch */

@@ -101,6 +101,13 @@ uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns,
 /* Returns when a DRAM->host transfer of len bytes started at now_ns completes. */
 uint64_t chm_timing_host(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len);
 
+/* Write-buffer read token (see chm_wbuf_read_begin). */
+struct chm_read_tok {
+	uint64_t epoch;
+	uint64_t batch_mark;
+	uint64_t begin_ns;
+};
+
 /* ---------------------------------------------------------------------------
  * Staging window (staging.c)
  */
@@ -128,6 +135,7 @@ struct chm_slot {
 	int32_t err;        /* first -errno of the fill */
 	uint64_t issue_ns;  /* device clock when the fill started */
 	uint64_t ready_ns;  /* modeled completion (device clock) */
+	struct chm_read_tok rtok; /* write-buffer read token of the fill */
 	struct chm_io *ios; /* preallocated, max_ios entries */
 	struct chm_io **ioptrs; /* pointers to ios, for backend submit */
 	uint32_t nios;      /* ios of the current fill */
@@ -169,6 +177,16 @@ struct chm_dev {
 	uint64_t staging_off;      /* offset of the window in the pool */
 	uint64_t slot_stride;      /* bytes of pool per slot (derived) */
 	int32_t staged_head;       /* first READY/HELD slot, -1 = none */
+	/* lru mode: slots are host view buffers filled through the cache by
+	 * filler threads (prefetch is a hint there; nothing is pinned) */
+	void *view_mem;
+	uint64_t view_mem_bytes;
+	uint32_t *lq;              /* ring of slot indices to fill */
+	uint32_t lq_head, lq_len;
+	pthread_cond_t lq_cond;
+	pthread_t lq_threads[4];
+	unsigned lq_nthreads;
+	bool lq_stop;
 
 	/* timing */
 	struct chm_timing_state timing;
@@ -217,6 +235,8 @@ int chm_staging_init(struct chm_dev *dev);
 void chm_staging_fini(struct chm_dev *dev);
 /* Copies [addr,addr+len) from a READY/HELD slot covering it; true on hit. */
 bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
+/* Stops lru-mode filler threads after draining their queue (close). */
+void chm_staging_stop_fillers(struct chm_dev *dev);
 /* Cancels queued requests (close). Lock held. */
 void chm_staging_cancel_all(struct chm_dev *dev);
 /* Submits fills started under the lock; call with the lock NOT held.
@@ -226,10 +246,30 @@ void chm_staging_submit(struct chm_dev *dev, uint32_t head);
 /* Config (config.c) */
 int chm_config_derive(struct chm_config *cfg); /* fills 0 = derive fields */
 
-/* Write buffer (wbuf.c) and LRU mode (lru.c) hooks used by the core. */
-int chm_wbuf_init(struct chm_dev *dev);
-void chm_wbuf_fini(struct chm_dev *dev);
-/* Overlays admitted-but-unflushed data on [addr,addr+len) in buf. Lock held. */
+/* Write buffer (wbuf.c), prefetch mode. The region is the last wbuf_bytes
+ * of the pool. Calls without "lock held" take dev->lock themselves. */
+int chm_wbuf_init(struct chm_dev *dev);          /* starts the flusher */
+void chm_wbuf_fini(struct chm_dev *dev);         /* flushes (best effort), stops */
+/* Admits (0) or skips (CHM_WRITE_SKIPPED); never waits for the SSD. */
+int chm_wbuf_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
+int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns);
+/* Overlays buffered data on [addr,addr+len) in buf, oldest first. Lock held. */
 void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
+/* Read-side bookkeeping: an SSD read in flight keeps buffered entries that
+ * became durable after it started from being reclaimed (it may have read the
+ * old bytes and needs the overlay), and tells the flusher reads are busy.
+ * Lock held; no-ops when the device has no write buffer. */
+void chm_wbuf_read_begin(struct chm_dev *dev, struct chm_read_tok *tok);
+void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok);
+void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
+
+/* LRU mode (lru.c): the whole pool is one transparent cache of lru_line
+ * lines. Calls take dev->lock themselves unless noted; they block. */
+int chm_lru_init(struct chm_dev *dev);           /* starts the write-back thread */
+void chm_lru_fini(struct chm_dev *dev);          /* writes back dirty lines, stops */
+int chm_lru_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
+int chm_lru_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
+int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns); /* dirty -> durable */
+void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
 
 #endif /* CHM_DEV_H */

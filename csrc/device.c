@@ -368,13 +368,27 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 		goto err_pool;
 	if (dev->cfg.mode == CHM_MODE_PREFETCH) {
 		dev->staging_off = 0;
-		rc = chm_staging_init(dev);
+		rc = chm_wbuf_init(dev);
 		if (rc)
 			goto err_backend;
+	} else if (dev->cfg.mode == CHM_MODE_LRU) {
+		rc = chm_lru_init(dev);
+		if (rc)
+			goto err_backend;
+	}
+	if (dev->cfg.mode != CHM_MODE_DIRECT) {
+		rc = chm_staging_init(dev);
+		if (rc)
+			goto err_cache;
 	}
 	*out = dev;
 	return 0;
 
+err_cache:
+	if (dev->wbuf)
+		chm_wbuf_fini(dev);
+	if (dev->lru)
+		chm_lru_fini(dev);
 err_backend:
 	dev->be_ops->shutdown(dev->be);
 err_pool:
@@ -405,6 +419,12 @@ void chm_dev_close(chm_dev *dev)
 		pthread_cond_wait(&dev->idle_cond, &dev->lock);
 	pthread_mutex_unlock(&dev->lock);
 
+	if (dev->lq)
+		chm_staging_stop_fillers(dev);
+	if (dev->wbuf)
+		chm_wbuf_fini(dev);
+	if (dev->lru)
+		chm_lru_fini(dev);
 	/* in-flight fills drain here; their done() still takes the lock */
 	dev->be_ops->shutdown(dev->be);
 	if (dev->slots)
@@ -462,16 +482,22 @@ static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len
 		uint64_t a1 = CHM_ALIGN_UP(addr + n, CHM_FILL_ALIGN);
 		if (a1 > dev->cfg.capacity)
 			a1 = dev->cfg.capacity;
+		struct chm_read_tok tok;
 		pthread_mutex_lock(&dev->lock);
 		uint64_t done = chm_timing_ssd(&dev->timing, 0, chm_now_ns(dev), a1 - a0);
+		chm_wbuf_read_begin(dev, &tok);
 		pthread_mutex_unlock(&dev->lock);
 		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0);
+		pthread_mutex_lock(&dev->lock);
+		chm_wbuf_read_end(dev, &tok);
+		if (!rc) {
+			memcpy(buf, (char *)bounce + (addr - a0), n);
+			chm_wbuf_overlay(dev, addr, buf, n);
+			chm_pace(dev, done);
+		}
+		pthread_mutex_unlock(&dev->lock);
 		if (rc)
 			break;
-		memcpy(buf, (char *)bounce + (addr - a0), n);
-		pthread_mutex_lock(&dev->lock);
-		chm_pace(dev, done);
-		pthread_mutex_unlock(&dev->lock);
 		addr += n;
 		buf += n;
 		len -= n;
@@ -497,9 +523,15 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
 		goto out_leave;
 	}
-	dev->st.read_misses++;
 	pthread_mutex_unlock(&dev->lock);
-	rc = read_miss(dev, addr, buf, len);
+	if (dev->cfg.mode == CHM_MODE_LRU) {
+		rc = chm_lru_read(dev, addr, buf, len);
+	} else {
+		pthread_mutex_lock(&dev->lock);
+		dev->st.read_misses++;
+		pthread_mutex_unlock(&dev->lock);
+		rc = read_miss(dev, addr, buf, len);
+	}
 	pthread_mutex_lock(&dev->lock);
 out_leave:
 	chm_leave(dev);
@@ -549,10 +581,12 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 	pthread_mutex_unlock(&dev->lock);
 	if (rc)
 		return rc;
-	if (dev->cfg.mode == CHM_MODE_DIRECT)
-		rc = write_through(dev, addr, buf, len);
+	if (dev->cfg.mode == CHM_MODE_PREFETCH)
+		rc = chm_wbuf_write(dev, addr, buf, len);
+	else if (dev->cfg.mode == CHM_MODE_LRU)
+		rc = chm_lru_write(dev, addr, buf, len);
 	else
-		rc = -EOPNOTSUPP;
+		rc = write_through(dev, addr, buf, len);
 	pthread_mutex_lock(&dev->lock);
 	chm_leave(dev);
 	pthread_mutex_unlock(&dev->lock);
@@ -561,7 +595,6 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 
 int chm_flush(chm_dev *dev, uint64_t timeout_ns)
 {
-	(void)timeout_ns;
 	if (!dev)
 		return -EINVAL;
 	pthread_mutex_lock(&dev->lock);
@@ -569,7 +602,12 @@ int chm_flush(chm_dev *dev, uint64_t timeout_ns)
 	pthread_mutex_unlock(&dev->lock);
 	if (rc)
 		return rc;
-	rc = chm_ssd_sync_all(dev);
+	if (dev->cfg.mode == CHM_MODE_PREFETCH)
+		rc = chm_wbuf_flush(dev, timeout_ns);
+	else if (dev->cfg.mode == CHM_MODE_LRU)
+		rc = chm_lru_flush(dev, timeout_ns);
+	else
+		rc = chm_ssd_sync_all(dev); /* writes were synchronous */
 	pthread_mutex_lock(&dev->lock);
 	chm_leave(dev);
 	pthread_mutex_unlock(&dev->lock);
@@ -589,8 +627,8 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD];
 	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
 	out->queue_len = dev->q_len;
-	out->queue_cap = dev->cfg.mode == CHM_MODE_PREFETCH ? dev->cfg.refill_queue : 0;
-	out->slot_bytes = dev->cfg.mode == CHM_MODE_PREFETCH ? dev->cfg.slot_bytes : 0;
+	out->queue_cap = dev->cfg.mode != CHM_MODE_DIRECT ? dev->cfg.refill_queue : 0;
+	out->slot_bytes = dev->cfg.mode != CHM_MODE_DIRECT ? dev->cfg.slot_bytes : 0;
 	out->window_bytes = (uint64_t)dev->nslots * dev->slot_stride;
 	out->clock_now_ns = chm_now_ns(dev);
 	out->pool_bytes = dev->pool.base ? dev->pool.bytes : 0;
@@ -599,6 +637,9 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	out->pool_hugepages = dev->pool.hugepages;
 	out->backend = dev->cfg.backend;
 	out->mode = dev->cfg.mode;
+	chm_wbuf_stats(dev, out);
+	if (dev->lru)
+		chm_lru_stats(dev, out);
 	pthread_mutex_unlock(&dev->lock);
 	return 0;
 }

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "dev.h"
@@ -117,9 +118,18 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	s->fill_len = end - s->fill_start;
 	s->err = 0;
 	s->issue_ns = chm_now_ns(dev);
-	int n = chm_map_ios(dev, CHM_IO_READ, s->fill_start, s->fill_len, s->buf, s->ios,
-			    dev->max_ios);
-	/* max_ios is sized from the slot stride at init, so mapping cannot fail */
+	int n;
+	if (dev->cfg.mode == CHM_MODE_LRU) {
+		/* one job for a filler thread, which reads through the cache */
+		memset(&s->ios[0], 0, sizeof(s->ios[0]));
+		s->ios[0].len = (uint32_t)s->fill_len;
+		n = 1;
+	} else {
+		n = chm_map_ios(dev, CHM_IO_READ, s->fill_start, s->fill_len, s->buf, s->ios,
+				dev->max_ios);
+		/* max_ios is sized from the slot stride at init: mapping cannot fail */
+		chm_wbuf_read_begin(dev, &s->rtok);
+	}
 	s->nios = (uint32_t)n;
 	s->ios_pending = (uint32_t)n;
 	uint64_t ready = s->issue_ns;
@@ -127,7 +137,8 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 		struct chm_io *io = &s->ios[i];
 		io->done = fill_io_done;
 		io->ctx = s;
-		io->model_done_ns = chm_timing_ssd(&dev->timing, 0, s->issue_ns, io->len);
+		if (dev->cfg.mode != CHM_MODE_LRU)
+			io->model_done_ns = chm_timing_ssd(&dev->timing, 0, s->issue_ns, io->len);
 		if (io->model_done_ns > ready)
 			ready = io->model_done_ns;
 		s->ioptrs[i] = io;
@@ -186,10 +197,12 @@ static void fill_io_done(struct chm_io *io)
 		s->err = s->err ? s->err : io->res;
 	else if ((uint64_t)io->res != io->len)
 		s->err = s->err ? s->err : -EIO; /* short transfer */
-	if (io->res > 0)
+	if (io->res > 0 && dev->cfg.mode == CHM_MODE_PREFETCH)
 		dev->st.bytes_read_ssd += (uint64_t)io->res;
 	if (--s->ios_pending == 0) {
 		uint64_t now = chm_now_ns(dev);
+		if (dev->cfg.mode == CHM_MODE_PREFETCH)
+			chm_wbuf_read_end(dev, &s->rtok);
 		lat_record(dev, now - s->issue_ns);
 		if (dev->cfg.clock == CHM_CLOCK_REAL && dev->timing.enabled && now > s->ready_ns) {
 			dev->st.pacing_late++;
@@ -206,6 +219,7 @@ static void fill_io_done(struct chm_io *io)
 			slot_set(dev, s, CHM_SLOT_FAILED);
 			dev->st.prefetch_failed++;
 		} else {
+			chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
 			slot_set(dev, s, CHM_SLOT_READY);
 			staged_link(dev, s);
 			dev->st.prefetch_completed++;
@@ -217,6 +231,39 @@ static void fill_io_done(struct chm_io *io)
 		chm_staging_submit(dev, start);
 }
 
+/* ---- lru mode: prefetch hints filled through the cache ---- */
+
+static void lru_enqueue(struct chm_dev *dev, struct chm_slot *s)
+{
+	pthread_mutex_lock(&dev->lock);
+	dev->lq[(dev->lq_head + dev->lq_len) % dev->nslots] = (uint32_t)(s - dev->slots);
+	dev->lq_len++;
+	pthread_cond_signal(&dev->lq_cond);
+	pthread_mutex_unlock(&dev->lock);
+}
+
+static void *lru_filler_main(void *arg)
+{
+	struct chm_dev *dev = arg;
+	pthread_mutex_lock(&dev->lock);
+	for (;;) {
+		while (!dev->lq_len && !dev->lq_stop)
+			pthread_cond_wait(&dev->lq_cond, &dev->lock);
+		if (!dev->lq_len)
+			break; /* stopping and drained */
+		struct chm_slot *s = &dev->slots[dev->lq[dev->lq_head]];
+		dev->lq_head = (dev->lq_head + 1) % dev->nslots;
+		dev->lq_len--;
+		pthread_mutex_unlock(&dev->lock);
+		int rc = chm_lru_read(dev, s->addr, s->buf + (s->addr - s->fill_start), s->len);
+		s->ios[0].res = rc < 0 ? rc : (int32_t)s->ios[0].len;
+		fill_io_done(&s->ios[0]);
+		pthread_mutex_lock(&dev->lock);
+	}
+	pthread_mutex_unlock(&dev->lock);
+	return NULL;
+}
+
 void chm_staging_submit(struct chm_dev *dev, uint32_t head)
 {
 	while (head) {
@@ -225,6 +272,11 @@ void chm_staging_submit(struct chm_dev *dev, uint32_t head)
 		 * and the slot may be freed and re-chained before submit returns */
 		uint32_t next = s->start_next;
 		uint32_t n = s->nios;
+		if (dev->cfg.mode == CHM_MODE_LRU) {
+			lru_enqueue(dev, s);
+			head = next;
+			continue;
+		}
 		int rc = dev->be_ops->submit(dev->be, s->ioptrs, n);
 		if (rc < 0) {
 			/* no done() will run for any of them: fail the fill */
@@ -245,6 +297,17 @@ int chm_staging_init(struct chm_dev *dev)
 	dev->nreqs = dev->nslots + c->refill_queue;
 	dev->max_ios = chm_map_max_ios(c, dev->slot_stride);
 	dev->staged_head = -1;
+	char *mem = (char *)dev->pool.base + dev->staging_off;
+	if (dev->cfg.mode == CHM_MODE_LRU) {
+		dev->view_mem_bytes = (uint64_t)dev->nslots * dev->slot_stride;
+		dev->view_mem = mmap(NULL, dev->view_mem_bytes, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (dev->view_mem == MAP_FAILED) {
+			dev->view_mem = NULL;
+			return -ENOMEM;
+		}
+		mem = dev->view_mem;
+	}
 	dev->slots = calloc(dev->nslots, sizeof(*dev->slots));
 	if (!dev->slots)
 		goto err_slots;
@@ -263,7 +326,7 @@ int chm_staging_init(struct chm_dev *dev)
 		s->state = CHM_SLOT_FREE;
 		s->req = -1;
 		s->sprev = s->snext = -1;
-		s->buf = (char *)dev->pool.base + dev->staging_off + (uint64_t)i * dev->slot_stride;
+		s->buf = mem + (uint64_t)i * dev->slot_stride;
 		s->ios = &ios[(size_t)i * dev->max_ios];
 		s->ioptrs = &ptrs[(size_t)i * dev->max_ios];
 		s->fnext = i + 1 < dev->nslots ? i + 2 : 0;
@@ -276,8 +339,30 @@ int chm_staging_init(struct chm_dev *dev)
 		dev->reqs[i].fnext = i + 1 < dev->nreqs ? i + 2 : 0;
 	}
 	dev->req_free_head = dev->nreqs ? 1 : 0;
+	if (dev->cfg.mode == CHM_MODE_LRU) {
+		dev->lq = calloc(dev->nslots, sizeof(*dev->lq));
+		if (!dev->lq)
+			goto err_lq;
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&dev->lq_cond, &ca);
+		pthread_condattr_destroy(&ca);
+		unsigned want = dev->nslots < 4 ? dev->nslots : 4;
+		for (; dev->lq_nthreads < want; dev->lq_nthreads++)
+			if (pthread_create(&dev->lq_threads[dev->lq_nthreads], NULL, lru_filler_main,
+					   dev))
+				goto err_threads;
+	}
 	return 0;
 
+err_threads:
+	chm_staging_stop_fillers(dev);
+	pthread_cond_destroy(&dev->lq_cond);
+	free(dev->lq);
+	dev->lq = NULL;
+err_lq:
+	free(ptrs);
 err_ptrs:
 	free(ios);
 err_ios:
@@ -287,11 +372,33 @@ err_reqs:
 	free(dev->slots);
 	dev->slots = NULL;
 err_slots:
+	if (dev->view_mem)
+		munmap(dev->view_mem, dev->view_mem_bytes);
+	dev->view_mem = NULL;
 	return -ENOMEM;
+}
+
+void chm_staging_stop_fillers(struct chm_dev *dev)
+{
+	pthread_mutex_lock(&dev->lock);
+	dev->lq_stop = true;
+	pthread_cond_broadcast(&dev->lq_cond);
+	pthread_mutex_unlock(&dev->lock);
+	for (unsigned i = 0; i < dev->lq_nthreads; i++)
+		pthread_join(dev->lq_threads[i], NULL);
+	dev->lq_nthreads = 0;
 }
 
 void chm_staging_fini(struct chm_dev *dev)
 {
+	if (dev->lq) {
+		pthread_cond_destroy(&dev->lq_cond);
+		free(dev->lq);
+		dev->lq = NULL;
+	}
+	if (dev->view_mem)
+		munmap(dev->view_mem, dev->view_mem_bytes);
+	dev->view_mem = NULL;
 	if (dev->slots) {
 		free(dev->slots[0].ios);
 		free(dev->slots[0].ioptrs);
@@ -338,8 +445,6 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 		return -EINVAL;
 	if (dev->cfg.mode == CHM_MODE_DIRECT)
 		return -EOPNOTSUPP;
-	if (dev->cfg.mode != CHM_MODE_PREFETCH)
-		return -EOPNOTSUPP; /* lru hints: see lru.c */
 	if (len > dev->cfg.slot_bytes)
 		return -EINVAL;
 	uint32_t start = 0;

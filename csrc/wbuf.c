@@ -1,0 +1,435 @@
+/* wbuf.c - the isolated write buffer of prefetch mode.
+ *
+ * The last wbuf_bytes of the DRAM pool hold a circular log of admitted
+ * objects, in admission order (KV writes are append-only, so a log fits).
+ * chm_wbuf_write() reserves log space under the lock or reports the object
+ * skipped when there is none -- it never waits for the SSD. A flusher thread
+ * writes admitted entries to the backing targets in order, in batches, each
+ * batch followed by fdatasync of every target; it runs when no SSD read is in
+ * flight, and regardless of reads once the log is fuller than the high-water
+ * mark or a flush barrier waits.
+ *
+ * Entry states (fw_spec): FREE -> ADMITTED -> FLUSHING -> DURABLE -> FREE;
+ * a failed batch returns its entries FLUSHING -> ADMITTED (retried, never
+ * reported durable). A skipped write never occupies an entry.
+ *
+ * Reclamation: an SSD read that started before an entry became durable may
+ * have fetched the old bytes and relies on the entry's overlay when it
+ * completes. Reads therefore register in the current epoch; a batch that
+ * becomes durable is stamped with the epoch, the epoch advances, and an entry
+ * is reclaimed only once no read from its epoch or earlier is in flight.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dev.h"
+#include "states.h"
+
+#define EPOCHS 64                 /* in-flight read counters, a ring */
+#define BATCH_BYTES (16u << 20)   /* largest flush batch */
+#define BATCH_ENTRIES 64
+#define RETRY_NS 10000000ull      /* back-off after a failed batch */
+#define IDLE_NS 100000000ull      /* flusher re-check period */
+#define PRESSURE_NS 1000000ull    /* re-check period while reads are busy */
+
+struct wb_entry {
+	uint64_t addr, len;
+	uint64_t off;        /* offset in the log region */
+	uint64_t pad;        /* log bytes skipped before off (wrap) */
+	uint64_t seq;
+	uint64_t durable_epoch;
+	int state;           /* enum chm_wbuf_state */
+	bool copying;        /* space reserved, data not yet copied in */
+};
+
+struct chm_wbuf {
+	char *base;
+	uint64_t size;
+	uint64_t head_off, tail_off, used; /* log bytes */
+	struct wb_entry *ents;
+	uint32_t cap, head, count;         /* entry ring */
+	uint64_t next_seq;                 /* seq of the next reservation */
+	uint64_t admitted_max;             /* highest fully admitted seq */
+	uint64_t error_gen;                /* bumped on every failed batch */
+	uint32_t barriers;                 /* chm_flush callers waiting */
+	bool flushing;
+	uint64_t batch_mark;               /* bumped at batch start and end */
+	uint64_t epoch, lo_epoch;
+	uint32_t inflight[EPOCHS];
+	uint32_t reads_inflight;
+	pthread_cond_t cond;               /* wakes the flusher */
+	pthread_t thread;
+	bool stop;
+};
+
+static struct wb_entry *ent(struct chm_wbuf *w, uint32_t i) { return &w->ents[(w->head + i) % w->cap]; }
+
+static void ent_set(struct wb_entry *e, int to)
+{
+	CHM_TRANSITION(chm_wbuf_transitions, e->state, to);
+}
+
+/* Lowest epoch that may still have reads in flight. */
+static uint64_t oldest_read_epoch(struct chm_wbuf *w)
+{
+	while (w->lo_epoch < w->epoch && w->inflight[w->lo_epoch % EPOCHS] == 0)
+		w->lo_epoch++;
+	return w->inflight[w->lo_epoch % EPOCHS] ? w->lo_epoch : w->epoch + 1;
+}
+
+static void reclaim(struct chm_wbuf *w)
+{
+	uint64_t oldest = oldest_read_epoch(w);
+	while (w->count) {
+		struct wb_entry *e = ent(w, 0);
+		if (e->state != CHM_WB_DURABLE || e->durable_epoch >= oldest)
+			break;
+		ent_set(e, CHM_WB_FREE);
+		w->used -= e->len + e->pad;
+		w->head_off = e->off + e->len;
+		w->head = (w->head + 1) % w->cap;
+		w->count--;
+	}
+	if (!w->count)
+		w->head_off = w->tail_off = w->used = 0;
+}
+
+/* Reserves len contiguous log bytes; false when they are not there. */
+static bool log_alloc(struct chm_wbuf *w, uint64_t len, uint64_t *off, uint64_t *pad)
+{
+	if (w->count == w->cap || len > w->size)
+		return false;
+	if (!w->count) {
+		*off = 0;
+		*pad = 0;
+		return true;
+	}
+	if (w->tail_off > w->head_off || (w->tail_off == w->head_off && w->used == 0)) {
+		if (w->size - w->tail_off >= len) {
+			*off = w->tail_off;
+			*pad = 0;
+			return true;
+		}
+		if (w->head_off >= len) { /* wrap; the tail end is padding */
+			*off = 0;
+			*pad = w->size - w->tail_off;
+			return true;
+		}
+		return false;
+	}
+	if (w->head_off - w->tail_off >= len) {
+		*off = w->tail_off;
+		*pad = 0;
+		return true;
+	}
+	return false;
+}
+
+/* Patches staged copies that overlap a newly admitted object. */
+static void patch_staged(struct chm_dev *dev, uint64_t addr, const char *src, uint64_t len)
+{
+	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
+		struct chm_slot *s = &dev->slots[i];
+		uint64_t a = addr > s->fill_start ? addr : s->fill_start;
+		uint64_t b = addr + len < s->fill_start + s->fill_len ? addr + len
+								   : s->fill_start + s->fill_len;
+		if (a < b)
+			memcpy(s->buf + (a - s->fill_start), src + (a - addr), b - a);
+	}
+}
+
+int chm_wbuf_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	uint64_t off, pad;
+	pthread_mutex_lock(&dev->lock);
+	if (!log_alloc(w, len, &off, &pad)) {
+		reclaim(w);
+		if (!log_alloc(w, len, &off, &pad)) {
+			/* the skip: a distinct outcome, nothing changed */
+			dev->st.wr_skipped++;
+			dev->st.wr_skipped_bytes += len;
+			pthread_mutex_unlock(&dev->lock);
+			return CHM_WRITE_SKIPPED;
+		}
+	}
+	struct wb_entry *e = &w->ents[(w->head + w->count) % w->cap];
+	memset(e, 0, sizeof(*e));
+	e->state = CHM_WB_FREE;
+	e->addr = addr;
+	e->len = len;
+	e->off = off;
+	e->pad = pad;
+	e->seq = ++w->next_seq;
+	e->copying = true;
+	w->count++;
+	w->used += len + pad;
+	w->tail_off = off + len;
+	pthread_mutex_unlock(&dev->lock);
+
+	/* the entry is reserved and invisible until admitted: copy unlocked */
+	memcpy(w->base + off, buf, len);
+
+	pthread_mutex_lock(&dev->lock);
+	e->copying = false;
+	ent_set(e, CHM_WB_ADMITTED);
+	if (e->seq > w->admitted_max)
+		w->admitted_max = e->seq;
+	dev->st.wr_admitted++;
+	dev->st.wr_admitted_bytes += len;
+	if (dev->slots)
+		patch_staged(dev, addr, w->base + off, len);
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&dev->lock);
+	return 0;
+}
+
+void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	if (!w)
+		return;
+	for (uint32_t i = 0; i < w->count; i++) {
+		struct wb_entry *e = ent(w, i);
+		if (e->copying)
+			continue;
+		uint64_t a = addr > e->addr ? addr : e->addr;
+		uint64_t b = addr + len < e->addr + e->len ? addr + len : e->addr + e->len;
+		if (a < b)
+			memcpy((char *)buf + (a - addr), w->base + e->off + (a - e->addr), b - a);
+	}
+}
+
+void chm_wbuf_read_begin(struct chm_dev *dev, struct chm_read_tok *tok)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	tok->begin_ns = chm_mono_ns();
+	if (!w)
+		return;
+	tok->epoch = w->epoch;
+	tok->batch_mark = w->batch_mark;
+	w->inflight[w->epoch % EPOCHS]++;
+	w->reads_inflight++;
+}
+
+void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	if (!w)
+		return;
+	w->inflight[tok->epoch % EPOCHS]--;
+	w->reads_inflight--;
+	if (w->flushing || w->batch_mark != tok->batch_mark)
+		dev->st.read_wait_flush_ns += chm_mono_ns() - tok->begin_ns;
+	if (w->reads_inflight == 0)
+		pthread_cond_signal(&w->cond);
+}
+
+/* Highest seq such that every entry up to it is durable (or reclaimed). */
+static uint64_t durable_upto(struct chm_wbuf *w)
+{
+	for (uint32_t i = 0; i < w->count; i++) {
+		struct wb_entry *e = ent(w, i);
+		if (e->state != CHM_WB_DURABLE)
+			return e->seq - 1;
+	}
+	return w->next_seq;
+}
+
+static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
+{
+	uint64_t until = chm_mono_ns() + ns;
+	struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
+			      .tv_nsec = (long)(until % 1000000000ull)};
+	pthread_cond_timedwait(c, m, &ts);
+}
+
+/* Picks the next batch: admitted entries in order, stopping at the first
+ * entry that is not admitted yet. Returns the count (from index *first). */
+static uint32_t pick_batch(struct chm_wbuf *w, uint32_t *first)
+{
+	uint32_t i = 0, n = 0;
+	uint64_t bytes = 0;
+	while (i < w->count && ent(w, i)->state == CHM_WB_DURABLE)
+		i++;
+	*first = i;
+	for (; i < w->count && n < BATCH_ENTRIES; i++, n++) {
+		struct wb_entry *e = ent(w, i);
+		if (e->copying || e->state != CHM_WB_ADMITTED)
+			break;
+		if (n && bytes + e->len > BATCH_BYTES)
+			break;
+		bytes += e->len;
+	}
+	return n;
+}
+
+static void *flusher_main(void *arg)
+{
+	struct chm_dev *dev = arg;
+	struct chm_wbuf *w = dev->wbuf;
+	pthread_mutex_lock(&dev->lock);
+	struct wb_entry *batch[BATCH_ENTRIES];
+	while (!w->stop) {
+		reclaim(w);
+		uint32_t first, n = pick_batch(w, &first);
+		if (!n) {
+			timed_wait(&w->cond, &dev->lock, IDLE_NS);
+			continue;
+		}
+		bool forced = w->barriers || w->used * 100 >= w->size * dev->cfg.flush_high_water_pct;
+		if (w->reads_inflight && !forced) {
+			/* reads first: wait for the read queue to drain */
+			timed_wait(&w->cond, &dev->lock, PRESSURE_NS);
+			continue;
+		}
+		uint64_t bytes = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			/* pointers, not ring positions: the head moves on reclaim */
+			batch[i] = ent(w, first + i);
+			ent_set(batch[i], CHM_WB_FLUSHING);
+			bytes += batch[i]->len;
+		}
+		w->flushing = true;
+		w->batch_mark++;
+		uint64_t done = chm_timing_ssd(&dev->timing, 1, chm_now_ns(dev), bytes);
+		pthread_mutex_unlock(&dev->lock);
+
+		/* entries in FLUSHING are neither moved nor reclaimed: safe to
+		 * read their descriptors and data without the lock */
+		int rc = 0;
+		for (uint32_t i = 0; i < n && !rc; i++) {
+			struct wb_entry *e = batch[i];
+			rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, e->addr, w->base + e->off, e->len);
+		}
+		if (!rc)
+			rc = chm_ssd_sync_all(dev);
+
+		pthread_mutex_lock(&dev->lock);
+		chm_pace(dev, done);
+		w->flushing = false;
+		w->batch_mark++;
+		for (uint32_t i = 0; i < n; i++) {
+			struct wb_entry *e = batch[i];
+			if (rc) {
+				ent_set(e, CHM_WB_ADMITTED); /* flush_error: retried */
+			} else {
+				ent_set(e, CHM_WB_DURABLE);
+				e->durable_epoch = w->epoch;
+			}
+		}
+		if (rc) {
+			w->error_gen++;
+		} else {
+			dev->st.wr_flushed_bytes += bytes;
+			dev->st.flush_batches++;
+			/* a new epoch; never reuse a counter slot still in use */
+			if (w->inflight[(w->epoch + 1) % EPOCHS] == 0)
+				w->epoch++;
+		}
+		reclaim(w);
+		pthread_cond_broadcast(&dev->cond);
+		if (rc)
+			timed_wait(&w->cond, &dev->lock, RETRY_NS);
+	}
+	pthread_mutex_unlock(&dev->lock);
+	return NULL;
+}
+
+int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	uint64_t start = chm_mono_ns();
+	uint64_t deadline = timeout_ns > UINT64_MAX - start ? UINT64_MAX : start + timeout_ns;
+	int rc = 0;
+	pthread_mutex_lock(&dev->lock);
+	uint64_t target = w->admitted_max, err0 = w->error_gen;
+	w->barriers++;
+	pthread_cond_signal(&w->cond);
+	while (durable_upto(w) < target) {
+		if (w->error_gen != err0) {
+			rc = -EIO;
+			break;
+		}
+		if (dev->closing && w->stop) {
+			rc = -ECANCELED;
+			break;
+		}
+		uint64_t now = chm_mono_ns();
+		if (now >= deadline) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		if (deadline == UINT64_MAX) {
+			pthread_cond_wait(&dev->cond, &dev->lock);
+		} else {
+			struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+					      .tv_nsec = (long)(deadline % 1000000000ull)};
+			pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
+		}
+	}
+	w->barriers--;
+	pthread_mutex_unlock(&dev->lock);
+	return rc;
+}
+
+void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	out->wbuf_bytes = w ? w->size : 0;
+	out->wbuf_used_bytes = w ? w->used : 0;
+}
+
+int chm_wbuf_init(struct chm_dev *dev)
+{
+	struct chm_wbuf *w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	uint64_t off = CHM_ALIGN_UP(dev->pool.bytes - dev->cfg.wbuf_bytes, CHM_FILL_ALIGN);
+	w->base = (char *)dev->pool.base + off;
+	w->size = dev->cfg.wbuf_bytes > dev->pool.bytes - off ? dev->pool.bytes - off
+								: dev->cfg.wbuf_bytes;
+	uint64_t cap = w->size / 4096;
+	w->cap = cap < 64 ? 64 : cap > (1u << 20) ? (1u << 20) : (uint32_t)cap;
+	w->ents = calloc(w->cap, sizeof(*w->ents));
+	if (!w->ents)
+		goto err_ents;
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&w->cond, &ca);
+	pthread_condattr_destroy(&ca);
+	dev->wbuf = w;
+	int rc = pthread_create(&w->thread, NULL, flusher_main, dev);
+	if (rc)
+		goto err_thread;
+	return 0;
+
+err_thread:
+	dev->wbuf = NULL;
+	pthread_cond_destroy(&w->cond);
+	free(w->ents);
+err_ents:
+	free(w);
+	return -ENOMEM;
+}
+
+void chm_wbuf_fini(struct chm_dev *dev)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	if (!w)
+		return;
+	/* best effort: everything admitted goes to the SSD before close */
+	chm_wbuf_flush(dev, 10ull * 1000000000ull);
+	pthread_mutex_lock(&dev->lock);
+	w->stop = true;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&dev->lock);
+	pthread_join(w->thread, NULL);
+	pthread_cond_destroy(&w->cond);
+	free(w->ents);
+	free(w);
+	dev->wbuf = NULL;
+}
