@@ -297,6 +297,11 @@ int chm_config_option(unsigned idx, struct chm_option_info *out)
 /* Fills fields whose 0 means "derive". Validated config in, same out. */
 int chm_config_derive(struct chm_config *cfg)
 {
+	if (cfg->backend == CHM_BACKEND_GHOST && cfg->n_targets == 0) {
+		/* no data moves: one notional target carries the address space */
+		cfg->n_targets = 1;
+		strcpy(cfg->targets[0], "ghost");
+	}
 	if (cfg->mode == CHM_MODE_PREFETCH && cfg->slot_count == 0) {
 		uint64_t window = cfg->dram_bytes - cfg->wbuf_bytes;
 		uint64_t stride = CHM_ALIGN_UP(cfg->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;

@@ -506,13 +506,13 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 	uint64_t deadline = timeout_ns > UINT64_MAX - start_mono ? UINT64_MAX
 								  : start_mono + timeout_ns;
 	for (;;) {
-		rc = handle_lookup(dev, h, &r);
-		if (rc)
-			goto out_leave;
 		if (dev->closing) {
 			rc = -ECANCELED;
 			goto out_leave;
 		}
+		rc = handle_lookup(dev, h, &r);
+		if (rc)
+			goto out_leave;
 		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
 		if (s && s->state == CHM_SLOT_FAILED) {
 			rc = -EIO;

@@ -1,0 +1,183 @@
+/*
+ * timing.c - the timing model: pure functions from (state, request) to a
+ * completion time on the device clock, in ns.
+ *
+ * SSD. The drive has C = ssd_channels internal channels (0 means 1, at most
+ * 64), shared by reads and writes. A transfer of len bytes submitted at now:
+ *
+ *   ch     = the channel that frees earliest
+ *   start  = max(now, chan_free[ch])
+ *   t_chan = start + lat + ceil(len * C / bw)     channel busy until t_chan
+ *   t_pipe = max(now, pipe_free) + ceil(len / bw) pipe busy until t_pipe
+ *   done   = max(t_chan, t_pipe)
+ *
+ * with lat/bw/pipe the read or the write ones. One channel moves bw / C
+ * bytes/s, so C busy channels together move bw; the pipe holds the aggregate
+ * bound on its own, whatever the channel history. The model is:
+ *   - monotonic in size: for one state and now, done grows with len;
+ *   - bandwidth-bounded: every transfer advances its pipe by len / bw from no
+ *     earlier than its submission, so N bytes submitted from time T are
+ *     never all done before T + N / bw;
+ *   - parallelism-bounded: a transfer holds one channel for at least lat, so
+ *     at most C transfers overlap their latency and n transfers submitted
+ *     together finish no earlier than ceil(n / C) * lat later.
+ * A single transfer only gets bw / C: line rate needs C transfers in flight,
+ * as on a real drive that needs queue depth to reach its datasheet figure.
+ *
+ * Host. A DRAM->host transfer is bounded by the slower of the DRAM and link
+ * bandwidths, serialised on the link, then delayed by link_lat_ns (which
+ * does not hold the link: it is propagation, not occupancy):
+ *
+ *   start = max(now, link_free)
+ *   link_free = start + max(ceil(len / dram_bw), ceil(len / link_bw))
+ *   done = link_free + link_lat
+ *
+ * A zero bandwidth is unlimited and a zero latency is none. Divisions round
+ * up, so rounding never beats a bound; 128-bit intermediates and saturating
+ * sums keep terabyte transfers exact.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "dev.h"
+
+#define NS_PER_S 1000000000u
+#define MAX_CHANNELS 64u
+
+_Static_assert(sizeof(((struct chm_timing_state *)0)->chan_free_ns) ==
+		       MAX_CHANNELS * sizeof(uint64_t),
+	       "chan_free_ns holds MAX_CHANNELS channels");
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+/* ceil(len * mult * 1e9 / bw) ns, 0 for unlimited bandwidth, saturating. */
+static uint64_t xfer_ns(uint64_t len, uint64_t mult, uint64_t bw_bps)
+{
+	unsigned __int128 num, q;
+
+	if (!bw_bps || !len)
+		return 0;
+	num = (unsigned __int128)len * mult * NS_PER_S;
+	q = (num + bw_bps - 1) / bw_bps;
+	return q > UINT64_MAX ? UINT64_MAX : (uint64_t)q;
+}
+
+static unsigned channels(const struct chm_timing_state *ts)
+{
+	unsigned c = ts->p.ssd_channels;
+
+	if (c == 0)
+		return 1;
+	return c > MAX_CHANNELS ? MAX_CHANNELS : c;
+}
+
+void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p)
+{
+	memset(ts, 0, sizeof(*ts));
+	if (p)
+		ts->p = *p;
+	ts->enabled = ts->p.ssd_read_lat_ns || ts->p.ssd_write_lat_ns ||
+		      ts->p.ssd_read_bw_bps || ts->p.ssd_write_bw_bps ||
+		      ts->p.ssd_channels || ts->p.dram_bw_bps || ts->p.link_bw_bps ||
+		      ts->p.link_lat_ns;
+}
+
+uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns,
+			uint64_t len)
+{
+	uint64_t lat = write ? ts->p.ssd_write_lat_ns : ts->p.ssd_read_lat_ns;
+	uint64_t bw = write ? ts->p.ssd_write_bw_bps : ts->p.ssd_read_bw_bps;
+	uint64_t *pipe = write ? &ts->ssd_write_free_ns : &ts->ssd_read_free_ns;
+	unsigned c = channels(ts), ch = 0;
+	uint64_t start, t_chan, t_pipe;
+
+	if (!ts->enabled)
+		return now_ns;
+	for (unsigned i = 1; i < c; i++)
+		if (ts->chan_free_ns[i] < ts->chan_free_ns[ch])
+			ch = i;
+	start = max_u64(now_ns, ts->chan_free_ns[ch]);
+	t_chan = sat_add(sat_add(start, lat), xfer_ns(len, c, bw));
+	ts->chan_free_ns[ch] = t_chan;
+	t_pipe = sat_add(max_u64(now_ns, *pipe), xfer_ns(len, 1, bw));
+	*pipe = t_pipe;
+	return max_u64(t_chan, t_pipe);
+}
+
+uint64_t chm_timing_host(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len)
+{
+	uint64_t busy;
+
+	if (!ts->enabled)
+		return now_ns;
+	busy = max_u64(xfer_ns(len, 1, ts->p.dram_bw_bps), xfer_ns(len, 1, ts->p.link_bw_bps));
+	ts->link_free_ns = sat_add(max_u64(now_ns, ts->link_free_ns), busy);
+	return sat_add(ts->link_free_ns, ts->p.link_lat_ns);
+}
+
+/*
+ * Presets. Figures are assumptions of datasheet class, not measurements:
+ *
+ * gen5-tlc-200g: one PCIe 5.0 x4 enterprise TLC SSD as vendors specify the
+ *   class: ~14 GB/s sequential read, ~10 GB/s sequential write, ~60 us
+ *   random read latency (TLC page read plus controller), ~20 us write
+ *   latency (absorbed by the SLC cache / controller buffer), 16 channels
+ *   (the common controller width). Host link 200 Gb/s = 25e9 B/s (line
+ *   rate, protocol overhead ignored), ~1.5 us link latency (one RDMA/CXL hop
+ *   class). Device DRAM 50 GB/s (about two DDR5 channels).
+ *
+ * fpga-cxlhm: the paper's FPGA prototype: two Gen5 1 TB SSDs (twice the
+ *   Gen5 bandwidth and channels, same latencies), 64 GB internal DRAM (a
+ *   pool size, set with dram_bytes, not here) on the FPGA's DDR4
+ *   controllers, ~20 GB/s (DDR4-2400 x64 is 19.2 GB/s), behind a 200 Gb/s
+ *   RDMA link with ~3 us latency (FPGA RDMA stack).
+ */
+static const struct {
+	const char *name;
+	struct chm_timing t;
+} presets[] = {
+	{"none", {0}},
+	{"gen5-tlc-200g",
+	 {
+		 .ssd_read_lat_ns = 60000,
+		 .ssd_write_lat_ns = 20000,
+		 .ssd_read_bw_bps = 14000000000ull,
+		 .ssd_write_bw_bps = 10000000000ull,
+		 .ssd_channels = 16,
+		 .dram_bw_bps = 50000000000ull,
+		 .link_bw_bps = 25000000000ull,
+		 .link_lat_ns = 1500,
+	 }},
+	{"fpga-cxlhm",
+	 {
+		 .ssd_read_lat_ns = 60000,
+		 .ssd_write_lat_ns = 20000,
+		 .ssd_read_bw_bps = 28000000000ull,
+		 .ssd_write_bw_bps = 20000000000ull,
+		 .ssd_channels = 32,
+		 .dram_bw_bps = 20000000000ull,
+		 .link_bw_bps = 25000000000ull,
+		 .link_lat_ns = 3000,
+	 }},
+};
+
+int chm_timing_preset(const char *name, struct chm_timing *out)
+{
+	if (!name || !out)
+		return -EINVAL;
+	for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
+		if (strcmp(presets[i].name, name) == 0) {
+			*out = presets[i].t;
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
