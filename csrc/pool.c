@@ -225,12 +225,13 @@ static int devdax_geometry(dev_t rdev, uint64_t *size, uint64_t *align, int *nod
 }
 
 /* Private anonymous memory of len bytes whose start is aligned to align. */
-static void *map_anon_aligned(uint64_t len, uint64_t align)
+static void *map_anon_aligned(uint64_t len, uint64_t align, int extra_flags)
 {
 	uint64_t span = len + align;
 	char *raw, *base, *end;
 
-	raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | extra_flags,
+		   -1, 0);
 	if (raw == MAP_FAILED)
 		return MAP_FAILED;
 	base = (char *)CHM_ALIGN_UP((uintptr_t)raw, align);
@@ -326,13 +327,17 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 			return ret;
 	}
 	page = (uint64_t)sysconf(_SC_PAGESIZE);
+	/* ghost moves no data: a terabyte-scale simulation's DRAM is only
+	 * address space, faulted in where views are actually touched */
+	bool lazy = cfg->backend == CHM_BACKEND_GHOST && cfg->pool_kind == CHM_POOL_ANON;
 
 	switch (cfg->pool_kind) {
 	case CHM_POOL_ANON:
 		pool->bytes = CHM_ALIGN_UP(bytes, page);
 		thp = thp_enabled();
 		hp_size = thp_size();
-		base = map_anon_aligned(pool->bytes, thp ? hp_size : page);
+		base = map_anon_aligned(pool->bytes, thp ? hp_size : page,
+					lazy ? MAP_NORESERVE : 0);
 		if (base == MAP_FAILED) {
 			ret = -ENOMEM;
 			goto close_fd;
@@ -404,7 +409,7 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 		pool->numa_node = node;
 	}
 
-	ret = prefault(pool);
+	ret = lazy ? 0 : prefault(pool);
 	if (ret)
 		goto unmap;
 	if (node >= 0 && pool->kind == CHM_POOL_FILE && !is_dax)
@@ -412,7 +417,7 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 
 	if (pool->kind == CHM_POOL_HUGETLB)
 		pool->hugepages = true;
-	else if (smaps_huge_kb(pool->base, pool->bytes, &kb) == 0)
+	else if (!lazy && smaps_huge_kb(pool->base, pool->bytes, &kb) == 0)
 		pool->hugepages = kb > 0;
 	else
 		pool->hugepages = pool->kind == CHM_POOL_ANON && thp &&
