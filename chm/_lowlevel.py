@@ -1,0 +1,506 @@
+"""1:1 typed wrappers over include/chm.h.
+
+This module and ``chm._ffi`` are the only ones that touch ``ffi``/``lib``.
+Every failing call goes through :func:`_check`, which turns ``-errno`` into
+the matching :mod:`chm.errors` exception carrying ``chm_strerror()``'s text,
+the C function's name and its arguments.
+
+Device pointers returned by :func:`dev_open` carry an ``ffi.gc`` destructor
+as a leak safety net only; :func:`dev_close` runs it explicitly.
+
+The hot-path wrappers (prefetch/wait/release) keep their out-parameters in
+per-thread scratch structs so they allocate nothing per call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from chm._ffi import ffi, lib
+from chm.errors import ChmError, InvalidArgument, error_for
+
+# Opaque cffi objects (struct pointers) handed to the layers above.
+CData = Any
+Buffer = Any  # a cffi buffer object (supports the buffer protocol)
+
+UINT64_MAX: int = 2**64 - 1
+WRITE_SKIPPED: int = int(lib.CHM_WRITE_SKIPPED)
+IO_ALIGN: int = int(lib.CHM_IO_ALIGN)
+MAX_TARGETS: int = int(lib.CHM_MAX_TARGETS)
+PATH_MAX: int = int(lib.CHM_PATH_MAX)
+HIST_BUCKETS: int = int(lib.CHM_HIST_BUCKETS)
+ERRMSG_MAX: int = int(lib.CHM_ERRMSG_MAX)
+PF_NOQUEUE: int = int(lib.CHM_PF_NOQUEUE)
+VERSION_TUPLE: tuple[int, int, int] = (
+    int(lib.CHM_VERSION_MAJOR),
+    int(lib.CHM_VERSION_MINOR),
+    int(lib.CHM_VERSION_PATCH),
+)
+
+BACKENDS: dict[str, int] = {
+    "uring": int(lib.CHM_BACKEND_URING),
+    "pread": int(lib.CHM_BACKEND_PREAD),
+    "ghost": int(lib.CHM_BACKEND_GHOST),
+}
+MODES: dict[str, int] = {
+    "prefetch": int(lib.CHM_MODE_PREFETCH),
+    "lru": int(lib.CHM_MODE_LRU),
+    "direct": int(lib.CHM_MODE_DIRECT),
+}
+POOL_KINDS: dict[str, int] = {
+    "anon": int(lib.CHM_POOL_ANON),
+    "hugetlb": int(lib.CHM_POOL_HUGETLB),
+    "memfd": int(lib.CHM_POOL_MEMFD),
+    "file": int(lib.CHM_POOL_FILE),
+}
+CLOCKS: dict[str, int] = {
+    "real": int(lib.CHM_CLOCK_REAL),
+    "virtual": int(lib.CHM_CLOCK_VIRTUAL),
+}
+FAULTS: dict[str, int] = {
+    "none": int(lib.CHM_FAULT_NONE),
+    "eio_read": int(lib.CHM_FAULT_EIO_READ),
+    "eio_write": int(lib.CHM_FAULT_EIO_WRITE),
+    "short_read": int(lib.CHM_FAULT_SHORT_READ),
+    "slow": int(lib.CHM_FAULT_SLOW),
+}
+SLOT_STATES: dict[str, int] = {
+    "free": int(lib.CHM_SLOT_FREE),
+    "filling": int(lib.CHM_SLOT_FILLING),
+    "ready": int(lib.CHM_SLOT_READY),
+    "held": int(lib.CHM_SLOT_HELD),
+    "failed": int(lib.CHM_SLOT_FAILED),
+}
+WBUF_STATES: dict[str, int] = {
+    "free": int(lib.CHM_WB_FREE),
+    "admitted": int(lib.CHM_WB_ADMITTED),
+    "flushing": int(lib.CHM_WB_FLUSHING),
+    "durable": int(lib.CHM_WB_DURABLE),
+    "skipped": int(lib.CHM_WB_SKIPPED),
+}
+LINE_STATES: dict[str, int] = {
+    "invalid": int(lib.CHM_LINE_INVALID),
+    "clean": int(lib.CHM_LINE_CLEAN),
+    "dirty": int(lib.CHM_LINE_DIRTY),
+    "writing_back": int(lib.CHM_LINE_WRITING_BACK),
+}
+
+
+class OptionInfo(NamedTuple):
+    """One configuration option as declared by the C core."""
+
+    name: str
+    type: str
+    default: str
+    help: str
+
+
+class ViewInfo(NamedTuple):
+    """A staged object: a zero-copy buffer over device DRAM plus its place."""
+
+    buffer: Buffer
+    length: int
+    dev_addr: int
+    pool_offset: int
+
+
+# ---------------------------------------------------------------- errors
+
+
+def strerror(err: int) -> str:
+    """chm_strerror(): the English text for a -errno (or errno) value."""
+    code = -abs(int(err))
+    return str(ffi.string(lib.chm_strerror(code)).decode("utf-8", "replace"))
+
+
+def _check(rc: int, call: str = "chm", args: str = "", detail: str | None = None) -> int:
+    """The single choke point: returns rc >= 0, raises for -errno."""
+    if rc >= 0:
+        return rc
+    code = -rc
+    text = strerror(code)
+    message = f"{call}({args}): {text}"
+    if detail:
+        message = f"{message}: {detail}"
+    raise error_for(code)(code, message, call=call, detail=detail)
+
+
+def _arg_error(call: str, args: str, exc: Exception) -> InvalidArgument:
+    code = InvalidArgument.default_errno
+    return InvalidArgument(code, f"{call}({args}): {exc}", call=call, detail=str(exc))
+
+
+def _errbuf() -> CData:
+    return ffi.new("char[]", ERRMSG_MAX)
+
+
+def _errtext(buf: CData) -> str | None:
+    text = str(ffi.string(buf).decode("utf-8", "replace"))
+    return text or None
+
+
+# ---------------------------------------------------------------- version
+
+
+def version() -> int:
+    """chm_version(): MAJOR*10000 + MINOR*100 + PATCH."""
+    return int(lib.chm_version())
+
+
+# ---------------------------------------------------------------- config
+
+
+def config_init(cfg: CData) -> None:
+    """chm_config_init(): fills *cfg with defaults."""
+    _check(lib.chm_config_init(cfg), "chm_config_init")
+
+
+def config_new() -> CData:
+    """Allocates a struct chm_config filled by chm_config_init()."""
+    cfg = ffi.new("struct chm_config *")
+    config_init(cfg)
+    return cfg
+
+
+def config_copy(cfg: CData) -> CData:
+    """A new struct chm_config with the same contents."""
+    out = ffi.new("struct chm_config *")
+    ffi.memmove(out, cfg, ffi.sizeof("struct chm_config"))
+    return out
+
+
+def config_set(cfg: CData, key: str, value: str) -> None:
+    """chm_config_set(): sets one option from its text form.
+
+    Raises NotFound for an unknown key, InvalidArgument for a bad value (the
+    device's one-line reason is in the message and in ``.detail``).
+    """
+    err = _errbuf()
+    try:
+        rc = lib.chm_config_set(cfg, key.encode(), value.encode(), err, ERRMSG_MAX)
+    except (UnicodeEncodeError, TypeError) as exc:
+        raise _arg_error("chm_config_set", f"{key!r}, {value!r}", exc) from None
+    if rc < 0:
+        _check(rc, "chm_config_set", f"{key!r}, {value!r}", _errtext(err))
+
+
+def config_validate(cfg: CData) -> None:
+    """chm_config_validate(): raises InvalidArgument with the reason."""
+    err = _errbuf()
+    rc = lib.chm_config_validate(cfg, err, ERRMSG_MAX)
+    if rc < 0:
+        _check(rc, "chm_config_validate", "", _errtext(err))
+
+
+def _cstr(p: CData) -> str:
+    if p == ffi.NULL:
+        return ""
+    return str(ffi.string(p).decode("utf-8", "replace"))
+
+
+def config_option(idx: int) -> OptionInfo:
+    """chm_config_option(): option number idx; NotFound past the end."""
+    info = ffi.new("struct chm_option_info *")
+    _check(lib.chm_config_option(idx, info), "chm_config_option", str(idx))
+    return OptionInfo(_cstr(info.name), _cstr(info.type), _cstr(info.defval), _cstr(info.help))
+
+
+def config_options() -> list[OptionInfo]:
+    """Every option the C core declares, in its order."""
+    out: list[OptionInfo] = []
+    info = ffi.new("struct chm_option_info *")
+    idx = 0
+    while lib.chm_config_option(idx, info) == 0:
+        out.append(
+            OptionInfo(_cstr(info.name), _cstr(info.type), _cstr(info.defval), _cstr(info.help))
+        )
+        idx += 1
+    return out
+
+
+def timing_preset(name: str) -> dict[str, int]:
+    """chm_timing_preset(): the preset's struct chm_timing as a dict."""
+    out = ffi.new("struct chm_timing *")
+    _check(lib.chm_timing_preset(name.encode(), out), "chm_timing_preset", repr(name))
+    return _struct_to_dict(out[0])
+
+
+def _iter_fields(ctype: Any) -> Iterator[tuple[str, Any]]:
+    for name, field in ctype.fields:
+        yield name, field.type
+
+
+def _value(v: Any, ctype: Any) -> Any:
+    kind = ctype.kind
+    if kind == "primitive":
+        return v if not isinstance(v, bytes) else v.decode("utf-8", "replace")
+    if kind == "array":
+        item = ctype.item
+        if item.kind == "primitive" and item.cname == "char":
+            return str(ffi.string(v).decode("utf-8", "replace"))
+        return [_value(x, item) for x in v]
+    if kind == "struct":
+        return _struct_to_dict(v)
+    if kind == "enum":
+        return int(v)
+    return v
+
+
+def _struct_to_dict(obj: Any) -> dict[str, Any]:
+    ctype = ffi.typeof(obj)
+    return {name: _value(getattr(obj, name), ft) for name, ft in _iter_fields(ctype)}
+
+
+def config_to_dict(cfg: CData) -> dict[str, Any]:
+    """The raw struct chm_config as a dict (field names, ints, strings)."""
+    d = _struct_to_dict(cfg[0])
+    n = int(cfg.n_targets)
+    d["targets"] = [str(ffi.string(cfg.targets[i]).decode()) for i in range(min(n, MAX_TARGETS))]
+    return d
+
+
+def struct_fields(cname: str) -> list[str]:
+    """Field names of a C struct, e.g. ``struct_fields("struct chm_stats")``."""
+    return [name for name, _ in ffi.typeof(cname).fields]
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def dev_open(cfg: CData) -> CData:
+    """chm_dev_open(): returns the device pointer (with a leak-net destructor)."""
+    out = ffi.new("chm_dev **")
+    rc = lib.chm_dev_open(cfg, out)
+    if rc < 0:
+        detail = None
+        if rc == -InvalidArgument.default_errno:
+            err = _errbuf()
+            if lib.chm_config_validate(cfg, err, ERRMSG_MAX) < 0:
+                detail = _errtext(err)
+        _check(rc, "chm_dev_open", "", detail)
+    return ffi.gc(out[0], lib.chm_dev_close)
+
+
+def dev_close(dev: CData) -> None:
+    """chm_dev_close(): blocks until the device is drained and freed."""
+    ffi.release(dev)
+
+
+def dev_config(dev: CData) -> CData:
+    """chm_dev_config(): the effective configuration."""
+    out = ffi.new("struct chm_config *")
+    _check(lib.chm_dev_config(dev, out), "chm_dev_config")
+    return out
+
+
+def dev_pool_fd(dev: CData) -> int:
+    """chm_dev_pool_fd(): the memfd of a memfd pool (owned by the device)."""
+    return _check(lib.chm_dev_pool_fd(dev), "chm_dev_pool_fd")
+
+
+# ---------------------------------------------------------------- prefetch
+
+_tls = threading.local()
+_prefetch_c = lib.chm_prefetch_object
+_wait_c = lib.chm_prefetch_wait
+_release_c = lib.chm_prefetch_release
+_buffer = ffi.buffer
+_alloc_raw = ffi.new_allocator(should_clear_after_alloc=False)
+
+
+def _scratch_handle() -> CData:
+    p = _tls.h = ffi.new("chm_handle *")
+    return p
+
+
+def _scratch_view() -> CData:
+    p = _tls.v = ffi.new("struct chm_view *")
+    return p
+
+
+def prefetch_object(dev: CData, addr: int, length: int, flags: int = 0) -> int:
+    """chm_prefetch_object(): issues a prefetch, returns the handle token."""
+    try:
+        hp = _tls.h
+    except AttributeError:
+        hp = _scratch_handle()
+    try:
+        rc = _prefetch_c(dev, addr, length, flags, hp)
+    except OverflowError as exc:
+        raise _arg_error(
+            "chm_prefetch_object", f"addr={addr}, len={length}, flags={flags}", exc
+        ) from None
+    if rc < 0:
+        _check(rc, "chm_prefetch_object", f"addr={addr:#x}, len={length}, flags={flags:#x}")
+    return hp[0]  # type: ignore[no-any-return]
+
+
+def _wait(dev: CData, h: int, timeout_ns: int) -> CData:
+    try:
+        vp = _tls.v
+    except AttributeError:
+        vp = _scratch_view()
+    try:
+        rc = _wait_c(dev, h, timeout_ns, vp)
+    except OverflowError as exc:
+        raise _arg_error("chm_prefetch_wait", f"handle={h}, timeout_ns={timeout_ns}", exc) from None
+    if rc < 0:
+        _check(rc, "chm_prefetch_wait", f"handle={h:#x}, timeout_ns={timeout_ns}")
+    return vp
+
+
+def prefetch_wait(dev: CData, h: int, timeout_ns: int) -> ViewInfo:
+    """chm_prefetch_wait(): the staged object (zero-copy buffer) and its place."""
+    vp = _wait(dev, h, timeout_ns)
+    n = int(vp.len)
+    return ViewInfo(_buffer(vp.data, n), n, int(vp.dev_addr), int(vp.pool_offset))
+
+
+def prefetch_wait_buffer(dev: CData, h: int, timeout_ns: int) -> Buffer:
+    """chm_prefetch_wait() returning only the zero-copy buffer (hot path)."""
+    try:
+        vp = _tls.v
+    except AttributeError:
+        vp = _scratch_view()
+    try:
+        rc = _wait_c(dev, h, timeout_ns, vp)
+    except OverflowError as exc:
+        raise _arg_error("chm_prefetch_wait", f"handle={h}, timeout_ns={timeout_ns}", exc) from None
+    if rc < 0:
+        _check(rc, "chm_prefetch_wait", f"handle={h:#x}, timeout_ns={timeout_ns}")
+    return _buffer(vp.data, vp.len)
+
+
+def prefetch_release(dev: CData, h: int) -> None:
+    """chm_prefetch_release(): frees the handle's slot or queue entry."""
+    try:
+        rc = _release_c(dev, h)
+    except OverflowError as exc:
+        raise _arg_error("chm_prefetch_release", f"handle={h}", exc) from None
+    if rc < 0:
+        _check(rc, "chm_prefetch_release", f"handle={h:#x}")
+
+
+# ---------------------------------------------------------------- data path
+
+
+def read(dev: CData, addr: int, length: int) -> bytes:
+    """chm_read() into a new bytes object."""
+    if length < 0:
+        raise _arg_error("chm_read", f"addr={addr}, len={length}", ValueError("negative length"))
+    buf = _alloc_raw("char[]", max(length, 1))
+    try:
+        rc = lib.chm_read(dev, addr, buf, length)
+    except OverflowError as exc:
+        raise _arg_error("chm_read", f"addr={addr}, len={length}", exc) from None
+    if rc < 0:
+        _check(rc, "chm_read", f"addr={addr:#x}, len={length}")
+    return bytes(ffi.buffer(buf, length))
+
+
+def read_into(dev: CData, addr: int, out: Any) -> int:
+    """chm_read() into a writable buffer; returns the byte count."""
+    try:
+        cbuf = ffi.from_buffer("char[]", out, require_writable=True)
+    except (TypeError, BufferError) as exc:
+        raise _arg_error("chm_read", f"addr={addr}, buf=...", exc) from None
+    n = len(cbuf)
+    try:
+        rc = lib.chm_read(dev, addr, cbuf, n)
+    except OverflowError as exc:
+        raise _arg_error("chm_read", f"addr={addr}, len={n}", exc) from None
+    if rc < 0:
+        _check(rc, "chm_read", f"addr={addr:#x}, len={n}")
+    return n
+
+
+def write_object(dev: CData, addr: int, data: Any, flags: int = 0) -> int:
+    """chm_write_object(): 0 admitted, WRITE_SKIPPED skipped."""
+    try:
+        cbuf = ffi.from_buffer("char[]", data)
+    except TypeError as exc:
+        raise _arg_error("chm_write_object", f"addr={addr}, buf=...", exc) from None
+    n = len(cbuf)
+    try:
+        rc = lib.chm_write_object(dev, addr, cbuf, n, flags)
+    except OverflowError as exc:
+        raise _arg_error("chm_write_object", f"addr={addr}, len={n}", exc) from None
+    return _check(rc, "chm_write_object", f"addr={addr:#x}, len={n}, flags={flags:#x}")
+
+
+def flush(dev: CData, timeout_ns: int) -> None:
+    """chm_flush(): durability barrier."""
+    try:
+        rc = lib.chm_flush(dev, timeout_ns)
+    except OverflowError as exc:
+        raise _arg_error("chm_flush", f"timeout_ns={timeout_ns}", exc) from None
+    _check(rc, "chm_flush", f"timeout_ns={timeout_ns}")
+
+
+_STATS_FIELDS = [(name, ft) for name, ft in _iter_fields(ffi.typeof("struct chm_stats"))]
+
+
+def stats(dev: CData) -> dict[str, Any]:
+    """chm_stats(): a consistent snapshot of every counter, by field name."""
+    out = ffi.new("struct chm_stats *")
+    _check(lib.chm_stats(dev, out), "chm_stats")
+    s = out[0]
+    d: dict[str, Any] = {}
+    for name, ft in _STATS_FIELDS:
+        v = getattr(s, name)
+        d[name] = list(v) if ft.kind == "array" else v
+    return d
+
+
+def fault_inject(dev: CData, kind: int, nth: int, arg: int) -> None:
+    """chm_fault_inject(): arms a backend fault (tests)."""
+    try:
+        rc = lib.chm_fault_inject(dev, kind, nth, arg)
+    except OverflowError as exc:
+        raise _arg_error("chm_fault_inject", f"kind={kind}, nth={nth}, arg={arg}", exc) from None
+    _check(rc, "chm_fault_inject", f"kind={kind}, nth={nth}, arg={arg}")
+
+
+__all__ = [
+    "BACKENDS",
+    "CLOCKS",
+    "FAULTS",
+    "IO_ALIGN",
+    "LINE_STATES",
+    "MODES",
+    "POOL_KINDS",
+    "SLOT_STATES",
+    "UINT64_MAX",
+    "WBUF_STATES",
+    "WRITE_SKIPPED",
+    "ChmError",
+    "OptionInfo",
+    "ViewInfo",
+    "config_copy",
+    "config_init",
+    "config_new",
+    "config_option",
+    "config_options",
+    "config_set",
+    "config_to_dict",
+    "config_validate",
+    "dev_close",
+    "dev_config",
+    "dev_open",
+    "dev_pool_fd",
+    "fault_inject",
+    "flush",
+    "prefetch_object",
+    "prefetch_release",
+    "prefetch_wait",
+    "prefetch_wait_buffer",
+    "read",
+    "read_into",
+    "stats",
+    "strerror",
+    "struct_fields",
+    "timing_preset",
+    "version",
+]

@@ -1,0 +1,287 @@
+"""Device configuration, built option by option through the C core.
+
+Option names, types, defaults and help are declared once, in the C core
+(``chm_config_option()``); this module only forwards ``key=value`` pairs to
+``chm_config_set()`` and surfaces its one-line reasons. Sizes may be given as
+ints or strings such as ``"64G"``; enums by name (``backend="ghost"``);
+``targets`` as a path or a list of paths; ``timing`` as a preset name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chm import _lowlevel as _ll
+from chm.errors import InvalidArgument, NotFound
+from chm.sizes import parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["Config", "OptionInfo", "option_names", "options"]
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """One configuration option: its name, type, default (text) and help."""
+
+    name: str
+    type: str
+    default: str
+    help: str
+
+
+_OPTIONS: list[OptionInfo] | None = None
+
+
+def options() -> list[OptionInfo]:
+    """Every option the device understands, in declaration order."""
+    global _OPTIONS
+    if _OPTIONS is None:
+        _OPTIONS = [OptionInfo(*o) for o in _ll.config_options()]
+    return list(_OPTIONS)
+
+
+def option_names() -> list[str]:
+    """The valid option names."""
+    return [o.name for o in options()]
+
+
+def _option_types() -> dict[str, str]:
+    return {o.name: o.type for o in options()}
+
+
+_ENUM_FIELDS = {
+    "backend": _ll.BACKENDS,
+    "mode": _ll.MODES,
+    "pool_kind": _ll.POOL_KINDS,
+    "clock": _ll.CLOCKS,
+}
+
+
+def _name_of(table: Mapping[str, int], value: int) -> str | int:
+    for name, v in table.items():
+        if v == value:
+            return name
+    return value
+
+
+def _to_text(key: str, value: Any, kind: str | None) -> str:
+    """The text form chm_config_set() parses."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (str, bytes, os.PathLike)):
+        text = value if isinstance(value, str) else os.fsdecode(value)
+        if kind == "size":
+            try:
+                return str(parse_size(text))
+            except InvalidArgument:
+                return text  # the device gives its own reason
+        return text
+    if isinstance(value, (list, tuple)):
+        return ",".join(
+            os.fsdecode(v) if isinstance(v, (bytes, os.PathLike)) else str(v) for v in value
+        )
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (int, float)):
+        return str(value)
+    raise InvalidArgument(
+        None,
+        f"option {key}: unsupported value type {type(value).__name__}",
+        call="chm_config_set",
+    )
+
+
+class Config:
+    """A ``struct chm_config``: device defaults plus the options set on it.
+
+    ``Config(capacity="1T", backend="ghost")`` applies each keyword through
+    ``chm_config_set()``; unknown names and bad values raise InvalidArgument
+    naming the option and the reason. ``validate()`` checks the whole set.
+    """
+
+    __slots__ = ("_cfg", "_set")
+
+    def __init__(self, options: Mapping[str, Any] | None = None, /, **kwargs: Any) -> None:
+        self._cfg = _ll.config_new()
+        self._set: dict[str, Any] = {}
+        if options:
+            self.update(options)
+        if kwargs:
+            self.update(kwargs)
+
+    # ---- building
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str], /, **overrides: Any) -> Config:
+        """Reads options from a TOML file.
+
+        Keys may sit at the top level or in a ``[device]`` table; a nested
+        table ``[t]`` with key ``k`` is passed as option ``t.k``. Keyword
+        arguments override the file.
+        """
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        if isinstance(data.get("device"), dict):
+            data = data["device"]
+        cfg = cls(dict(_flatten(data)))
+        if overrides:
+            cfg.update(overrides)
+        return cfg
+
+    @classmethod
+    def _from_cdata(cls, cdata: _ll.CData) -> Config:
+        self = cls.__new__(cls)
+        self._cfg = cdata
+        self._set = {}
+        return self
+
+    def update(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Config:
+        """Sets several options; returns self."""
+        pairs = items.items() if isinstance(items, Mapping) else items
+        for key, value in pairs:
+            self.set(key, value)
+        return self
+
+    def set(self, key: str, value: Any) -> Config:
+        """Sets one option by name; returns self."""
+        if value is None:
+            return self
+        types = _option_types()
+        name = key if key in types else key.replace("-", "_")
+        if name not in types:
+            raise InvalidArgument(
+                None,
+                f"unknown option {key!r}; valid options: {', '.join(types)}",
+                call="chm_config_set",
+                detail=f"unknown option {key!r}",
+            )
+        text = _to_text(name, value, types[name])
+        try:
+            _ll.config_set(self._cfg, name, text)
+        except NotFound as exc:  # the C side disagrees with its own list
+            raise InvalidArgument(
+                None, f"unknown option {key!r}: {exc.strerror}", call="chm_config_set"
+            ) from None
+        except InvalidArgument as exc:
+            reason = exc.detail or exc.strerror
+            raise InvalidArgument(
+                None, f"option {name}={text!r}: {reason}", call="chm_config_set", detail=reason
+            ) from None
+        self._set[name] = value
+        return self
+
+    def validate(self) -> Config:
+        """Checks the whole configuration (InvalidArgument with the reason)."""
+        try:
+            _ll.config_validate(self._cfg)
+        except InvalidArgument as exc:
+            reason = exc.detail or exc.strerror
+            raise InvalidArgument(
+                None,
+                f"invalid configuration: {reason}",
+                call="chm_config_validate",
+                detail=reason,
+            ) from None
+        return self
+
+    def copy(self) -> Config:
+        new = Config._from_cdata(_ll.config_copy(self._cfg))
+        new._set = dict(self._set)
+        return new
+
+    # ---- reading
+
+    @property
+    def cdata(self) -> _ll.CData:
+        """The underlying ``struct chm_config *`` (for chm internals)."""
+        return self._cfg
+
+    @property
+    def explicit(self) -> dict[str, Any]:
+        """The options set on this object, by option name."""
+        return dict(self._set)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field of the struct, enums by name, targets as a list."""
+        d = _ll.config_to_dict(self._cfg)
+        for field, table in _ENUM_FIELDS.items():
+            if field in d:
+                d[field] = _name_of(table, int(d[field]))
+        return d
+
+    def __getitem__(self, field: str) -> Any:
+        d = self.to_dict()
+        if field not in d:
+            raise KeyError(field)
+        return d[field]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Config):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def capacity(self) -> int:
+        return int(self._cfg.capacity)
+
+    @property
+    def dram_bytes(self) -> int:
+        return int(self._cfg.dram_bytes)
+
+    @property
+    def wbuf_bytes(self) -> int:
+        return int(self._cfg.wbuf_bytes)
+
+    @property
+    def slot_bytes(self) -> int:
+        return int(self._cfg.slot_bytes)
+
+    @property
+    def slot_count(self) -> int:
+        return int(self._cfg.slot_count)
+
+    @property
+    def backend(self) -> str:
+        return str(_name_of(_ll.BACKENDS, int(self._cfg.backend)))
+
+    @property
+    def mode(self) -> str:
+        return str(_name_of(_ll.MODES, int(self._cfg.mode)))
+
+    @property
+    def targets(self) -> list[str]:
+        return list(self.to_dict()["targets"])
+
+    def __repr__(self) -> str:
+        d = self.to_dict()
+        keys = ("capacity", "targets", "backend", "mode", "dram_bytes", "slot_bytes")
+        inner = ", ".join(f"{k}={d[k]!r}" for k in keys if k in d)
+        return f"Config({inner})"
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{name}.")
+        else:
+            yield name, value
+
+
+def load_toml(path: str | os.PathLike[str]) -> Config:
+    """Shorthand for :meth:`Config.from_toml`."""
+    return Config.from_toml(Path(path))

@@ -1,0 +1,300 @@
+"""An obviously-correct Python model of a chm device, for model-based tests.
+
+Nothing here talks to the device. :class:`Geometry` describes a small test
+device and knows how device addresses map onto backing targets;
+:class:`StagingModel` is the staging window as the contract (include/chm.h)
+states it: ``slots_total`` slots, a bounded FIFO refill queue, requests that
+are QUEUED or own a slot, READY until waited on, then HELD until released.
+The device's contents are a plain ``bytearray`` (see :func:`initial_image`).
+
+The model describes a *settled* device: every fill that was started has
+completed. The state machine in :mod:`chm.testing.stateful` waits for that
+after every step (``slots_filling == 0``), which makes every outcome
+deterministic except where a rule races on purpose; those rules widen the
+expected counters to a range (:class:`Counters`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FILL_ALIGN",
+    "IO_ALIGN",
+    "Counters",
+    "Geometry",
+    "ModelRequest",
+    "StagingModel",
+    "fill_range",
+    "initial_image",
+    "read_backing",
+    "write_backing",
+]
+
+IO_ALIGN = 512  # CHM_IO_ALIGN: writes are aligned to it
+FILL_ALIGN = 4096  # CHM_FILL_ALIGN: staged fills are widened to it
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def _align_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def fill_range(addr: int, length: int, capacity: int) -> tuple[int, int]:
+    """The device range a staged object's slot holds: ``[start, end)``.
+
+    Fills are widened to whole 4 KiB sectors (the last one cut at the
+    capacity), so a read anywhere inside this range is served from DRAM.
+    """
+    start = addr // FILL_ALIGN * FILL_ALIGN
+    end = min(_align_up(addr + length, FILL_ALIGN), capacity)
+    return start, end
+
+
+def slot_stride(slot_size: int) -> int:
+    """Bytes of the staging window one slot takes (include/chm.h, staging.c)."""
+    return _align_up(slot_size, FILL_ALIGN) + FILL_ALIGN
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A small device: big enough to stripe and overlap, small enough to be fast.
+
+    ``hot`` is the leading part of the address space where most generated
+    objects land, so that they overlap often; a few land at the very end of
+    the capacity (fills cut by it) and anywhere in between.
+    """
+
+    capacity: int = 2 * MiB
+    slot_size: int = 64 * KiB
+    slots: int = 3
+    refill_queue: int = 2
+    wbuf: int = 48 * KiB
+    lru_dram: int = 256 * KiB
+    lru_line: int = 16 * KiB
+    targets: int = 1
+    stripe_unit: int = 64 * KiB
+    hot: int = 256 * KiB
+    max_write: int = 64 * KiB
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def stride(self) -> int:
+        return slot_stride(self.slot_size)
+
+    @property
+    def dram(self) -> int:
+        """DRAM of prefetch mode: exactly the slots plus the write buffer."""
+        return self.slots * self.stride + self.wbuf
+
+    @property
+    def window_bytes(self) -> int:
+        return self.slots * self.stride
+
+    def device_options(self, mode: str) -> dict[str, Any]:
+        """Keyword options for ``chm.Device.open`` in ``mode``."""
+        opts: dict[str, Any] = {
+            "capacity": self.capacity,
+            "stripe_unit": self.stripe_unit,
+            "slot_size": self.slot_size,
+            "slots": self.slots,
+            "refill_queue": self.refill_queue,
+        }
+        if mode == "prefetch":
+            opts.update(dram=self.dram, wbuf=self.wbuf)
+        elif mode == "lru":
+            opts.update(dram=self.lru_dram, lru_line=self.lru_line)
+        opts.update(dict(self.options))
+        return opts
+
+    # ---- striping: device address -> (target, offset)
+
+    def locate(self, addr: int) -> tuple[int, int]:
+        """The target index and byte offset holding device address ``addr``."""
+        if self.targets == 1:
+            return 0, addr
+        stripe, within = divmod(addr, self.stripe_unit)
+        return stripe % self.targets, (stripe // self.targets) * self.stripe_unit + within
+
+    def stripes(self) -> Iterator[tuple[int, int, int]]:
+        """``(device_addr, target, target_offset)`` of every stripe unit."""
+        unit = self.capacity if self.targets == 1 else self.stripe_unit
+        for addr in range(0, self.capacity, unit):
+            t, off = self.locate(addr)
+            yield addr, t, off
+
+
+def initial_image(capacity: int, seed: int) -> bytearray:
+    """Contents for a fresh device: every 8-byte word is distinct.
+
+    Word ``i`` is ``i * K ^ f(seed)`` with an odd ``K`` (a bijection), so data
+    read from the wrong place, or staged at the wrong offset, never matches.
+    """
+    words = np.arange(capacity // 8, dtype=np.uint64)
+    words *= np.uint64(0x9E3779B97F4A7C15)
+    words ^= np.uint64((seed * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) % 2**64)
+    return bytearray(words.tobytes())
+
+
+def write_backing(geom: Geometry, paths: list[str], image: bytes | bytearray) -> None:
+    """Lays ``image`` (the whole address space) out on the target files."""
+    mv = memoryview(image)
+    fds = [os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644) for p in paths]
+    try:
+        unit = geom.capacity if geom.targets == 1 else geom.stripe_unit
+        for addr, t, off in geom.stripes():
+            os.pwrite(fds[t], mv[addr : addr + unit], off)
+        for fd in fds:
+            os.fsync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def read_backing(geom: Geometry, paths: list[str]) -> bytearray:
+    """Reassembles the address space from the target files (separate fds)."""
+    out = bytearray(geom.capacity)
+    unit = geom.capacity if geom.targets == 1 else geom.stripe_unit
+    fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
+    try:
+        for addr, t, off in geom.stripes():
+            chunk = os.pread(fds[t], unit, off)
+            out[addr : addr + len(chunk)] = chunk
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return out
+
+
+# ---------------------------------------------------------------- staging
+
+
+@dataclass(eq=False)
+class ModelRequest:
+    """One issued prefetch as the model sees it."""
+
+    addr: int
+    length: int
+    fill: tuple[int, int]
+    handle: Any = None  # chm.Handle
+    state: str = "queued"  # queued | ready | held | released
+    snapshot: bytearray | None = None  # expected view bytes once held
+    view: memoryview | None = None
+    pool_offset: int = -1
+    lru_image: bytes | None = None  # lru mode: the bytes the hint fill copied
+
+    @property
+    def end(self) -> int:
+        return self.addr + self.length
+
+    @property
+    def staged(self) -> bool:
+        """Owns a slot whose fill completed (READY or HELD)."""
+        return self.state in ("ready", "held")
+
+    def __repr__(self) -> str:
+        tok = getattr(self.handle, "token", 0)
+        return f"<req {tok:#x} [{self.addr:#x}+{self.length}) {self.state}>"
+
+
+@dataclass
+class StagingModel:
+    """Slots and the FIFO refill queue, exactly as the contract states them."""
+
+    slots_total: int
+    queue_cap: int
+    slotted: list[ModelRequest] = field(default_factory=list)
+    queue: deque[ModelRequest] = field(default_factory=deque)
+
+    @property
+    def free(self) -> int:
+        return self.slots_total - len(self.slotted)
+
+    @property
+    def held(self) -> list[ModelRequest]:
+        return [r for r in self.slotted if r.state == "held"]
+
+    @property
+    def ready(self) -> list[ModelRequest]:
+        return [r for r in self.slotted if r.state == "ready"]
+
+    def predict_issue(self, noqueue: bool = False) -> str:
+        """``slot``, ``queue`` or ``reject`` (EAGAIN) for a new prefetch."""
+        if self.free > 0:
+            return "slot"
+        if noqueue or len(self.queue) >= self.queue_cap:
+            return "reject"
+        return "queue"
+
+    def issue(self, req: ModelRequest, outcome: str) -> None:
+        if outcome == "slot":
+            req.state = "ready"
+            self.slotted.append(req)
+        elif outcome == "queue":
+            req.state = "queued"
+            self.queue.append(req)
+
+    def release(self, req: ModelRequest) -> list[ModelRequest]:
+        """Drops req; returns the queued requests that got a slot (FIFO)."""
+        if req.state == "queued":
+            self.queue.remove(req)
+        else:
+            self.slotted.remove(req)
+        req.state = "released"
+        promoted: list[ModelRequest] = []
+        while self.free > 0 and self.queue:
+            nxt = self.queue.popleft()
+            nxt.state = "ready"
+            self.slotted.append(nxt)
+            promoted.append(nxt)
+        return promoted
+
+    def covering(self, addr: int, length: int) -> ModelRequest | None:
+        """A staged request whose (widened) fill covers the whole range."""
+        for r in self.slotted:
+            if r.staged and r.fill[0] <= addr and addr + length <= r.fill[1]:
+                return r
+        return None
+
+
+# ---------------------------------------------------------------- counters
+
+
+class Counters:
+    """Expected device counters: exact values, or ``[lo, hi]`` where a rule
+    raced on purpose and either outcome is legal."""
+
+    def __init__(self) -> None:
+        self._lo: dict[str, int] = {}
+        self._hi: dict[str, int] = {}
+
+    def add(self, name: str, n: int = 1, *, maybe: int = 0) -> None:
+        """Adds ``n`` for sure and up to ``maybe`` more."""
+        self._lo[name] = self._lo.get(name, 0) + n
+        self._hi[name] = self._hi.get(name, 0) + n + maybe
+
+    def exact(self, name: str) -> int:
+        lo, hi = self._lo.get(name, 0), self._hi.get(name, 0)
+        if lo != hi:
+            raise AssertionError(f"model counter {name} is a range [{lo}, {hi}]")
+        return lo
+
+    def range(self, name: str) -> tuple[int, int]:
+        return self._lo.get(name, 0), self._hi.get(name, 0)
+
+    def check(self, name: str, actual: int) -> None:
+        lo, hi = self.range(name)
+        if not lo <= actual <= hi:
+            want = str(lo) if lo == hi else f"[{lo}, {hi}]"
+            raise AssertionError(f"stats.{name} = {actual}, model expects {want}")
+
+    def names(self) -> list[str]:
+        return sorted(self._lo)

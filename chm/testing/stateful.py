@@ -1,0 +1,869 @@
+"""A model-based hypothesis state machine for a chm device.
+
+:class:`DeviceMachine` drives one embedded device through random sequences
+of prefetch / wait / release / read / write / flush (plus deliberate races,
+stale and foreign handles, bad arguments) and compares it after every step
+with the obviously-correct model of :mod:`chm.testing.model`. Subclass it
+(or call :func:`device_machine`) per backend, mode and geometry::
+
+    TestPreadPrefetch = device_machine("pread", "prefetch").TestCase
+
+The ``ghost`` backend moves no data, so there the machine compares states and
+counters only; ``uring`` and ``pread`` also compare every byte: reads, held
+views and, after each flush and at close, the backing files read back with
+separate descriptors.
+
+Every ``@invariant`` names the fw_spec invariant it checks (``S*``: staging
+window, ``W*``: write buffer, ``L*``: lru mode; fw_spec/spec.yaml). The
+machine settles after every step (waits until no fill is in flight), so the
+model is exact; rules that race on purpose say so and widen the counters
+they make uncertain.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar, TypeVar
+
+from hypothesis import event, note
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+
+import chm
+from chm import _lowlevel as _ll
+from chm.errors import (
+    Cancelled,
+    ChmError,
+    InvalidArgument,
+    NotSupported,
+    StaleHandle,
+    WaitTimeout,
+    WouldBlock,
+)
+from chm.stats import Stats
+from chm.testing.model import (
+    FILL_ALIGN,
+    IO_ALIGN,
+    Counters,
+    Geometry,
+    ModelRequest,
+    StagingModel,
+    fill_range,
+    initial_image,
+    read_backing,
+    write_backing,
+)
+
+__all__ = ["DATA_BACKENDS", "DeviceMachine", "Geometry", "device_machine"]
+
+DATA_BACKENDS = frozenset({"uring", "pread"})
+SETTLE_TIMEOUT_S = 20.0  # a fill of one small slot that takes longer is a hang
+FLUSH_TIMEOUT_S = 30.0
+
+E = TypeVar("E", bound=BaseException)
+
+
+@contextmanager
+def raises(exc: type[E], what: str) -> Iterator[None]:
+    """Asserts the block raises exactly ``exc`` (or a subclass)."""
+    try:
+        yield
+    except exc:
+        return
+    except ChmError as other:
+        raise AssertionError(f"{what}: expected {exc.__name__}, got {other!r}") from other
+    raise AssertionError(f"{what}: expected {exc.__name__}, nothing was raised")
+
+
+def _lines(addr: int, length: int, line: int) -> int:
+    return (addr + length - 1) // line - addr // line + 1
+
+
+def _widened(addr: int, length: int, capacity: int) -> int:
+    """Bytes a miss reads from the SSD: the range widened to 4 KiB sectors."""
+    a, b = fill_range(addr, length, capacity)
+    return b - a
+
+
+# ---------------------------------------------------------------- strategies
+
+
+def _objects(g: Geometry) -> st.SearchStrategy[tuple[int, int]]:
+    """Prefetch objects: page-aligned, odd, at the capacity's end, anywhere."""
+    cap, top = g.capacity, g.slot_size
+    pages = top // FILL_ALIGN
+
+    def place(addr: int, length: int) -> tuple[int, int]:
+        return min(addr, cap - length), length
+
+    page = st.builds(
+        lambda a, n: place(a * FILL_ALIGN, n * FILL_ALIGN),
+        st.integers(0, g.hot // FILL_ALIGN - 1),
+        st.integers(1, max(1, pages)),
+    )
+    odd = st.builds(place, st.integers(0, g.hot - 1), st.integers(1, top))
+    tail = st.builds(
+        lambda back, n: (cap - n - back, n), st.integers(0, FILL_ALIGN), st.integers(1, top)
+    )
+    anywhere = st.builds(place, st.integers(0, cap - 1), st.integers(1, top))
+    return st.one_of(page, odd, tail, anywhere)
+
+
+def _read_ranges(g: Geometry) -> st.SearchStrategy[tuple[int, int]]:
+    cap = g.capacity
+    top = 2 * g.slot_size
+
+    def place(addr: int, length: int) -> tuple[int, int]:
+        return min(addr, cap - length), length
+
+    return st.one_of(
+        st.builds(place, st.integers(0, g.hot - 1), st.integers(1, top)),
+        st.builds(place, st.integers(0, cap - 1), st.integers(1, 8 * FILL_ALIGN)),
+        st.builds(lambda n: (cap - n, n), st.integers(1, 2 * FILL_ALIGN)),
+    )
+
+
+def _write_ranges(g: Geometry) -> st.SearchStrategy[tuple[int, int]]:
+    """512-aligned writes: mostly small, some up to max_write (some larger
+    than the whole write buffer, which must always be skipped)."""
+    cap, sec = g.capacity, IO_ALIGN
+
+    def place(a: int, n: int) -> tuple[int, int]:
+        length = n * sec
+        return min(a * sec, cap - length), length
+
+    small = st.builds(place, st.integers(0, g.hot // sec - 1), st.integers(1, 32))
+    big = st.builds(place, st.integers(0, g.hot // sec - 1), st.integers(1, g.max_write // sec))
+    tail = st.builds(lambda n: (cap - n * sec, n * sec), st.integers(1, 16))
+    return st.one_of(small, small, big, tail)
+
+
+def _strategy(name: str) -> st.SearchStrategy[Any]:
+    """A strategy built from the running machine's geometry."""
+    return st.runner().flatmap(lambda m: m.strategies[name])
+
+
+OBJ = _strategy("obj")
+READ = _strategy("read")
+WRITE = _strategy("write")
+
+
+# ---------------------------------------------------------------- the machine
+
+
+class DeviceMachine(RuleBasedStateMachine):
+    """One chm device against the model. Subclass per backend/mode/geometry."""
+
+    backend: ClassVar[str] = "pread"
+    mode: ClassVar[str] = "prefetch"
+    geometry: ClassVar[Geometry] = Geometry()
+    tmp_parent: ClassVar[str | None] = None
+
+    handles = Bundle("handles")
+    dead = Bundle("dead")
+
+    _strategy_cache: ClassVar[dict[Geometry, dict[str, st.SearchStrategy[Any]]]] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = self.geometry
+        self.dev: chm.Device | None = None
+        parent = self.tmp_parent or os.environ.get("CHM_TEST_TMPDIR") or None
+        self.tmpdir = tempfile.mkdtemp(prefix="chm-machine-", dir=parent)
+        self.paths = [os.path.join(self.tmpdir, f"target{i}.img") for i in range(g.targets)]
+        self.image = bytearray()
+        self.data = self.backend in DATA_BACKENDS
+        slots = g.slots if self.mode != "direct" else 0
+        queue = g.refill_queue if self.mode != "direct" else 0
+        self.staging = StagingModel(slots, queue)
+        self.c = Counters()
+        self.dead_tokens: list[int] = []
+        self.window_bytes = -1
+        self.wbuf_bytes = 0
+        self.lru_total = 0
+        self.nwrites = 0
+        self.seed = 0
+
+    @property
+    def strategies(self) -> dict[str, st.SearchStrategy[Any]]:
+        g = self.geometry
+        cached = DeviceMachine._strategy_cache.get(g)
+        if cached is None:
+            cached = {"obj": _objects(g), "read": _read_ranges(g), "write": _write_ranges(g)}
+            DeviceMachine._strategy_cache[g] = cached
+        return cached
+
+    # ---- lifecycle
+
+    @initialize(seed=st.integers(0, 2**32 - 1))
+    def open_device(self, seed: int) -> None:
+        g = self.geometry
+        self.seed = seed
+        self.image = initial_image(g.capacity, seed)
+        if self.data:
+            write_backing(g, self.paths, self.image)
+        self.dev = chm.Device.open(
+            targets=self.paths, backend=self.backend, mode=self.mode, **g.device_options(self.mode)
+        )
+        st0 = self.dev.stats()
+        note(f"open {self.backend}/{self.mode} seed={seed}: {self.dev.config!r}")
+        assert st0.slots_total == self.staging.slots_total, st0.slots_total
+        assert st0.queue_cap == self.staging.queue_cap, st0.queue_cap
+        if self.mode == "prefetch":
+            assert st0.window_bytes == g.window_bytes, (st0.window_bytes, g.window_bytes)
+            assert st0.wbuf_bytes == g.wbuf, (st0.wbuf_bytes, g.wbuf)
+        if self.mode == "lru":
+            assert st0.lru_lines_total == g.lru_dram // g.lru_line, st0.lru_lines_total
+        self.window_bytes = st0.window_bytes
+        self.wbuf_bytes = st0.wbuf_bytes
+        self.lru_total = st0.lru_lines_total
+
+    def teardown(self) -> None:
+        try:
+            dev = self.dev
+            if dev is None:
+                return
+            self.dev = None
+            live = list(self.staging.slotted) + list(self.staging.queue)
+            dev.close()
+            for req in live:
+                with raises(Cancelled, f"S13: wait on {req} after close"):
+                    req.handle.wait(0)
+            with raises(Cancelled, "S13: prefetch after close"):
+                dev.prefetch(0, 1)
+            if self.data:
+                # close flushes the write buffer / writes back dirty lines
+                self._check_backing("W3: backing files after close")
+        finally:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    # ---- helpers
+
+    @property
+    def d(self) -> chm.Device:
+        assert self.dev is not None
+        return self.dev
+
+    def _settle(self) -> Stats:
+        """Waits until no fill is in flight; the model describes that state."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while True:
+            s = self.d.stats()
+            if s.slots_filling == 0:
+                return s
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"fills still in flight after {SETTLE_TIMEOUT_S}s: {s.slots_filling} "
+                    f"slots FILLING, queue {s.queue_len}"
+                )
+            time.sleep(0.0002)
+
+    def _payload(self, length: int) -> bytes:
+        self.nwrites += 1
+        return random.Random(f"{self.seed}:{self.nwrites}").randbytes(length)
+
+    def _fill_started(self, req: ModelRequest, *, orphan: bool = False) -> None:
+        """Counters of a fill that starts for req (at issue or promotion)."""
+        if orphan:
+            # released at once: the fill either completed first or was orphaned
+            self.c.add("prefetch_completed", 0, maybe=1)
+            self.c.add("prefetch_cancelled", 0, maybe=1)
+        else:
+            self.c.add("prefetch_completed")
+        self.c.add("completed+cancelled")
+        if self.mode == "prefetch":
+            self.c.add("bytes_read_ssd", req.fill[1] - req.fill[0])
+        elif self.mode == "lru":
+            # the hint is filled by one read through the cache
+            self.c.add("read_hits+read_misses")
+            self.c.add("bytes_from_dram", req.length)
+            self.c.add("lru_lookups", _lines(req.addr, req.length, self.geometry.lru_line))
+            req.lru_image = bytes(self.image[req.addr : req.end])
+
+    def _issue(self, obj: tuple[int, int], *, noqueue: bool = False) -> ModelRequest | None:
+        addr, length = obj
+        outcome = self.staging.predict_issue(noqueue)
+        try:
+            h = self.d.prefetch(addr, length, noqueue=noqueue)
+        except WouldBlock:
+            assert outcome == "reject", (
+                f"S8: prefetch [{addr:#x}+{length}) got EAGAIN but the model has "
+                f"{self.staging.free} free slots, queue {len(self.staging.queue)}/"
+                f"{self.staging.queue_cap}"
+            )
+            self.c.add("prefetch_rejected")
+            event(f"prefetch: reject (noqueue={noqueue})")
+            note(f"prefetch [{addr:#x}+{length}) -> EAGAIN")
+            return None
+        assert outcome != "reject", (
+            f"S8: prefetch [{addr:#x}+{length}) succeeded though the model has no free slot "
+            f"and a full queue ({len(self.staging.queue)}/{self.staging.queue_cap}), "
+            f"noqueue={noqueue}"
+        )
+        req = ModelRequest(addr, length, fill_range(addr, length, self.geometry.capacity), h)
+        self.staging.issue(req, outcome)
+        self.c.add("prefetch_issued")
+        if outcome == "queue":
+            self.c.add("prefetch_queued")
+        event(f"prefetch: {outcome}")
+        note(f"prefetch [{addr:#x}+{length}) -> {outcome} {req!r}")
+        return req
+
+    def _release(self, req: ModelRequest) -> list[ModelRequest]:
+        view = req.view
+        req.view = None
+        was = req.state
+        req.handle.release()
+        self.c.add("prefetch_released")
+        if was == "queued":
+            self.c.add("prefetch_cancelled")
+            self.c.add("completed+cancelled")
+        promoted = self.staging.release(req)
+        self.dead_tokens.append(req.handle.token)
+        event(f"release: {was}" + (" (promotes)" if promoted else ""))
+        note(f"release {req!r} (was {was}); promoted {promoted}")
+        if view is not None:
+            with raises(ValueError, "a view after its release"):
+                view.tobytes()
+        return promoted
+
+    def _expect_read(self, addr: int, length: int) -> None:
+        """Counters of one chm_read (prefetch/direct: hit or miss is known)."""
+        if self.mode == "prefetch":
+            if self.staging.covering(addr, length) is not None:
+                event("read: hit")
+                self.c.add("read_hits")
+                self.c.add("bytes_from_dram", length)
+            else:
+                event("read: miss")
+                self.c.add("read_misses")
+                self.c.add("bytes_read_ssd", _widened(addr, length, self.geometry.capacity))
+        elif self.mode == "lru":
+            self.c.add("read_hits+read_misses")
+            self.c.add("bytes_from_dram", length)
+            self.c.add("lru_lookups", _lines(addr, length, self.geometry.lru_line))
+        else:
+            self.c.add("read_misses")
+            self.c.add("bytes_read_ssd", _widened(addr, length, self.geometry.capacity))
+
+    def _read(self, addr: int, length: int, what: str) -> bytes:
+        self._expect_read(addr, length)
+        got = self.d.read(addr, length)
+        assert len(got) == length
+        if self.data:
+            want = bytes(self.image[addr : addr + length])
+            assert got == want, f"{what}: read [{addr:#x}+{length}) differs from the model " + (
+                _first_diff(got, want, addr)
+            )
+        return got
+
+    def _write(self, addr: int, length: int, what: str = "write") -> bool:
+        data = self._payload(length)
+        admitted = self.d.write(addr, data)
+        event("write: admitted" if admitted else "write: skipped")
+        note(f"{what} [{addr:#x}+{length}) -> {'admitted' if admitted else 'SKIPPED'}")
+        if self.mode == "prefetch":
+            if length > self.wbuf_bytes:
+                assert not admitted, (
+                    f"W2: a write of {length} bytes was admitted into a {self.wbuf_bytes}-byte "
+                    "write buffer"
+                )
+            self.c.add("wr_admitted" if admitted else "wr_skipped")
+            self.c.add("wr_admitted_bytes" if admitted else "wr_skipped_bytes", length)
+        else:
+            assert admitted, f"{self.mode} mode skipped a write (only prefetch mode may)"
+            if self.mode == "direct":
+                self.c.add("bytes_written_ssd", length)
+            else:
+                self.c.add("lru_lookups", _lines(addr, length, self.geometry.lru_line))
+        if not admitted:
+            if self.data:
+                self._read(addr, length, "W2: a skipped write changed the device")
+            return False
+        self.image[addr : addr + length] = data
+        if self.mode == "prefetch":
+            # admitted writes are patched into staged copies (read-your-writes)
+            for req in self.staging.held:
+                a, b = max(addr, req.addr), min(addr + length, req.end)
+                if a < b and req.snapshot is not None:
+                    req.snapshot[a - req.addr : b - req.addr] = data[a - addr : b - addr]
+        return True
+
+    def _check_backing(self, what: str) -> None:
+        disk = read_backing(self.geometry, self.paths)
+        if disk != self.image:
+            raise AssertionError(
+                f"{what}: backing files differ from the model "
+                + (_first_diff(bytes(disk), bytes(self.image), 0))
+            )
+
+    def _c_view(self, req: ModelRequest) -> _ll.ViewInfo:
+        """chm_prefetch_wait() straight from the C API (not the cached view)."""
+        return _ll.prefetch_wait(self.d._p("chm_prefetch_wait"), req.handle.token, 0)
+
+    def _staged(self) -> list[ModelRequest]:
+        return [r for r in self.staging.slotted if r.staged]
+
+    # ---- rules: issue - wait - release
+
+    @precondition(lambda self: self.mode != "direct")
+    @rule(target=handles, obj=OBJ)
+    def prefetch(self, obj: tuple[int, int]) -> Any:
+        req = self._issue(obj)
+        if req is None:
+            return multiple()
+        if req.state == "ready":
+            self._fill_started(req)
+        self._settle()
+        return req
+
+    @precondition(lambda self: self.mode != "direct")
+    @rule(target=handles, obj=OBJ)
+    def prefetch_noqueue(self, obj: tuple[int, int]) -> Any:
+        req = self._issue(obj, noqueue=True)
+        if req is None:
+            return multiple()
+        self._fill_started(req)
+        self._settle()
+        return req
+
+    @precondition(lambda self: self.mode != "direct")
+    @rule(target=handles, objs=st.lists(OBJ, min_size=1, max_size=6))
+    def prefetch_burst(self, objs: list[tuple[int, int]]) -> Any:
+        """Several prefetches back to back: fills the window and the queue."""
+        reqs = []
+        for obj in objs:
+            req = self._issue(obj)
+            if req is not None:
+                if req.state == "ready":
+                    self._fill_started(req)
+                reqs.append(req)
+        self._settle()
+        return multiple(*reqs)
+
+    @rule(req=handles)
+    def wait(self, req: ModelRequest) -> None:
+        if req.state == "queued":
+            with raises(WaitTimeout, f"S7: wait(0) on queued {req}"):
+                req.handle.wait(0)
+            return
+        if req.state == "held":
+            mv = req.handle.wait(0)
+            assert mv is req.view
+            info = self._c_view(req)
+            assert (info.dev_addr, info.length, info.pool_offset) == (
+                req.addr,
+                req.length,
+                req.pool_offset,
+            ), f"S10: a second wait on held {req} returned another view: {info}"
+            return
+        # READY after settling: the view must be there at once
+        mv = req.handle.wait(0)
+        info = self._c_view(req)
+        assert len(mv) == req.length and info.dev_addr == req.addr, (len(mv), info)
+        req.view = mv
+        req.pool_offset = info.pool_offset
+        req.state = "held"
+        if self.mode == "prefetch":
+            want = bytes(self.image[req.addr : req.end])
+        else:
+            assert req.lru_image is not None
+            want = req.lru_image
+        got = mv.tobytes()
+        if self.data:
+            assert got == want, f"S2: the view of {req} differs from the model " + (
+                _first_diff(got, want, req.addr)
+            )
+        req.snapshot = bytearray(got)
+        note(f"wait {req!r} -> view at pool offset {info.pool_offset:#x}")
+
+    @rule(req=consumes(handles), target=dead)
+    def release(self, req: ModelRequest) -> ModelRequest:
+        promoted = self._release(req)
+        for p in promoted:
+            self._fill_started(p)
+        self._settle()
+        return req
+
+    @precondition(lambda self: bool(self.staging.queue))
+    @rule(req=consumes(handles), target=dead)
+    def wait_then_release(self, req: ModelRequest) -> ModelRequest:
+        """While requests wait for a slot: consume an object (wait, the usual
+        lifecycle) and release it, which must start the queue's head."""
+        if req.state != "queued":
+            self.wait(req)
+        return self.release(req)
+
+    @rule(req=dead)
+    def use_released(self, req: ModelRequest) -> None:
+        with raises(StaleHandle, f"S9: wait on released {req}"):
+            req.handle.wait(0)
+        with raises(StaleHandle, f"S3: second release of {req}"):
+            self.d.adopt(req.handle.token).release()
+
+    @rule(req=handles, how=st.sampled_from(["tag", "index"]))
+    def use_foreign(self, req: ModelRequest, how: str) -> None:
+        tok = req.handle.token
+        if how == "tag":
+            bad = tok ^ (1 << 48)  # another device's tag
+        else:
+            bad = tok | 0xFFFFFF  # a request index the device does not have
+        with raises(InvalidArgument, f"wait on foreign handle {bad:#x}"):
+            self.d.adopt(bad).wait(0)
+        with raises(InvalidArgument, f"release of foreign handle {bad:#x}"):
+            self.d.adopt(bad).release()
+
+    @precondition(lambda self: self.mode != "direct")
+    @rule(obj=OBJ)
+    def prefetch_release_at_once(self, obj: tuple[int, int]) -> None:
+        """Races release against the fill (the fill_done_orphan path)."""
+        req = self._issue(obj)
+        if req is None:
+            return
+        slotted = req.state == "ready"
+        self._release(req)
+        if slotted:
+            self._fill_started(req, orphan=True)
+        self._settle()
+
+    @precondition(lambda self: self.mode == "direct")
+    @rule(obj=OBJ)
+    def prefetch_unsupported(self, obj: tuple[int, int]) -> None:
+        with raises(NotSupported, "prefetch in direct mode"):
+            self.d.prefetch(*obj)
+
+    # ---- rules: data path
+
+    @rule(rng=READ)
+    def read(self, rng: tuple[int, int]) -> None:
+        self._read(*rng, "W1")
+
+    @precondition(
+        lambda self: self.mode == "prefetch" and any(r.staged for r in self.staging.slotted)
+    )
+    @rule(data=st.data())
+    def read_staged(self, data: st.DataObject) -> None:
+        """S14: any range inside a staged object's (widened) fill is a hit."""
+        req = data.draw(st.sampled_from(self._staged()), label="staged")
+        a, b = req.fill
+        addr = data.draw(st.integers(a, b - 1), label="addr")
+        length = data.draw(st.integers(1, b - addr), label="length")
+        before = self.d.stats().read_hits
+        self._read(addr, length, "S14")
+        assert self.d.stats().read_hits == before + 1, f"S14: read inside {req} was a miss"
+
+    @rule(rng=WRITE)
+    def write(self, rng: tuple[int, int]) -> None:
+        self._write(*rng)
+
+    @rule(rngs=st.lists(WRITE, min_size=2, max_size=6))
+    def write_burst(self, rngs: list[tuple[int, int]]) -> None:
+        """Back-to-back writes: faster than the flusher, so some get skipped."""
+        for addr, length in rngs:
+            self._write(addr, length, "burst write")
+
+    @precondition(lambda self: self.mode != "direct" and bool(self.staging.slotted))
+    @rule(data=st.data())
+    def write_over_staged(self, data: st.DataObject) -> None:
+        """A write overlapping a staged object (patched into its copy)."""
+        req = data.draw(st.sampled_from(list(self.staging.slotted)), label="staged")
+        lo = max(0, req.addr - 2 * IO_ALIGN) // IO_ALIGN
+        hi = (min(self.geometry.capacity, req.end + 2 * IO_ALIGN) - 1) // IO_ALIGN
+        a = data.draw(st.integers(lo, hi), label="first sector")
+        b = data.draw(st.integers(a, min(hi, a + 40)), label="last sector")
+        self._write(a * IO_ALIGN, (b - a + 1) * IO_ALIGN, f"write over {req!r}")
+
+    @precondition(lambda self: self.mode == "prefetch" and self.staging.free > 0)
+    @rule(target=handles, obj=OBJ, data=st.data())
+    def write_during_fill(self, obj: tuple[int, int], data: st.DataObject) -> ModelRequest:
+        """Races a write against a fill of the same range: the staged copy
+        must show the write whichever finishes first (read-your-writes)."""
+        req = self._issue(obj)
+        assert req is not None and req.state == "ready"
+        lo, hi = req.addr // IO_ALIGN, (req.end - 1) // IO_ALIGN
+        a = data.draw(st.integers(lo, hi), label="first sector")
+        b = data.draw(st.integers(a, min(hi, a + 16)), label="last sector")
+        self._write(a * IO_ALIGN, (b - a + 1) * IO_ALIGN, f"write during fill of {req!r}")
+        self._fill_started(req)
+        self._settle()
+        self.wait(req)  # held now; the view must match the model
+        return req
+
+    @precondition(lambda self: self.mode == "prefetch" and self.staging.free > 0)
+    @rule(obj=OBJ)
+    def read_during_fill(self, obj: tuple[int, int]) -> None:
+        """Races a read against a fill: a hit or a miss, same bytes."""
+        req = self._issue(obj)
+        assert req is not None and req.state == "ready"
+        addr, length = req.addr, req.length
+        self.c.add("read_hits+read_misses")  # one read, a hit or a miss
+        self.c.add("bytes_from_dram", 0, maybe=length)
+        self.c.add("bytes_read_ssd", 0, maybe=_widened(addr, length, self.geometry.capacity))
+        got = self.d.read(addr, length)
+        if self.data:
+            want = bytes(self.image[addr : addr + length])
+            assert got == want, "read during fill " + _first_diff(got, want, addr)
+        self._fill_started(req)
+        self._settle()
+        self._release(req)  # keeps the window small; release of READY
+        self._settle()
+
+    @rule()
+    def flush(self) -> None:
+        self.d.flush(FLUSH_TIMEOUT_S)
+        note("flush")
+        s = self.d.stats()
+        if self.mode == "prefetch":
+            assert s.wr_flushed_bytes == s.wr_admitted_bytes, (
+                f"W3: flush returned with {s.wr_admitted_bytes - s.wr_flushed_bytes} admitted "
+                "bytes not flushed"
+            )
+            self._wait_drained()
+        elif self.mode == "lru":
+            assert s.lru_lines_dirty == 0, f"W3: {s.lru_lines_dirty} dirty lines after flush"
+        if self.data:
+            self._check_backing("W3: after flush")
+
+    def _wait_drained(self) -> None:
+        """W6: after a flush (and no new writes) the write buffer empties."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            s = self.d.stats()
+            if s.wbuf_used_bytes == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"W6: write buffer still holds {s.wbuf_used_bytes} bytes 5 s after a flush"
+                )
+            time.sleep(0.001)
+
+    @rule(kind=st.sampled_from(["len0", "too_long", "beyond", "unaligned_write", "read_beyond"]))
+    def bad_argument(self, kind: str) -> None:
+        g = self.geometry
+        with raises(InvalidArgument, f"bad argument {kind}"):
+            if kind == "len0":
+                if self.mode == "direct":
+                    self.d.read(0, 0)
+                else:
+                    self.d.prefetch(0, 0)
+            elif kind == "too_long":
+                if self.mode == "direct":
+                    self.d.write(0, b"\0" * 100)
+                else:
+                    self.d.prefetch(0, g.slot_size + 1)
+            elif kind == "beyond":
+                if self.mode == "direct":
+                    self.d.write(g.capacity, b"\0" * IO_ALIGN)
+                else:
+                    self.d.prefetch(g.capacity - 100, 101)
+            elif kind == "unaligned_write":
+                self.d.write(IO_ALIGN // 2, b"\0" * IO_ALIGN)
+            else:
+                self.d.read(g.capacity - 10, 11)
+
+    # ---- invariants
+
+    @invariant()
+    def inv_S4_slot_accounting(self) -> None:
+        """S4: slot and request accounting always sums; the window never changes."""
+        if self.dev is None:
+            return
+        s = self.d.stats()
+        m = self.staging
+        parts = s.slots_free + s.slots_filling + s.slots_ready + s.slots_held + s.slots_failed
+        assert parts == s.slots_total == m.slots_total, (parts, s.slots_total, m.slots_total)
+        assert s.window_bytes == self.window_bytes, (s.window_bytes, self.window_bytes)
+        got = (s.slots_free, s.slots_filling, s.slots_ready, s.slots_held, s.slots_failed)
+        want = (m.free, 0, len(m.ready), len(m.held), 0)
+        assert got == want, f"S4: slots free/filling/ready/held/failed {got}, model {want}"
+        assert s.queue_len == len(m.queue), f"S4: queue_len {s.queue_len}, model {len(m.queue)}"
+        outstanding = s.prefetch_completed + s.prefetch_failed + s.prefetch_cancelled + s.queue_len
+        assert s.prefetch_issued == outstanding, (
+            f"S4: issued {s.prefetch_issued} != completed {s.prefetch_completed} + failed "
+            f"{s.prefetch_failed} + cancelled {s.prefetch_cancelled} + queued {s.queue_len}"
+        )
+
+    @invariant()
+    def inv_S7_no_free_slot_while_queued(self) -> None:
+        """S7: no slot is FREE while a request is queued."""
+        if self.dev is None:
+            return
+        s = self.d.stats()
+        assert not (s.queue_len and s.slots_free), (s.queue_len, s.slots_free)
+
+    @invariant()
+    def inv_S12_queue_fifo(self) -> None:
+        """S12: queued requests get slots in FIFO order: every request the model
+        still has queued is not staged (wait(0) times out)."""
+        if self.dev is None:
+            return
+        for req in self.staging.queue:
+            with raises(
+                WaitTimeout,
+                f"S12: queued {req} (FIFO position "
+                f"{list(self.staging.queue).index(req)}) is staged",
+            ):
+                req.handle.wait(0)
+
+    @invariant()
+    def inv_S1_held_views_unchanged(self) -> None:
+        """S1: a slot is never refilled while held: every held view still shows
+        what it showed at wait (plus the admitted writes patched into it), and
+        no two held views share slot memory."""
+        if self.dev is None:
+            return
+        spans = []
+        for req in self.staging.held:
+            assert req.view is not None and req.snapshot is not None
+            got = req.view.tobytes()
+            if got != req.snapshot:
+                raise AssertionError(
+                    f"S1: held view of {req} changed "
+                    + (_first_diff(got, bytes(req.snapshot), req.addr))
+                )
+            spans.append((req.pool_offset, req.pool_offset + req.length, req))
+        spans.sort(key=lambda t: t[0])
+        for (_, end, r1), (start, _, r2) in zip(spans, spans[1:]):
+            assert end <= start, f"S1: held views of {r1} and {r2} overlap in the pool"
+
+    @invariant()
+    def inv_S2_held_views_match_model(self) -> None:
+        """S2: a held view shows the object's bytes (prefetch mode: including
+        every write admitted since; lru mode: a host copy made at the fill)."""
+        if self.dev is None or not self.data or self.mode != "prefetch":
+            return
+        for req in self.staging.held:
+            assert req.snapshot is not None
+            assert req.snapshot == self.image[req.addr : req.end], f"S2: {req}"
+
+    @invariant()
+    def inv_S9_released_handles_stale(self) -> None:
+        """S9: a released handle is stale forever (the last few are re-checked)."""
+        if self.dev is None:
+            return
+        for tok in self.dead_tokens[-3:]:
+            with raises(StaleHandle, f"S9: wait on released handle {tok:#x}"):
+                self.d.adopt(tok).wait(0)
+
+    @invariant()
+    def inv_counters_match_model(self) -> None:
+        """S4/W6: the device counters equal the model's (ranges where a rule raced)."""
+        if self.dev is None:
+            return
+        s = self.d.stats()
+        derived = {
+            "completed+cancelled": s.prefetch_completed + s.prefetch_cancelled,
+            "read_hits+read_misses": s.read_hits + s.read_misses,
+            "lru_lookups": s.lru_hits + s.lru_misses,
+        }
+        for name in (
+            "prefetch_issued",
+            "prefetch_queued",
+            "prefetch_rejected",
+            "prefetch_released",
+            "prefetch_cancelled",
+            "prefetch_completed",
+            "prefetch_failed",
+            "completed+cancelled",
+            "wr_admitted",
+            "wr_skipped",
+            "wr_admitted_bytes",
+            "wr_skipped_bytes",
+            "bytes_from_dram",
+        ):
+            self.c.check(name, derived[name] if name in derived else getattr(s, name))
+        # reads whose hit/miss the model knows, plus reads that may be either
+        hits, misses = self.c.exact("read_hits"), self.c.exact("read_misses")
+        either = self.c.exact("read_hits+read_misses")
+        assert hits <= s.read_hits <= hits + either, ("read_hits", s.read_hits, hits, either)
+        assert misses <= s.read_misses <= misses + either, (
+            "read_misses",
+            s.read_misses,
+            misses,
+            either,
+        )
+        assert s.read_hits + s.read_misses == hits + misses + either, (
+            f"reads: hits {s.read_hits} + misses {s.read_misses}, model {hits} + {misses} "
+            f"+ {either} either way"
+        )
+        if self.mode == "lru":
+            self.c.check("lru_lookups", derived["lru_lookups"])
+        else:
+            self.c.check("bytes_read_ssd", s.bytes_read_ssd)
+        if self.mode == "direct":
+            self.c.check("bytes_written_ssd", s.bytes_written_ssd)
+
+    @invariant()
+    def inv_W6_wbuf_space(self) -> None:
+        """W6: write-buffer space accounting sums; flushing never runs ahead."""
+        if self.dev is None or self.mode != "prefetch":
+            return
+        s = self.d.stats()
+        assert s.wbuf_bytes == self.wbuf_bytes
+        assert 0 <= s.wbuf_used_bytes <= s.wbuf_bytes, (s.wbuf_used_bytes, s.wbuf_bytes)
+        assert s.wr_flushed_bytes <= s.bytes_written_ssd <= s.wr_admitted_bytes, (
+            s.wr_flushed_bytes,
+            s.bytes_written_ssd,
+            s.wr_admitted_bytes,
+        )
+
+    @invariant()
+    def inv_L_lru_lines(self) -> None:
+        """L: lru line accounting: dirty <= valid <= total, total constant."""
+        if self.dev is None or self.mode != "lru":
+            return
+        s = self.d.stats()
+        assert s.lru_lines_total == self.lru_total
+        assert s.lru_lines_dirty <= s.lru_lines_valid <= s.lru_lines_total, (
+            s.lru_lines_dirty,
+            s.lru_lines_valid,
+            s.lru_lines_total,
+        )
+        assert s.lru_refills <= s.lru_misses
+
+
+def _first_diff(got: bytes, want: bytes, base: int) -> str:
+    if len(got) != len(want):
+        return f"(length {len(got)} != {len(want)})"
+    for i, (x, y) in enumerate(zip(got, want)):
+        if x != y:
+            n = sum(1 for a, b in zip(got, want) if a != b)
+            return (
+                f"(first difference at device address {base + i:#x}: got {got[i : i + 8].hex()}, "
+                f"want {want[i : i + 8].hex()}; {n} bytes differ)"
+            )
+    return "(equal)"
+
+
+def device_machine(
+    backend: str,
+    mode: str,
+    geometry: Geometry | None = None,
+    *,
+    name: str | None = None,
+    tmp_parent: str | None = None,
+) -> type[DeviceMachine]:
+    """A :class:`DeviceMachine` subclass for one backend, mode and geometry."""
+    attrs: dict[str, Any] = {
+        "backend": backend,
+        "mode": mode,
+        "geometry": geometry or Geometry(),
+        "tmp_parent": tmp_parent,
+    }
+    cls_name = name or f"{backend.capitalize()}{mode.capitalize()}Machine"
+    return type(cls_name, (DeviceMachine,), attrs)

@@ -1,0 +1,82 @@
+/* backend_ghost.c - the virtual-time backend: no data moves, no threads.
+ *
+ * Every io completes inline, inside submit(), with its full length (0 for a
+ * sync); the core's timing model decides when it "happened". Injected faults
+ * still apply; a SLOW fault only moves io->model_done_ns.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "dev.h"
+
+struct ghost_be {
+	struct chm_dev *dev;
+};
+
+static inline struct ghost_be *to_ghost(struct chm_backend *be)
+{
+	return (struct ghost_be *)be;
+}
+
+static int ghost_check(const struct chm_dev *dev, const struct chm_io *io)
+{
+	if (!io->done || io->target < 0 || (uint32_t)io->target >= dev->cfg.n_targets)
+		return -EINVAL;
+	if (io->op == CHM_IO_SYNC)
+		return 0;
+	if (io->op != CHM_IO_READ && io->op != CHM_IO_WRITE)
+		return -EINVAL;
+	if (!io->len || io->len > INT32_MAX || (dev->cfg.max_io && io->len > dev->cfg.max_io))
+		return -EINVAL;
+	if ((io->offset | io->len | (uintptr_t)io->buf) & (CHM_IO_ALIGN - 1))
+		return -EINVAL;
+	return 0;
+}
+
+static int ghost_init(struct chm_dev *dev, struct chm_backend **out)
+{
+	struct ghost_be *gb;
+
+	if (!dev || !out || dev->cfg.n_targets < 1 || dev->cfg.n_targets > CHM_MAX_TARGETS)
+		return -EINVAL;
+	gb = calloc(1, sizeof(*gb));
+	if (!gb)
+		return -ENOMEM;
+	gb->dev = dev;
+	*out = (struct chm_backend *)gb;
+	return 0;
+}
+
+static int ghost_submit(struct chm_backend *be, struct chm_io **ios, unsigned n)
+{
+	struct chm_dev *dev = to_ghost(be)->dev;
+	unsigned i;
+	int ret;
+
+	for (i = 0; i < n; i++) {
+		ret = ghost_check(dev, ios[i]);
+		if (ret)
+			return ret;
+	}
+	for (i = 0; i < n; i++) {
+		struct chm_io *io = ios[i];
+
+		io->res = io->op == CHM_IO_SYNC ? 0 : (int32_t)io->len;
+		io->model_done_ns += chm_fault_apply(dev, io);
+		io->done(io);
+	}
+	return 0;
+}
+
+static void ghost_shutdown(struct chm_backend *be)
+{
+	free(to_ghost(be));
+}
+
+const struct chm_backend_ops chm_backend_ghost_ops = {
+	.name = "ghost",
+	.init = ghost_init,
+	.submit = ghost_submit,
+	.shutdown = ghost_shutdown,
+};

@@ -1,0 +1,490 @@
+/* backend_uring.c - io_uring backend: O_DIRECT targets as fixed files, the
+ * DRAM pool as registered buffers, one ring and one completion thread.
+ *
+ * At most qd ios hold an SQE or CQE at a time; the rest wait on a FIFO and
+ * are submitted as completions arrive. Short transfers are resubmitted for
+ * their remainder; an io's progress lives in io->res until it completes.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#include "dev.h"
+
+#define URING_PIECE_SHIFT 30       /* a registered buffer is at most 1 GiB */
+#define URING_MAX_BUFS (1u << 14)  /* kernel limit on registered buffers */
+#define URING_MAX_QD 16384u
+#define URING_MIN_ENTRIES 8u
+#define URING_BATCH 64u
+#define URING_SQ_IDLE_MS 20u
+#define URING_WAKE UINT64_MAX      /* user_data of the shutdown nop */
+
+/* An io travels from its submitter to the reaper through the kernel's rings,
+ * which a race detector cannot see: tell it about the hand-over. */
+#if defined(__SANITIZE_THREAD__)
+#define URING_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define URING_TSAN 1
+#endif
+#endif
+#ifdef URING_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define handoff_send(io) __tsan_release(io)
+#define handoff_recv(io) __tsan_acquire(io)
+#else
+#define handoff_send(io) ((void)(io))
+#define handoff_recv(io) ((void)(io))
+#endif
+
+struct uring_be {
+	struct chm_dev *dev;
+	struct io_uring ring;
+	unsigned qd;          /* in-flight cap */
+	bool sqpoll;
+	bool fixed_files;     /* targets registered: fd = target index */
+	unsigned nbufs;       /* pool pieces registered, 0 = plain buffers */
+	uintptr_t pool_base;
+	uint64_t pool_bytes;
+	pthread_t reaper;
+
+	/* liburing's SQ is single-producer: every get_sqe/prep/submit on the
+	 * ring, from callers and from the reaper, happens under lock. The CQ
+	 * is consumed only by the reaper, without lock. */
+	pthread_mutex_t lock;
+	struct chm_io *head, *tail; /* waiting for an in-flight slot */
+	bool stopping;
+	/* Atomics, so the reaper takes lock only when it has SQ work. */
+	unsigned nwaiting;    /* FIFO length; written under lock */
+	unsigned inflight;    /* ios owning an SQE or CQE; raised under lock */
+	uint64_t outstanding; /* submitted, done() not yet returned */
+};
+
+static inline struct uring_be *to_uring(struct chm_backend *be)
+{
+	return (struct uring_be *)be;
+}
+
+static int uring_check(const struct chm_dev *dev, const struct chm_io *io)
+{
+	if (!io->done || io->target < 0 || (uint32_t)io->target >= dev->cfg.n_targets)
+		return -EINVAL;
+	if (io->op == CHM_IO_SYNC)
+		return 0;
+	if (io->op != CHM_IO_READ && io->op != CHM_IO_WRITE)
+		return -EINVAL;
+	if (!io->len || io->len > INT32_MAX || (dev->cfg.max_io && io->len > dev->cfg.max_io))
+		return -EINVAL;
+	if ((io->offset | io->len | (uintptr_t)io->buf) & (CHM_IO_ALIGN - 1))
+		return -EINVAL;
+	return 0;
+}
+
+/* Index of the registered piece holding all of [buf, buf+len), or -1. */
+static int uring_buf_index(const struct uring_be *ub, const char *buf, uint32_t len)
+{
+	uintptr_t p = (uintptr_t)buf;
+	uint64_t off;
+
+	if (!ub->nbufs || p < ub->pool_base)
+		return -1;
+	off = p - ub->pool_base;
+	if (off >= ub->pool_bytes || len > ub->pool_bytes - off)
+		return -1;
+	if ((off >> URING_PIECE_SHIFT) != ((off + len - 1) >> URING_PIECE_SHIFT))
+		return -1;
+	return (int)(off >> URING_PIECE_SHIFT);
+}
+
+/* Lock held. */
+static struct io_uring_sqe *uring_sqe(struct uring_be *ub)
+{
+	struct io_uring_sqe *sqe;
+
+	/* The SQ has more entries than qd + the wake nop, and a full SQ is
+	 * submitted before lock is dropped, so it can only be full while an
+	 * SQPOLL thread has not consumed what it was given yet. */
+	while (!(sqe = io_uring_get_sqe(&ub->ring))) {
+		io_uring_submit(&ub->ring);
+		if (ub->sqpoll)
+			io_uring_sqring_wait(&ub->ring);
+		else
+			sched_yield();
+	}
+	return sqe;
+}
+
+/* Queues the untransferred part of io. Lock held. */
+static void uring_prep(struct uring_be *ub, struct chm_io *io)
+{
+	struct io_uring_sqe *sqe = uring_sqe(ub);
+	uint32_t done = (uint32_t)io->res;
+	char *buf = (char *)io->buf + done;
+	uint32_t len = io->len - done;
+	uint64_t off = io->offset + done;
+	int fd = ub->fixed_files ? io->target : ub->dev->fds[io->target];
+	int idx;
+
+	switch (io->op) {
+	case CHM_IO_READ:
+		idx = uring_buf_index(ub, buf, len);
+		if (idx >= 0)
+			io_uring_prep_read_fixed(sqe, fd, buf, len, off, idx);
+		else
+			io_uring_prep_read(sqe, fd, buf, len, off);
+		break;
+	case CHM_IO_WRITE:
+		idx = uring_buf_index(ub, buf, len);
+		if (idx >= 0)
+			io_uring_prep_write_fixed(sqe, fd, buf, len, off, idx);
+		else
+			io_uring_prep_write(sqe, fd, buf, len, off);
+		break;
+	default:
+		io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+		break;
+	}
+	if (ub->fixed_files)
+		sqe->flags |= IOSQE_FIXED_FILE;
+	io_uring_sqe_set_data(sqe, io);
+	handoff_send(io);
+}
+
+/* Moves FIFO ios into the SQ while the in-flight cap allows. Lock held.
+ * Returns how many were queued. */
+static unsigned uring_fill(struct uring_be *ub)
+{
+	struct chm_io *io;
+	unsigned n = 0;
+
+	/* Pairs with the reaper, which lowers inflight and then reads
+	 * nwaiting: whoever comes second sees the other's update, so a
+	 * waiting io is never left behind with a free slot (all seq_cst). */
+	while ((io = ub->head) && __atomic_load_n(&ub->inflight, __ATOMIC_SEQ_CST) < ub->qd) {
+		ub->head = io->next;
+		if (!ub->head)
+			ub->tail = NULL;
+		__atomic_sub_fetch(&ub->nwaiting, 1, __ATOMIC_SEQ_CST);
+		uring_prep(ub, io);
+		__atomic_add_fetch(&ub->inflight, 1, __ATOMIC_SEQ_CST);
+		n++;
+	}
+	return n;
+}
+
+/* Hands every prepared SQE to the kernel. Lock held. */
+static void uring_flush(struct uring_be *ub)
+{
+	int ret;
+
+	for (;;) {
+		ret = io_uring_submit(&ub->ring);
+		if (ret < 0 && ret != -EAGAIN && ret != -EBUSY && ret != -EINTR) {
+			/* Only a broken ring gets here: the SQEs cannot be
+			 * taken back, so no io could ever complete. */
+			fprintf(stderr, "chm: io_uring_submit: %s\n", strerror(-ret));
+			abort();
+		}
+		/* With SQPOLL the kernel thread consumes the SQ by itself. */
+		if (ub->sqpoll || !io_uring_sq_ready(&ub->ring))
+			return;
+		if (ret <= 0)
+			sched_yield();
+	}
+}
+
+/* Accounts one CQE to io. Returns true when io is finished (io->res final),
+ * false when the rest of it must be submitted again. */
+static bool uring_account(struct chm_io *io, int res)
+{
+	/* We never cancel; the kernel cancels queued async work when the
+	 * thread that submitted it exits. Nothing moved, so redo it. */
+	if (res == -ECANCELED || res == -EINTR)
+		return false;
+	if (res < 0) {
+		io->res = res;
+		return true;
+	}
+	if (io->op == CHM_IO_SYNC) {
+		io->res = 0;
+		return true;
+	}
+	if (res == 0) {
+		io->res = -EIO; /* end of file: the target is too short */
+		return true;
+	}
+	io->res += res;
+	return (uint32_t)io->res >= io->len;
+}
+
+static void sleep_until(const struct timespec *t0, uint64_t delay_ns)
+{
+	struct timespec t = *t0;
+
+	t.tv_sec += (time_t)(delay_ns / 1000000000u);
+	t.tv_nsec += (long)(delay_ns % 1000000000u);
+	if (t.tv_nsec >= 1000000000L) {
+		t.tv_sec++;
+		t.tv_nsec -= 1000000000L;
+	}
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) == EINTR)
+		;
+}
+
+/* Applies faults and calls done() for finished ios. No lock held. */
+static void uring_complete(struct uring_be *ub, struct chm_io **ios, unsigned n)
+{
+	struct timespec t0;
+	bool have_t0 = false;
+	uint64_t delay;
+	unsigned i;
+
+	for (i = 0; i < n; i++) {
+		delay = chm_fault_apply(ub->dev, ios[i]);
+		if (delay) {
+			/* A batch completed together is late together. */
+			if (!have_t0) {
+				clock_gettime(CLOCK_MONOTONIC, &t0);
+				have_t0 = true;
+			}
+			sleep_until(&t0, delay);
+		}
+		ios[i]->done(ios[i]);
+	}
+}
+
+static void *uring_reaper(void *arg)
+{
+	struct uring_be *ub = arg;
+	struct io_uring_cqe *cqes[URING_BATCH];
+	struct chm_io *fin[URING_BATCH], *again[URING_BATCH];
+	unsigned n, i, nfin, nagain;
+	bool woken = false, quit = false;
+	struct chm_io *io;
+	uint64_t ud;
+	int ret;
+
+	while (!quit) {
+		ret = io_uring_wait_cqe(&ub->ring, &cqes[0]);
+		if (ret == -EINTR || ret == -EAGAIN)
+			continue;
+		if (ret < 0) {
+			fprintf(stderr, "chm: io_uring_wait_cqe: %s\n", strerror(-ret));
+			abort();
+		}
+		n = io_uring_peek_batch_cqe(&ub->ring, cqes, URING_BATCH);
+		nfin = nagain = 0;
+		for (i = 0; i < n; i++) {
+			ud = io_uring_cqe_get_data64(cqes[i]);
+			if (ud == URING_WAKE) {
+				woken = true;
+				continue;
+			}
+			io = (struct chm_io *)(uintptr_t)ud;
+			handoff_recv(io);
+			if (uring_account(io, cqes[i]->res))
+				fin[nfin++] = io;
+			else
+				again[nagain++] = io;
+		}
+		io_uring_cq_advance(&ub->ring, n);
+
+		__atomic_sub_fetch(&ub->inflight, nfin, __ATOMIC_SEQ_CST);
+		if (nagain || __atomic_load_n(&ub->nwaiting, __ATOMIC_SEQ_CST)) {
+			pthread_mutex_lock(&ub->lock);
+			for (i = 0; i < nagain; i++)
+				uring_prep(ub, again[i]);
+			if (uring_fill(ub) + nagain)
+				uring_flush(ub);
+			pthread_mutex_unlock(&ub->lock);
+		}
+
+		uring_complete(ub, fin, nfin);
+		quit = !__atomic_sub_fetch(&ub->outstanding, nfin, __ATOMIC_SEQ_CST) && woken;
+	}
+	return NULL;
+}
+
+static int uring_setup(struct uring_be *ub, unsigned entries)
+{
+	unsigned flags = IORING_SETUP_SUBMIT_ALL;
+	struct io_uring_params p;
+	struct io_uring probe;
+	int ret;
+
+	if (ub->sqpoll)
+		flags |= IORING_SETUP_SQPOLL;
+	for (;;) {
+		memset(&p, 0, sizeof(p));
+		p.flags = flags;
+		p.sq_thread_idle = URING_SQ_IDLE_MS;
+		ret = io_uring_queue_init_params(entries, &ub->ring, &p);
+		if (ret != -EINVAL || !(flags & IORING_SETUP_SUBMIT_ALL))
+			break;
+		flags &= ~IORING_SETUP_SUBMIT_ALL; /* before Linux 5.18 */
+	}
+	if (!ret)
+		return 0;
+	if (ret == -ENOSYS)
+		return -EOPNOTSUPP;
+	if (ret != -EPERM)
+		return ret;
+	if (!ub->sqpoll)
+		return -EOPNOTSUPP; /* io_uring disabled (kernel.io_uring_disabled) */
+	/* Tell "no SQPOLL for us" (-EPERM) from "no io_uring at all". */
+	ret = io_uring_queue_init(URING_MIN_ENTRIES, &probe, 0);
+	if (ret)
+		return -EOPNOTSUPP;
+	io_uring_queue_exit(&probe);
+	return -EPERM;
+}
+
+/* Registers targets and pool; a failure just means running without. */
+static void uring_register(struct uring_be *ub)
+{
+	struct chm_dev *dev = ub->dev;
+	uint64_t piece = 1ull << URING_PIECE_SHIFT, off;
+	struct iovec *iov;
+	unsigned n, i;
+
+	ub->fixed_files = !io_uring_register_files(&ub->ring, dev->fds, dev->cfg.n_targets);
+
+	if (!dev->pool.base || !dev->pool.bytes)
+		return;
+	n = (unsigned)((dev->pool.bytes + piece - 1) >> URING_PIECE_SHIFT);
+	if (n > URING_MAX_BUFS)
+		return;
+	iov = calloc(n, sizeof(*iov));
+	if (!iov)
+		return;
+	for (i = 0, off = 0; i < n; i++, off += piece) {
+		iov[i].iov_base = (char *)dev->pool.base + off;
+		iov[i].iov_len = dev->pool.bytes - off < piece ? dev->pool.bytes - off : piece;
+	}
+	if (!io_uring_register_buffers(&ub->ring, iov, n)) {
+		ub->nbufs = n;
+		ub->pool_base = (uintptr_t)dev->pool.base;
+		ub->pool_bytes = dev->pool.bytes;
+	}
+	free(iov);
+}
+
+static int uring_init(struct chm_dev *dev, struct chm_backend **out)
+{
+	struct uring_be *ub;
+	unsigned entries;
+	int ret;
+
+	if (!dev || !out || dev->cfg.n_targets < 1 || dev->cfg.n_targets > CHM_MAX_TARGETS)
+		return -EINVAL;
+	ub = calloc(1, sizeof(*ub));
+	if (!ub)
+		return -ENOMEM;
+	ub->dev = dev;
+	ub->sqpoll = dev->cfg.sqpoll != 0;
+	ub->qd = dev->cfg.queue_depth;
+	if (ub->qd < 1)
+		ub->qd = 1;
+	if (ub->qd > URING_MAX_QD)
+		ub->qd = URING_MAX_QD;
+	entries = URING_MIN_ENTRIES;
+	while (entries < ub->qd + 1)
+		entries <<= 1;
+
+	ret = uring_setup(ub, entries);
+	if (ret)
+		goto err_free;
+	uring_register(ub);
+	ret = -pthread_mutex_init(&ub->lock, NULL);
+	if (ret)
+		goto err_ring;
+	ret = -pthread_create(&ub->reaper, NULL, uring_reaper, ub);
+	if (ret)
+		goto err_mutex;
+	pthread_setname_np(ub->reaper, "chm-uring");
+	*out = (struct chm_backend *)ub;
+	return 0;
+
+err_mutex:
+	pthread_mutex_destroy(&ub->lock);
+err_ring:
+	io_uring_queue_exit(&ub->ring);
+err_free:
+	free(ub);
+	return ret;
+}
+
+static int uring_submit(struct chm_backend *be, struct chm_io **ios, unsigned n)
+{
+	struct uring_be *ub = to_uring(be);
+	unsigned i;
+	int ret;
+
+	for (i = 0; i < n; i++) {
+		ret = uring_check(ub->dev, ios[i]);
+		if (ret)
+			return ret;
+	}
+	if (!n)
+		return 0;
+
+	pthread_mutex_lock(&ub->lock);
+	if (ub->stopping) {
+		pthread_mutex_unlock(&ub->lock);
+		return -ECANCELED;
+	}
+	for (i = 0; i < n; i++) {
+		ios[i]->res = 0;
+		ios[i]->next = NULL;
+		if (ub->tail)
+			ub->tail->next = ios[i];
+		else
+			ub->head = ios[i];
+		ub->tail = ios[i];
+	}
+	__atomic_add_fetch(&ub->outstanding, n, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&ub->nwaiting, n, __ATOMIC_SEQ_CST);
+	if (uring_fill(ub))
+		uring_flush(ub);
+	pthread_mutex_unlock(&ub->lock);
+	return 0;
+}
+
+static void uring_shutdown(struct chm_backend *be)
+{
+	struct uring_be *ub = to_uring(be);
+	struct io_uring_sqe *sqe;
+
+	if (!ub)
+		return;
+	pthread_mutex_lock(&ub->lock);
+	ub->stopping = true;
+	sqe = uring_sqe(ub);
+	io_uring_prep_nop(sqe);
+	io_uring_sqe_set_data64(sqe, URING_WAKE);
+	uring_flush(ub);
+	pthread_mutex_unlock(&ub->lock);
+
+	pthread_join(ub->reaper, NULL);
+	io_uring_queue_exit(&ub->ring);
+	pthread_mutex_destroy(&ub->lock);
+	free(ub);
+}
+
+const struct chm_backend_ops chm_backend_uring_ops = {
+	.name = "uring",
+	.init = uring_init,
+	.submit = uring_submit,
+	.shutdown = uring_shutdown,
+};

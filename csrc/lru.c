@@ -1,0 +1,1027 @@
+/* lru.c - lru mode: the whole DRAM pool as one transparent LRU cache of
+ * lru_line_bytes lines, the commercial CMM-H baseline (DESIGN.md §3).
+ *
+ * Line i lives at pool.base + i * line. A line that names a device address
+ * is in the hash table (line address -> line) and on the recency list (MRU
+ * first); a line that names nothing is INVALID on the free stack. A line
+ * that is DIRTY or WRITING_BACK is also on the unclean FIFO, ordered by the
+ * sequence number of its oldest unflushed write: the write-back thread takes
+ * DIRTY lines from its head (eager write-back, loss protection) and a flush
+ * waits until its head is younger than the flush.
+ *
+ * Misses of one call are filled as one batch: under dev->lock every missing
+ * line gets a victim (free lines first, then strictly from the LRU tail),
+ * the victims are marked busy, the lock is dropped, and the victims'
+ * write-backs and the fills go to the backend in one submission, write-backs
+ * first, so that they compete with the reads as in the device modelled. A
+ * clean victim is evicted and re-keyed to its new address at once and filled
+ * in place. A dirty victim keeps its old address (busy, WRITING_BACK) until
+ * its write-back has landed, because a re-read of that address must not see
+ * the SSD's stale copy; meanwhile its new address sits on the pending list
+ * and its fill lands in a bounce buffer, copied into the line only once the
+ * write-back succeeded. If the write-back fails, the victim goes back to
+ * DIRTY (retried by the write-back thread, never dropped): a read is then
+ * served from the bounce buffer without caching, a write retries the line.
+ *
+ * Whoever touches a busy line, a pending address or (to write it) a line
+ * under write-back waits on dev->cond. A caller never waits while it holds
+ * busy lines of its own, so batches cannot wait on each other. A write to a
+ * line under write-back waits for the write-back to complete instead of
+ * changing bytes under the I/O, so every write-back writes one consistent
+ * image of its line and WRITING_BACK -> DIRTY only happens on an I/O error.
+ *
+ * In virtual time (clock=virtual) there is no write-back thread: the
+ * write-back runs inline at the end of each write and flush, charging the
+ * timing model without pacing the caller, so that a trace replays the same
+ * way every time and its write-back still occupies the SSD channels that
+ * reads need.
+ *
+ * Counters: lru_hits / lru_misses count line lookups of reads and writes; a
+ * whole-line write that misses allocates without reading the SSD. A miss
+ * that reads a line evicted earlier is an LRU-induced refill.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dev.h"
+#include "states.h"
+
+#define FILL_BATCH_LINES 1024u       /* lines per fill batch at most */
+#define BATCH_BYTES (64ull << 20)    /* bytes per batch at most (>= 1 line) */
+#define WB_BATCH_LINES 64u           /* lines per eager write-back batch */
+#define WB_RETRY_NS 10000000ull      /* back-off after a failed write-back */
+#define WRITE_RETRIES 3              /* victim write-back failures per write */
+
+struct lru_line {
+	uint64_t addr;         /* device address of byte 0 (hashed lines) */
+	uint64_t dseq;         /* DIRTY/WRITING_BACK: oldest unflushed write */
+	int state;             /* enum chm_line_state */
+	bool busy;             /* being filled or evicted: others wait */
+	bool hashed;
+	uint32_t hnext;        /* hash chain (index+1, 0 = end) */
+	uint32_t prev, next;   /* recency list, or free stack (next only) */
+	uint32_t dprev, dnext; /* unclean FIFO */
+};
+
+/* One missing line of a batch. */
+struct lru_fill {
+	struct lru_line *line;
+	uint64_t addr, len;         /* the line brought in */
+	uint64_t old_addr, old_len; /* dirty victim: what is written back */
+	bool dirty_victim;
+	bool fetch;                 /* read from the SSD (else a whole-line write) */
+	uint64_t off, cnt;          /* the caller's bytes within the line */
+	uint64_t buf_off;           /* and their offset in the caller's buffer */
+	char *dst;                  /* where the fill lands */
+	unsigned wb0, nwb, rd0, nrd;/* its ios in the batch */
+	int wb_err, rd_err;
+	struct lru_fill *pnext;     /* pending list */
+};
+
+struct chm_lru {
+	struct chm_dev *dev;
+	uint64_t line;          /* bytes per line */
+	unsigned shift;         /* log2(line) */
+	uint32_t nlines;
+	char *base;
+	struct lru_line *lines;
+	uint32_t *htab;         /* index+1 */
+	unsigned hbits;
+	uint32_t mru, lru;      /* recency list ends (index+1) */
+	uint32_t free_head;
+	uint32_t dhead, dtail;  /* unclean FIFO, oldest first */
+	uint64_t seq;           /* last dseq handed out */
+	struct lru_fill *pending;
+	uint64_t *evicted;      /* one bit per line-sized chunk of the address space */
+	uint64_t count[4];      /* lines per state */
+	unsigned ios_per_line;
+	unsigned batch_lines;   /* derived: lines per fill batch */
+
+	uint64_t hits, misses, refills, dirty_evictions, writeback_bytes;
+	uint64_t wb_errors;     /* failed write-backs (lines) */
+
+	pthread_t thread;
+	bool thread_started;
+	bool stop;
+	bool wb_active;         /* virtual time: a caller is running write-back */
+	pthread_cond_t wb_cond; /* work for the write-back thread */
+	unsigned wb_max;        /* lines per write-back batch */
+	struct lru_line **wb_lines;
+	unsigned *wb_nios;
+	struct chm_io *wb_ios;
+	struct chm_io **wb_ptrs;
+};
+
+/* ---- lines ---- */
+
+static inline uint32_t lidx(const struct chm_lru *c, const struct lru_line *l)
+{
+	return (uint32_t)(l - c->lines);
+}
+
+static inline struct lru_line *lat(struct chm_lru *c, uint32_t i1)
+{
+	return i1 ? &c->lines[i1 - 1] : NULL;
+}
+
+static inline char *line_buf(const struct chm_lru *c, const struct lru_line *l)
+{
+	return c->base + (uint64_t)lidx(c, l) * c->line;
+}
+
+/* Bytes of the line at addr (the last line may be cut by the capacity). */
+static inline uint64_t line_len(const struct chm_lru *c, uint64_t addr)
+{
+	uint64_t left = c->dev->cfg.capacity - addr;
+	return left < c->line ? left : c->line;
+}
+
+static void line_set(struct chm_lru *c, struct lru_line *l, int to)
+{
+	c->count[l->state]--;
+	CHM_TRANSITION(chm_line_transitions, l->state, to);
+	c->count[to]++;
+}
+
+/* ---- hash table ---- */
+
+static inline uint32_t hslot(const struct chm_lru *c, uint64_t addr)
+{
+	uint64_t k = (addr >> c->shift) * 0x9e3779b97f4a7c15ull;
+	return (uint32_t)(k >> (64 - c->hbits));
+}
+
+static struct lru_line *lookup(struct chm_lru *c, uint64_t addr)
+{
+	for (uint32_t i = c->htab[hslot(c, addr)]; i; i = c->lines[i - 1].hnext)
+		if (c->lines[i - 1].addr == addr)
+			return &c->lines[i - 1];
+	return NULL;
+}
+
+static void hash_insert(struct chm_lru *c, struct lru_line *l)
+{
+	uint32_t *h = &c->htab[hslot(c, l->addr)];
+	l->hnext = *h;
+	*h = lidx(c, l) + 1;
+	l->hashed = true;
+}
+
+static void hash_remove(struct chm_lru *c, struct lru_line *l)
+{
+	uint32_t *p = &c->htab[hslot(c, l->addr)];
+	uint32_t me = lidx(c, l) + 1;
+	while (*p != me)
+		p = &c->lines[*p - 1].hnext;
+	*p = l->hnext;
+	l->hnext = 0;
+	l->hashed = false;
+}
+
+/* ---- recency list and free stack ---- */
+
+static void rec_unlink(struct chm_lru *c, struct lru_line *l)
+{
+	if (l->prev)
+		c->lines[l->prev - 1].next = l->next;
+	else
+		c->mru = l->next;
+	if (l->next)
+		c->lines[l->next - 1].prev = l->prev;
+	else
+		c->lru = l->prev;
+	l->prev = l->next = 0;
+}
+
+static void rec_push_mru(struct chm_lru *c, struct lru_line *l)
+{
+	uint32_t me = lidx(c, l) + 1;
+	l->prev = 0;
+	l->next = c->mru;
+	if (c->mru)
+		c->lines[c->mru - 1].prev = me;
+	else
+		c->lru = me;
+	c->mru = me;
+}
+
+static void touch(struct chm_lru *c, struct lru_line *l)
+{
+	if (c->mru != lidx(c, l) + 1) {
+		rec_unlink(c, l);
+		rec_push_mru(c, l);
+	}
+}
+
+static void free_push(struct chm_lru *c, struct lru_line *l)
+{
+	l->prev = 0;
+	l->next = c->free_head;
+	c->free_head = lidx(c, l) + 1;
+}
+
+/* Gives an INVALID line its address: hashed, most recent. */
+static void line_bind(struct chm_lru *c, struct lru_line *l, uint64_t addr)
+{
+	l->addr = addr;
+	hash_insert(c, l);
+	rec_push_mru(c, l);
+}
+
+/* An INVALID hashed line goes back to the free stack. */
+static void line_unbind(struct chm_lru *c, struct lru_line *l)
+{
+	hash_remove(c, l);
+	rec_unlink(c, l);
+	free_push(c, l);
+}
+
+static void mark_evicted(struct chm_lru *c, uint64_t addr)
+{
+	uint64_t b = addr >> c->shift;
+	c->evicted[b / 64] |= 1ull << (b % 64);
+}
+
+static bool test_clear_evicted(struct chm_lru *c, uint64_t addr)
+{
+	uint64_t b = addr >> c->shift, m = 1ull << (b % 64);
+	bool was = c->evicted[b / 64] & m;
+	c->evicted[b / 64] &= ~m;
+	return was;
+}
+
+/* CLEAN -> INVALID: the line forgets its address. */
+static void line_evict(struct chm_lru *c, struct lru_line *l)
+{
+	line_set(c, l, CHM_LINE_INVALID);
+	mark_evicted(c, l->addr);
+	hash_remove(c, l);
+	rec_unlink(c, l);
+}
+
+/* ---- unclean FIFO ---- */
+
+static void fifo_append(struct chm_lru *c, struct lru_line *l)
+{
+	uint32_t me = lidx(c, l) + 1;
+	l->dseq = ++c->seq;
+	l->dnext = 0;
+	l->dprev = c->dtail;
+	if (c->dtail)
+		c->lines[c->dtail - 1].dnext = me;
+	else
+		c->dhead = me;
+	c->dtail = me;
+}
+
+static void fifo_remove(struct chm_lru *c, struct lru_line *l)
+{
+	if (l->dprev)
+		c->lines[l->dprev - 1].dnext = l->dnext;
+	else
+		c->dhead = l->dnext;
+	if (l->dnext)
+		c->lines[l->dnext - 1].dprev = l->dprev;
+	else
+		c->dtail = l->dprev;
+	l->dprev = l->dnext = 0;
+}
+
+/* A write made l (CLEAN or INVALID, bytes already in place) DIRTY. */
+static void line_dirty(struct chm_lru *c, struct lru_line *l)
+{
+	line_set(c, l, CHM_LINE_DIRTY);
+	fifo_append(c, l);
+}
+
+/* ---- victims and pending addresses ---- */
+
+/* The line a miss would take, without taking it: a free line, else the
+ * least recent CLEAN or DIRTY line nobody is working on. */
+static struct lru_line *victim_peek(struct chm_lru *c)
+{
+	if (c->free_head)
+		return lat(c, c->free_head);
+	for (uint32_t i = c->lru; i; i = c->lines[i - 1].prev) {
+		struct lru_line *l = &c->lines[i - 1];
+		if (!l->busy && (l->state == CHM_LINE_CLEAN || l->state == CHM_LINE_DIRTY))
+			return l;
+	}
+	return NULL;
+}
+
+static bool pending_has(const struct chm_lru *c, uint64_t addr)
+{
+	for (const struct lru_fill *f = c->pending; f; f = f->pnext)
+		if (f->addr == addr)
+			return true;
+	return false;
+}
+
+static void pending_remove(struct chm_lru *c, struct lru_fill *f)
+{
+	struct lru_fill **p = &c->pending;
+	while (*p != f)
+		p = &(*p)->pnext;
+	*p = f->pnext;
+	f->pnext = NULL;
+}
+
+/* ---- batches of I/O ---- */
+
+struct batch_wait {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned pending;
+};
+
+static void batch_io_done(struct chm_io *io)
+{
+	struct batch_wait *w = io->ctx;
+	pthread_mutex_lock(&w->lock);
+	if (--w->pending == 0)
+		pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+/* Submits n ios in one go and waits for all of them; each io->res ends up
+ * as bytes or -errno. Lock not held. */
+static void batch_run(struct chm_dev *dev, struct chm_io *ios, struct chm_io **ptrs, unsigned n)
+{
+	struct batch_wait w = {.pending = n};
+	pthread_mutex_init(&w.lock, NULL);
+	pthread_cond_init(&w.cond, NULL);
+	for (unsigned i = 0; i < n; i++) {
+		ios[i].done = batch_io_done;
+		ios[i].ctx = &w;
+		ios[i].res = 0;
+		ptrs[i] = &ios[i];
+	}
+	int rc = n ? dev->be_ops->submit(dev->be, ptrs, n) : 0;
+	pthread_mutex_lock(&w.lock);
+	if (rc < 0) {
+		/* no done() runs for any of them */
+		for (unsigned i = 0; i < n; i++)
+			ios[i].res = rc;
+		w.pending = 0;
+	}
+	while (w.pending)
+		pthread_cond_wait(&w.cond, &w.lock);
+	pthread_mutex_unlock(&w.lock);
+	pthread_mutex_destroy(&w.lock);
+	pthread_cond_destroy(&w.cond);
+}
+
+/* First error among ios[i0, i0+n): -errno, -EIO for a short transfer. */
+static int ios_err(const struct chm_io *ios, unsigned i0, unsigned n)
+{
+	for (unsigned i = i0; i < i0 + n; i++) {
+		if (ios[i].res < 0)
+			return ios[i].res;
+		if (ios[i].op != CHM_IO_SYNC && (uint32_t)ios[i].res != ios[i].len)
+			return -EIO;
+	}
+	return 0;
+}
+
+/* Maps one transfer of a line into ios[k..] and charges the timing model.
+ * Lock held. Returns the number of ios. */
+static unsigned map_line(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
+			 struct chm_io *ios, uint64_t now, uint64_t *done)
+{
+	struct chm_lru *c = dev->lru;
+	/* ios_per_line is chm_map_max_ios() of a whole line: cannot overflow */
+	int n = chm_map_ios(dev, op, addr, len, buf, ios, c->ios_per_line);
+	for (int i = 0; i < n; i++) {
+		ios[i].model_done_ns =
+			chm_timing_ssd(&dev->timing, op == CHM_IO_WRITE, now, ios[i].len);
+		if (ios[i].model_done_ns > *done)
+			*done = ios[i].model_done_ns;
+	}
+	return n > 0 ? (unsigned)n : 0;
+}
+
+/* ---- the read / write path ---- */
+
+struct access {
+	uint64_t addr, len;
+	char *rbuf;            /* read: destination */
+	const char *wbuf;      /* write: source */
+	struct lru_fill *fills;
+	struct chm_io *ios;
+	struct chm_io **ptrs;
+	char *bounce;          /* fills behind dirty victims */
+	unsigned bounce_lines;
+	bool all_hit;
+	int write_retries;
+};
+
+/* Applies the caller's bytes of one present, usable line. Lock held. */
+static void access_hit(struct chm_lru *c, struct access *a, struct lru_line *l, uint64_t off,
+		       uint64_t cnt, uint64_t buf_off)
+{
+	if (a->wbuf) {
+		memcpy(line_buf(c, l) + off, a->wbuf + buf_off, cnt);
+		if (l->state == CHM_LINE_CLEAN)
+			line_dirty(c, l);
+	} else {
+		memcpy(a->rbuf + buf_off, line_buf(c, l) + off, cnt);
+	}
+	touch(c, l);
+	c->hits++;
+}
+
+/*
+ * Walks lines from *cur: serves hits now, picks victims for misses into
+ * a->fills. Stops at the end of the range, a full batch, a line someone
+ * else is working on (waits for it when the batch is still empty) or when
+ * a dirty victim needs more bounce space than there is (*grow). Lock held.
+ * Returns the number of fills.
+ */
+static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur, bool *grow)
+{
+	struct chm_lru *c = dev->lru;
+	bool write = a->wbuf != NULL;
+	uint64_t end = a->addr + a->len;
+	unsigned n = 0, nbounce = 0;
+
+	*grow = false;
+	while (*cur < end && n < c->batch_lines) {
+		uint64_t la = *cur & ~(c->line - 1), ll = line_len(c, la);
+		uint64_t off = *cur - la;
+		uint64_t cnt = (end < la + ll ? end : la + ll) - *cur;
+		struct lru_line *l = lookup(c, la);
+		bool blocked = l ? l->busy || (write && l->state == CHM_LINE_WRITING_BACK)
+				 : pending_has(c, la);
+		if (blocked) {
+			if (n)
+				break;
+			pthread_cond_wait(&dev->cond, &dev->lock);
+			continue;
+		}
+		if (l) {
+			access_hit(c, a, l, off, cnt, *cur - a->addr);
+			*cur += cnt;
+			continue;
+		}
+		struct lru_line *v = victim_peek(c);
+		if (!v) {
+			if (n)
+				break;
+			pthread_cond_wait(&dev->cond, &dev->lock);
+			continue;
+		}
+		bool fetch = !(write && off == 0 && cnt == ll);
+		bool dirty = v->state == CHM_LINE_DIRTY;
+		if (dirty && fetch && nbounce == a->bounce_lines) {
+			*grow = true;
+			break;
+		}
+		a->all_hit = false;
+		c->misses++;
+		if (fetch && test_clear_evicted(c, la))
+			c->refills++;
+		if (!dirty) {
+			if (v->state == CHM_LINE_CLEAN)
+				line_evict(c, v);
+			else
+				c->free_head = v->next; /* free stack pop */
+			line_bind(c, v, la);
+			if (!fetch) {
+				/* whole-line write, clean or free victim: no I/O */
+				memcpy(line_buf(c, v), a->wbuf + (*cur - a->addr), cnt);
+				line_dirty(c, v);
+				*cur += cnt;
+				continue;
+			}
+		}
+		struct lru_fill *f = &a->fills[n++];
+		memset(f, 0, sizeof(*f));
+		f->line = v;
+		f->addr = la;
+		f->len = ll;
+		f->fetch = fetch;
+		f->off = off;
+		f->cnt = cnt;
+		f->buf_off = *cur - a->addr;
+		v->busy = true;
+		if (dirty) {
+			f->dirty_victim = true;
+			f->old_addr = v->addr;
+			f->old_len = line_len(c, v->addr);
+			line_set(c, v, CHM_LINE_WRITING_BACK);
+			c->dirty_evictions++;
+			f->pnext = c->pending;
+			c->pending = f;
+			if (fetch)
+				f->dst = a->bounce + (uint64_t)nbounce++ * c->line;
+		} else {
+			f->dst = line_buf(c, v);
+		}
+		*cur += cnt;
+	}
+	return n;
+}
+
+/* Settles fill f after its I/O: states, data, counters. Lock held.
+ * Returns 0, -errno (a fill failed) or 1 (write: redo this line). */
+static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
+{
+	struct chm_lru *c = dev->lru;
+	struct lru_line *v = f->line;
+	bool write = a->wbuf != NULL;
+
+	if (f->fetch && !f->rd_err)
+		dev->st.bytes_read_ssd += f->len;
+	if (f->dirty_victim) {
+		pending_remove(c, f);
+		v->busy = false;
+		if (f->wb_err) {
+			line_set(c, v, CHM_LINE_DIRTY); /* stays on the FIFO, retried */
+			c->wb_errors++;
+			if (write)
+				return 1;
+			if (f->rd_err)
+				return f->rd_err;
+			memcpy(a->rbuf + f->buf_off, f->dst + f->off, f->cnt); /* uncached */
+			return 0;
+		}
+		line_set(c, v, CHM_LINE_CLEAN);
+		fifo_remove(c, v);
+		c->writeback_bytes += f->old_len;
+		dev->st.bytes_written_ssd += f->old_len;
+		line_evict(c, v);
+		if (f->fetch && f->rd_err) {
+			free_push(c, v);
+			return f->rd_err;
+		}
+		line_bind(c, v, f->addr);
+		/* a fetched line was copied in from the bounce buffer already */
+	} else {
+		v->busy = false;
+		if (f->rd_err) {
+			line_unbind(c, v);
+			return f->rd_err;
+		}
+	}
+	if (f->fetch)
+		line_set(c, v, CHM_LINE_CLEAN);
+	if (write) {
+		memcpy(line_buf(c, v) + f->off, a->wbuf + f->buf_off, f->cnt);
+		line_dirty(c, v);
+	} else {
+		memcpy(a->rbuf + f->buf_off, line_buf(c, v) + f->off, f->cnt);
+	}
+	return 0;
+}
+
+/* Runs the I/O of n planned fills and settles them. Called with the lock
+ * held; drops it around the I/O. Returns 0, -errno, or 1 with *redo set to
+ * the lowest address a write must go over again. */
+static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t *redo)
+{
+	struct chm_lru *c = dev->lru;
+	uint64_t now = chm_now_ns(dev), done = now;
+	unsigned k = 0;
+	bool again = false;
+	int err = 0;
+
+	for (unsigned i = 0; i < n; i++) { /* write-backs first, */
+		struct lru_fill *f = &a->fills[i];
+		if (!f->dirty_victim)
+			continue;
+		f->wb0 = k;
+		f->nwb = map_line(dev, CHM_IO_WRITE, f->old_addr, f->old_len, line_buf(c, f->line),
+				  a->ios + k, now, &done);
+		k += f->nwb;
+	}
+	for (unsigned i = 0; i < n; i++) { /* then the fills, in one queue */
+		struct lru_fill *f = &a->fills[i];
+		if (!f->fetch)
+			continue;
+		f->rd0 = k;
+		f->nrd = map_line(dev, CHM_IO_READ, f->addr, f->len, f->dst, a->ios + k, now,
+				  &done);
+		k += f->nrd;
+	}
+	pthread_mutex_unlock(&dev->lock);
+
+	batch_run(dev, a->ios, a->ptrs, k);
+	for (unsigned i = 0; i < n; i++) {
+		struct lru_fill *f = &a->fills[i];
+		f->wb_err = f->dirty_victim ? ios_err(a->ios, f->wb0, f->nwb) : 0;
+		f->rd_err = f->fetch ? ios_err(a->ios, f->rd0, f->nrd) : 0;
+		/* the line is busy and its old image is on the SSD now */
+		if (f->dirty_victim && f->fetch && !f->wb_err && !f->rd_err)
+			memcpy(line_buf(c, f->line), f->dst, f->len);
+	}
+
+	pthread_mutex_lock(&dev->lock);
+	chm_pace(dev, done);
+	for (unsigned i = 0; i < n; i++) {
+		struct lru_fill *f = &a->fills[i];
+		int r = settle(dev, a, f);
+		if (r == 1 && (!again || f->addr + f->off < *redo)) {
+			*redo = f->addr + f->off;
+			again = true;
+		} else if (r < 0 && !err) {
+			err = r;
+		}
+	}
+	pthread_cond_broadcast(&dev->cond);
+	return err ? err : again;
+}
+
+static unsigned wb_drain_inline(struct chm_lru *c);
+
+static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const char *wbuf,
+			uint64_t len)
+{
+	struct chm_lru *c = dev->lru;
+	struct access a = {.addr = addr, .len = len, .rbuf = rbuf, .wbuf = wbuf, .all_hit = true};
+	uint64_t nl = ((addr + len - 1) >> c->shift) - (addr >> c->shift) + 1;
+	unsigned bmax = nl < c->batch_lines ? (unsigned)nl : c->batch_lines;
+	size_t nios = (size_t)bmax * 2 * c->ios_per_line;
+	uint64_t cur = addr;
+	int rc = 0;
+
+	a.fills = calloc(bmax, sizeof(*a.fills));
+	a.ios = calloc(nios, sizeof(*a.ios));
+	a.ptrs = calloc(nios, sizeof(*a.ptrs));
+	if (!a.fills || !a.ios || !a.ptrs) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+
+	pthread_mutex_lock(&dev->lock);
+	while (cur < addr + len && !rc) {
+		bool grow;
+		unsigned n = plan_batch(dev, &a, &cur, &grow);
+		if (n) {
+			uint64_t redo = 0;
+			rc = run_batch(dev, &a, n, &redo);
+			if (rc == 1) {
+				rc = ++a.write_retries > WRITE_RETRIES ? -EIO : 0;
+				cur = redo;
+			}
+		}
+		if (grow && !rc) {
+			unsigned want = a.bounce_lines ? a.bounce_lines * 2 : 1;
+			if (want > bmax)
+				want = bmax;
+			pthread_mutex_unlock(&dev->lock);
+			void *nb = NULL;
+			if (posix_memalign(&nb, CHM_FILL_ALIGN, (size_t)want * c->line))
+				rc = -ENOMEM;
+			pthread_mutex_lock(&dev->lock);
+			if (!rc) {
+				free(a.bounce);
+				a.bounce = nb;
+				a.bounce_lines = want;
+			}
+		}
+	}
+	if (a.wbuf) {
+		if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
+			wb_drain_inline(c);
+		else
+			pthread_cond_signal(&c->wb_cond);
+	} else {
+		if (a.all_hit)
+			dev->st.read_hits++;
+		else
+			dev->st.read_misses++;
+		if (!rc)
+			dev->st.bytes_from_dram += len;
+	}
+	if (!rc)
+		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
+	pthread_mutex_unlock(&dev->lock);
+
+out_free:
+	free(a.bounce);
+	free(a.ptrs);
+	free(a.ios);
+	free(a.fills);
+	return rc;
+}
+
+int chm_lru_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
+{
+	if (!dev->lru || !len)
+		return -EINVAL;
+	return access_range(dev, addr, buf, NULL, len);
+}
+
+int chm_lru_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
+{
+	if (!dev->lru || !len || addr % CHM_IO_ALIGN || len % CHM_IO_ALIGN)
+		return -EINVAL;
+	return access_range(dev, addr, NULL, buf, len);
+}
+
+/* ---- eager write-back ---- */
+
+/* Takes up to wb_max DIRTY lines from the FIFO head (DIRTY -> WRITING_BACK)
+ * and maps their writes. Lock held. Returns the number of lines. */
+static unsigned wb_collect(struct chm_lru *c, unsigned *nios, uint64_t *done)
+{
+	struct chm_dev *dev = c->dev;
+	uint64_t now = chm_now_ns(dev);
+	unsigned n = 0, k = 0;
+
+	*done = now;
+	for (uint32_t i = c->dhead; i && n < c->wb_max; i = c->lines[i - 1].dnext) {
+		struct lru_line *l = &c->lines[i - 1];
+		if (l->state != CHM_LINE_DIRTY || l->busy)
+			continue;
+		line_set(c, l, CHM_LINE_WRITING_BACK);
+		c->wb_lines[n] = l;
+		c->wb_nios[n] = map_line(dev, CHM_IO_WRITE, l->addr, line_len(c, l->addr),
+					 line_buf(c, l), c->wb_ios + k, now, done);
+		k += c->wb_nios[n];
+		n++;
+	}
+	*nios = k;
+	return n;
+}
+
+/* Writes the collected lines, syncs, settles them. Lock held; dropped
+ * around the I/O. Returns the number of lines that failed. */
+static unsigned wb_run(struct chm_lru *c, unsigned n, unsigned nios, uint64_t done)
+{
+	struct chm_dev *dev = c->dev;
+	unsigned failed = 0;
+	int sync_err;
+
+	pthread_mutex_unlock(&dev->lock);
+	batch_run(dev, c->wb_ios, c->wb_ptrs, nios);
+	sync_err = ios_err(c->wb_ios, 0, nios) ? 0 : chm_ssd_sync_all(dev);
+	pthread_mutex_lock(&dev->lock);
+	/* virtual time advances only with the callers, never in the background */
+	if (dev->cfg.clock == CHM_CLOCK_REAL)
+		chm_pace(dev, done);
+	for (unsigned i = 0, k = 0; i < n; k += c->wb_nios[i], i++) {
+		struct lru_line *l = c->wb_lines[i];
+		uint64_t len = line_len(c, l->addr);
+		if (sync_err || ios_err(c->wb_ios, k, c->wb_nios[i])) {
+			line_set(c, l, CHM_LINE_DIRTY); /* stays on the FIFO, retried */
+			c->wb_errors++;
+			failed++;
+			continue;
+		}
+		line_set(c, l, CHM_LINE_CLEAN);
+		fifo_remove(c, l);
+		c->writeback_bytes += len;
+		dev->st.bytes_written_ssd += len;
+	}
+	pthread_cond_broadcast(&dev->cond);
+	return failed;
+}
+
+/* Virtual time: writes back every DIRTY line now, unless another caller
+ * is at it. Lock held. Returns the number of lines written back. */
+static unsigned wb_drain_inline(struct chm_lru *c)
+{
+	unsigned total = 0;
+
+	if (c->wb_active)
+		return 0;
+	c->wb_active = true;
+	for (;;) {
+		unsigned nios;
+		uint64_t done;
+		unsigned n = wb_collect(c, &nios, &done);
+		if (!n)
+			break;
+		total += n;
+		if (wb_run(c, n, nios, done))
+			break; /* left DIRTY; the next write or flush retries */
+	}
+	c->wb_active = false;
+	return total;
+}
+
+static void timespec_after(struct timespec *ts, uint64_t ns)
+{
+	uint64_t t = chm_mono_ns() + ns;
+	ts->tv_sec = (time_t)(t / 1000000000ull);
+	ts->tv_nsec = (long)(t % 1000000000ull);
+}
+
+static void *wb_main(void *arg)
+{
+	struct chm_lru *c = arg;
+	struct chm_dev *dev = c->dev;
+
+	pthread_mutex_lock(&dev->lock);
+	while (!c->stop) {
+		unsigned nios;
+		uint64_t done;
+		unsigned n = wb_collect(c, &nios, &done);
+		if (!n) {
+			pthread_cond_wait(&c->wb_cond, &dev->lock);
+			continue;
+		}
+		if (wb_run(c, n, nios, done) && !c->stop) {
+			struct timespec ts;
+			timespec_after(&ts, WB_RETRY_NS);
+			pthread_cond_timedwait(&c->wb_cond, &dev->lock, &ts);
+		}
+	}
+	pthread_mutex_unlock(&dev->lock);
+	return NULL;
+}
+
+int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns)
+{
+	struct chm_lru *c = dev->lru;
+	uint64_t deadline = 0;
+	int rc = 0;
+
+	if (!c)
+		return -EINVAL;
+	if (timeout_ns != UINT64_MAX) {
+		uint64_t now = chm_mono_ns();
+		deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
+	}
+	pthread_mutex_lock(&dev->lock);
+	uint64_t target = c->seq, errors = c->wb_errors;
+	bool inline_wb = dev->cfg.clock == CHM_CLOCK_VIRTUAL;
+	if (!inline_wb)
+		pthread_cond_signal(&c->wb_cond);
+	while (c->dhead && c->lines[c->dhead - 1].dseq <= target) {
+		if (c->wb_errors != errors) {
+			rc = -EIO;
+			break;
+		}
+		if (inline_wb && wb_drain_inline(c))
+			continue;
+		if (timeout_ns == UINT64_MAX) {
+			pthread_cond_wait(&dev->cond, &dev->lock);
+			continue;
+		}
+		if (chm_mono_ns() >= deadline) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		/* dev->cond runs on CLOCK_MONOTONIC (set up at open) */
+		struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+				      .tv_nsec = (long)(deadline % 1000000000ull)};
+		pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
+	}
+	pthread_mutex_unlock(&dev->lock);
+	/* lines written back by evictions were not synced: sync them all */
+	if (!rc)
+		rc = chm_ssd_sync_all(dev);
+	return rc;
+}
+
+void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out)
+{
+	struct chm_lru *c = dev->lru;
+
+	if (!c)
+		return;
+	out->lru_hits = c->hits;
+	out->lru_misses = c->misses;
+	out->lru_refills = c->refills;
+	out->lru_dirty_evictions = c->dirty_evictions;
+	out->lru_writeback_bytes = c->writeback_bytes;
+	out->lru_lines_total = c->nlines;
+	out->lru_lines_valid = c->count[CHM_LINE_CLEAN] + c->count[CHM_LINE_DIRTY] +
+			       c->count[CHM_LINE_WRITING_BACK];
+	out->lru_lines_dirty = c->count[CHM_LINE_DIRTY] + c->count[CHM_LINE_WRITING_BACK];
+}
+
+/* ---- setup / teardown ---- */
+
+int chm_lru_init(struct chm_dev *dev)
+{
+	const struct chm_config *cfg = &dev->cfg;
+	uint64_t line = cfg->lru_line_bytes;
+	uint64_t bytes = dev->pool.bytes < cfg->dram_bytes ? dev->pool.bytes : cfg->dram_bytes;
+	pthread_condattr_t ca;
+	struct chm_lru *c;
+	int rc = -ENOMEM;
+
+	if (!dev->pool.base || !line || (line & (line - 1)) || line < CHM_FILL_ALIGN ||
+	    bytes / line == 0 || bytes / line >= UINT32_MAX)
+		return -EINVAL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->dev = dev;
+	c->line = line;
+	c->shift = (unsigned)__builtin_ctzll(line);
+	c->nlines = (uint32_t)(bytes / line);
+	c->base = dev->pool.base;
+	c->ios_per_line = chm_map_max_ios(cfg, line);
+	c->batch_lines = (unsigned)(BATCH_BYTES / line);
+	if (c->batch_lines > FILL_BATCH_LINES)
+		c->batch_lines = FILL_BATCH_LINES;
+	if (c->batch_lines > c->nlines)
+		c->batch_lines = c->nlines;
+	if (!c->batch_lines)
+		c->batch_lines = 1;
+	c->wb_max = c->batch_lines < WB_BATCH_LINES ? c->batch_lines : WB_BATCH_LINES;
+
+	c->lines = calloc(c->nlines, sizeof(*c->lines));
+	if (!c->lines)
+		goto err_lines;
+	for (c->hbits = 4; (1ull << c->hbits) < c->nlines; c->hbits++)
+		;
+	c->htab = calloc(1ull << c->hbits, sizeof(*c->htab));
+	if (!c->htab)
+		goto err_htab;
+	uint64_t chunks = (cfg->capacity + line - 1) / line;
+	c->evicted = calloc((chunks + 63) / 64, sizeof(*c->evicted));
+	if (!c->evicted)
+		goto err_evicted;
+	c->wb_lines = calloc(c->wb_max, sizeof(*c->wb_lines));
+	c->wb_nios = calloc(c->wb_max, sizeof(*c->wb_nios));
+	c->wb_ios = calloc((size_t)c->wb_max * c->ios_per_line, sizeof(*c->wb_ios));
+	c->wb_ptrs = calloc((size_t)c->wb_max * c->ios_per_line, sizeof(*c->wb_ptrs));
+	if (!c->wb_lines || !c->wb_nios || !c->wb_ios || !c->wb_ptrs)
+		goto err_wb;
+
+	for (uint32_t i = c->nlines; i-- > 0;) {
+		c->lines[i].state = CHM_LINE_INVALID;
+		free_push(c, &c->lines[i]);
+	}
+	c->count[CHM_LINE_INVALID] = c->nlines;
+
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	rc = -pthread_cond_init(&c->wb_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	if (rc)
+		goto err_wb;
+	dev->lru = c;
+	if (cfg->clock == CHM_CLOCK_VIRTUAL)
+		return 0;
+	rc = -pthread_create(&c->thread, NULL, wb_main, c);
+	if (rc)
+		goto err_cond;
+	pthread_setname_np(c->thread, "chm-lru-wb");
+	c->thread_started = true;
+	return 0;
+
+err_cond:
+	dev->lru = NULL;
+	pthread_cond_destroy(&c->wb_cond);
+err_wb:
+	free(c->wb_ptrs);
+	free(c->wb_ios);
+	free(c->wb_nios);
+	free(c->wb_lines);
+	free(c->evicted);
+err_evicted:
+	free(c->htab);
+err_htab:
+	free(c->lines);
+err_lines:
+	free(c);
+	return rc;
+}
+
+void chm_lru_fini(struct chm_dev *dev)
+{
+	struct chm_lru *c = dev->lru;
+
+	if (!c)
+		return;
+	pthread_mutex_lock(&dev->lock);
+	c->stop = true;
+	pthread_cond_signal(&c->wb_cond);
+	pthread_mutex_unlock(&dev->lock);
+	if (c->thread_started)
+		pthread_join(c->thread, NULL);
+
+	/* best effort: every dirty line once more, a few tries on errors */
+	pthread_mutex_lock(&dev->lock);
+	for (int tries = 0; tries < WRITE_RETRIES;) {
+		unsigned nios;
+		uint64_t done;
+		unsigned n = wb_collect(c, &nios, &done);
+		if (!n)
+			break;
+		if (wb_run(c, n, nios, done))
+			tries++;
+	}
+	pthread_mutex_unlock(&dev->lock);
+
+	dev->lru = NULL;
+	pthread_cond_destroy(&c->wb_cond);
+	free(c->wb_ptrs);
+	free(c->wb_ios);
+	free(c->wb_nios);
+	free(c->wb_lines);
+	free(c->evicted);
+	free(c->htab);
+	free(c->lines);
+	free(c);
+}

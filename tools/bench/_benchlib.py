@@ -1,0 +1,335 @@
+"""Shared helpers of the benchmark scripts: statistics, a filled data file,
+fio, the result table and the JSON report.
+
+Numbers, not asserts: every figure printed comes from a measurement taken in
+the same run; targets are compared against, never assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+# Wide enough for the tables when stdout is a file or a pipe.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def spread(xs: Sequence[float]) -> tuple[float, float]:
+    """(min, max), NaNs when empty."""
+    return (min(xs), max(xs)) if xs else (float("nan"), float("nan"))
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """a[i] / b[i] for runs measured next to each other (drift cancels)."""
+    return [x / y for x, y in zip(a, b, strict=False) if y]
+
+
+def rotate(items: Sequence[Any], k: int) -> list[Any]:
+    """items rotated by k: alternating repetitions start with a different one."""
+    if not items:
+        return []
+    k %= len(items)
+    return list(items[k:]) + list(items[:k])
+
+
+@dataclass
+class Series:
+    """Repeated measurements of one quantity."""
+
+    name: str
+    unit: str
+    values: list[float] = field(default_factory=list)
+    extra: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, value: float, **extra: Any) -> None:
+        self.values.append(value)
+        self.extra.append(extra)
+
+    @property
+    def median(self) -> float:
+        return median(self.values)
+
+    def to_dict(self) -> dict[str, Any]:
+        lo, hi = spread(self.values)
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "median": self.median,
+            "min": lo,
+            "max": hi,
+            "values": self.values,
+            "runs": self.extra,
+        }
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def fmt_bw(bps: float) -> str:
+    if bps != bps:
+        return "n/a"
+    return f"{bps / MiB:,.0f} MiB/s"
+
+
+def fmt_rate(x: float) -> str:
+    if x != x:
+        return "n/a"
+    return f"{x:,.0f}/s"
+
+
+def fmt_ratio(x: float) -> str:
+    return "n/a" if x != x else f"{x:.2f}x"
+
+
+def fmt_pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def verdict(value: float, target: float, *, higher: bool = True) -> str:
+    """'met' / 'MISSED' against a target (NaN is missed)."""
+    if value != value:
+        return "MISSED (no data)"
+    ok = value >= target if higher else value <= target
+    return "met" if ok else "MISSED"
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    console.print(t)
+
+
+def progress() -> Progress:
+    """A progress bar that goes to stderr, so stdout stays a clean report."""
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+
+
+# ---------------------------------------------------------------- environment
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import chm
+
+    env: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "chm": chm.__version__,
+        "chm_c": chm.version(),
+        "argv": sys.argv,
+    }
+    env["loadavg_at_start"] = loadavg()
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, v = line.split(":", 1)
+                if k in ("MemTotal", "MemAvailable"):
+                    env[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return env
+
+
+def loadavg() -> list[str]:
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[:3]
+    except OSError:
+        return []
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def write_json(path: str | None, payload: dict[str, Any]) -> None:
+    if not path:
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+    console.print(f"JSON results written to {p}")
+
+
+# ---------------------------------------------------------------- data file
+
+
+def _allocated_bytes(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def _looks_filled(path: Path, size: int) -> bool:
+    """Allocated to at least size and with non-zero bytes where sampled."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    if st.st_size < size or _allocated_bytes(path) < size:
+        return False
+    samples = 16
+    with open(path, "rb") as f:
+        for i in range(samples):
+            off = (size // samples) * i
+            f.seek(off)
+            if not any(f.read(4096)):
+                return False
+    return True
+
+
+def ensure_filled_file(path: str | os.PathLike[str], size: int, *, quiet: bool = False) -> bool:
+    """Makes path a regular file of at least size bytes of written, non-zero data.
+
+    Sparse holes (or unwritten extents) are served by the filesystem without
+    any device I/O, so a read benchmark over them measures nothing. The data
+    is written with fio (direct I/O, fresh random buffers) when available,
+    else from os.urandom. Returns True when the file was (re)written.
+    """
+    p = Path(path)
+    if _looks_filled(p, size):
+        return False
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if not quiet:
+        console.print(f"writing {size / GiB:.2f} GiB of random data to {p} ...")
+    t0 = time.perf_counter()
+    fio = shutil.which("fio")
+    if fio:
+        bs = 16 * MiB if size % (16 * MiB) == 0 else 4096
+        cmd = [
+            fio,
+            "--name=fill",
+            f"--filename={p}",
+            f"--size={size}",
+            f"--bs={bs}",
+            "--rw=write",
+            "--direct=1",
+            "--ioengine=psync",
+            "--refill_buffers",
+            "--end_fsync=1",
+            "--output-format=terse",
+        ]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    else:
+        chunk = 16 * MiB
+        with open(p, "wb") as f:
+            left = size
+            while left:
+                n = min(chunk, left)
+                f.write(os.urandom(n))
+                left -= n
+            f.flush()
+            os.fsync(f.fileno())
+    if not _looks_filled(p, size):
+        raise RuntimeError(f"{p}: still not fully allocated with data after filling")
+    if not quiet:
+        console.print(f"  done in {time.perf_counter() - t0:.1f} s")
+    return True
+
+
+# ---------------------------------------------------------------- fio
+
+
+def fio_read(
+    path: str | os.PathLike[str],
+    size: int,
+    *,
+    bs: int,
+    iodepth: int,
+    offset: int = 0,
+    engine: str = "io_uring",
+    extra: Sequence[str] = (),
+) -> dict[str, Any]:
+    """One sequential O_DIRECT read of [offset, offset+size) with fio.
+
+    Returns fio's own figures: bandwidth in bytes/s, runtime in ms, bytes.
+    """
+    fio = shutil.which("fio")
+    if not fio:
+        raise RuntimeError("fio not found (apt-get install fio)")
+    cmd = [
+        fio,
+        "--name=chm-ref",
+        f"--filename={os.fspath(path)}",
+        f"--offset={offset}",
+        f"--size={size}",
+        f"--bs={bs}",
+        f"--iodepth={iodepth}",
+        "--rw=read",
+        "--direct=1",
+        f"--ioengine={engine}",
+        "--output-format=json",
+        *extra,
+    ]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    j = json.loads(out[out.index("{") :])
+    job = j["jobs"][0]
+    if job.get("error"):
+        raise RuntimeError(f"fio error {job['error']}: {' '.join(cmd)}")
+    rd = job["read"]
+    return {
+        "bw_bps": float(rd["bw_bytes"]),
+        "runtime_ms": float(rd["runtime"]),
+        "bytes": int(rd["io_bytes"]),
+        "clat_mean_us": float(rd["clat_ns"]["mean"]) / 1000.0,
+        "cmd": " ".join(cmd),
+    }
+
+
+# ---------------------------------------------------------------- timing
+
+
+def run_for(seconds: float, step: Callable[[int], int], chunk: int) -> tuple[int, float]:
+    """Calls step(chunk) (which does chunk operations and returns how many it
+    did) until seconds have passed; returns (operations, elapsed)."""
+    done = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while True:
+        done += step(chunk)
+        now = time.perf_counter()
+        if now >= deadline:
+            return done, now - t0
