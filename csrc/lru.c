@@ -607,9 +607,14 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 				  &done);
 		k += f->nrd;
 	}
+	unsigned nwb_total = 0;
+	for (unsigned i = 0; i < n; i++)
+		nwb_total += a->fills[i].dirty_victim ? a->fills[i].nwb : 0;
 	pthread_mutex_unlock(&dev->lock);
 
+	uint64_t t0 = chm_mono_ns();
 	batch_run(dev, a->ios, a->ptrs, k);
+	uint64_t stalled = nwb_total && a->rbuf ? chm_mono_ns() - t0 : 0;
 	for (unsigned i = 0; i < n; i++) {
 		struct lru_fill *f = &a->fills[i];
 		f->wb_err = f->dirty_victim ? ios_err(a->ios, f->wb0, f->nwb) : 0;
@@ -620,6 +625,8 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 	}
 
 	pthread_mutex_lock(&dev->lock);
+	/* a read that had to push dirty victims out first waited behind them */
+	dev->st.read_wait_flush_ns += stalled;
 	chm_pace(dev, done);
 	for (unsigned i = 0; i < n; i++) {
 		struct lru_fill *f = &a->fills[i];

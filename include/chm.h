@@ -210,7 +210,7 @@ struct chm_stats {
 	uint64_t wr_skipped_bytes;
 	uint64_t wr_flushed_bytes;
 	uint64_t flush_batches;
-	uint64_t read_wait_flush_ns;  /* time reads waited behind flush I/O */
+	uint64_t read_wait_flush_ns;  /* time reads waited behind flush or write-back I/O */
 	uint64_t wbuf_used_bytes;
 	uint64_t wbuf_bytes;
 	/* lru mode */
