@@ -212,8 +212,7 @@ static void fill_io_done(struct chm_io *io)
 			slot_set(dev, s, CHM_SLOT_FREE); /* fill_done_orphan */
 			s->fnext = dev->slot_free_head;
 			dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
-			if (s->err)
-				dev->st.prefetch_failed++;
+			/* counted once, as cancelled, at release */
 			queue_kick(dev, &start);
 		} else if (s->err) {
 			slot_set(dev, s, CHM_SLOT_FAILED);
