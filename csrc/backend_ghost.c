@@ -21,7 +21,10 @@ static inline struct ghost_be *to_ghost(struct chm_backend *be)
 
 static int ghost_check(const struct chm_dev *dev, const struct chm_io *io)
 {
-	if (!io->done || io->target < 0 || (uint32_t)io->target >= dev->cfg.n_targets)
+	/* ghost opens no targets; a config without any still has target 0 */
+	uint32_t ntargets = dev->cfg.n_targets ? dev->cfg.n_targets : 1;
+
+	if (!io->done || io->target < 0 || (uint32_t)io->target >= ntargets)
 		return -EINVAL;
 	if (io->op == CHM_IO_SYNC)
 		return 0;
@@ -38,7 +41,7 @@ static int ghost_init(struct chm_dev *dev, struct chm_backend **out)
 {
 	struct ghost_be *gb;
 
-	if (!dev || !out || dev->cfg.n_targets < 1 || dev->cfg.n_targets > CHM_MAX_TARGETS)
+	if (!dev || !out || dev->cfg.n_targets > CHM_MAX_TARGETS)
 		return -EINVAL;
 	gb = calloc(1, sizeof(*gb));
 	if (!gb)

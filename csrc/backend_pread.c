@@ -27,7 +27,7 @@ struct pread_be {
 	pthread_mutex_t lock; /* guards the FIFO and stopping */
 	pthread_cond_t cond;  /* work arrived, or stopping */
 	struct chm_io *head, *tail;
-	unsigned idle;        /* workers waiting on cond */
+	unsigned idle; /* workers waiting on cond */
 	bool stopping;
 };
 
@@ -150,8 +150,8 @@ static int pread_init(struct chm_dev *dev, struct chm_backend **out)
 	if (!pb)
 		return -ENOMEM;
 	pb->dev = dev;
-	pb->nworkers = dev->cfg.queue_depth < PREAD_MAX_WORKERS ? dev->cfg.queue_depth
-								 : PREAD_MAX_WORKERS;
+	pb->nworkers =
+		dev->cfg.queue_depth < PREAD_MAX_WORKERS ? dev->cfg.queue_depth : PREAD_MAX_WORKERS;
 	if (!pb->nworkers)
 		pb->nworkers = 1;
 

@@ -16,18 +16,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dev.h"
 
-#define URING_PIECE_SHIFT 30       /* a registered buffer is at most 1 GiB */
-#define URING_MAX_BUFS (1u << 14)  /* kernel limit on registered buffers */
-#define URING_MAX_QD 16384u
+#define URING_PIECE_SHIFT 30	     /* a registered buffer is at most 1 GiB */
+#define URING_MAX_BUFS	  (1u << 14) /* kernel limit on registered buffers */
+#define URING_MAX_QD	  16384u
 #define URING_MIN_ENTRIES 8u
-#define URING_BATCH 64u
-#define URING_SQ_IDLE_MS 20u
-#define URING_WAKE UINT64_MAX      /* user_data of the shutdown nop */
+#define URING_BATCH	  64u
+#define URING_SQ_IDLE_MS  20u
+#define URING_WAKE	  UINT64_MAX /* user_data of the shutdown nop */
+
+/* Linux 6.15; liburing 2.3 predates them. */
+#ifndef IORING_ENTER_NO_IOWAIT
+#define IORING_ENTER_NO_IOWAIT (1u << 7)
+#endif
+#ifndef IORING_FEAT_NO_IOWAIT
+#define IORING_FEAT_NO_IOWAIT (1u << 17)
+#endif
 
 /* An io travels from its submitter to the reaper through the kernel's rings,
  * which a race detector cannot see: tell it about the hand-over. */
@@ -51,10 +61,11 @@ void __tsan_release(void *addr);
 struct uring_be {
 	struct chm_dev *dev;
 	struct io_uring ring;
-	unsigned qd;          /* in-flight cap */
+	unsigned qd; /* in-flight cap */
 	bool sqpoll;
-	bool fixed_files;     /* targets registered: fd = target index */
-	unsigned nbufs;       /* pool pieces registered, 0 = plain buffers */
+	bool fixed_files;    /* targets registered: fd = target index */
+	unsigned wait_flags; /* extra io_uring_enter flags of the reaper */
+	unsigned nbufs;	     /* pool pieces registered, 0 = plain buffers */
 	uintptr_t pool_base;
 	uint64_t pool_bytes;
 	pthread_t reaper;
@@ -151,9 +162,7 @@ static void uring_prep(struct uring_be *ub, struct chm_io *io)
 		else
 			io_uring_prep_write(sqe, fd, buf, len, off);
 		break;
-	default:
-		io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
-		break;
+	default: io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC); break;
 	}
 	if (ub->fixed_files)
 		sqe->flags |= IOSQE_FIXED_FILE;
@@ -264,6 +273,18 @@ static void uring_complete(struct uring_be *ub, struct chm_io **ios, unsigned n)
 	}
 }
 
+/* Blocks until a CQE is ready. The reaper waiting is not the device busy,
+ * so where the kernel allows it the wait is not accounted as iowait. */
+static int uring_wait(struct uring_be *ub)
+{
+	if (io_uring_cq_ready(&ub->ring))
+		return 0;
+	if (syscall(__NR_io_uring_enter, ub->ring.ring_fd, 0, 1,
+		    IORING_ENTER_GETEVENTS | ub->wait_flags, NULL, 0) < 0)
+		return -errno;
+	return 0;
+}
+
 static void *uring_reaper(void *arg)
 {
 	struct uring_be *ub = arg;
@@ -276,11 +297,11 @@ static void *uring_reaper(void *arg)
 	int ret;
 
 	while (!quit) {
-		ret = io_uring_wait_cqe(&ub->ring, &cqes[0]);
+		ret = uring_wait(ub);
 		if (ret == -EINTR || ret == -EAGAIN)
 			continue;
 		if (ret < 0) {
-			fprintf(stderr, "chm: io_uring_wait_cqe: %s\n", strerror(-ret));
+			fprintf(stderr, "chm: io_uring_enter: %s\n", strerror(-ret));
 			abort();
 		}
 		n = io_uring_peek_batch_cqe(&ub->ring, cqes, URING_BATCH);
@@ -334,8 +355,11 @@ static int uring_setup(struct uring_be *ub, unsigned entries)
 			break;
 		flags &= ~IORING_SETUP_SUBMIT_ALL; /* before Linux 5.18 */
 	}
-	if (!ret)
+	if (!ret) {
+		if (p.features & IORING_FEAT_NO_IOWAIT)
+			ub->wait_flags = IORING_ENTER_NO_IOWAIT;
 		return 0;
+	}
 	if (ret == -ENOSYS)
 		return -EOPNOTSUPP;
 	if (ret != -EPERM)

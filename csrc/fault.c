@@ -12,16 +12,14 @@ int chm_fault_inject(chm_dev *dev, int kind, uint64_t nth, uint64_t arg)
 		return -EINVAL;
 	switch (kind) {
 	case CHM_FAULT_NONE:
-	case CHM_FAULT_SLOW:
-		break;
+	case CHM_FAULT_SLOW: break;
 	case CHM_FAULT_EIO_READ:
 	case CHM_FAULT_EIO_WRITE:
 	case CHM_FAULT_SHORT_READ:
 		if (nth < 1)
 			return -EINVAL;
 		break;
-	default:
-		return -EINVAL;
+	default: return -EINVAL;
 	}
 
 	f = &dev->faults;
@@ -40,12 +38,9 @@ static bool fault_matches(int kind, int op)
 {
 	switch (kind) {
 	case CHM_FAULT_EIO_READ:
-	case CHM_FAULT_SHORT_READ:
-		return op == CHM_IO_READ;
-	case CHM_FAULT_EIO_WRITE:
-		return op == CHM_IO_WRITE;
-	default:
-		return false;
+	case CHM_FAULT_SHORT_READ: return op == CHM_IO_READ;
+	case CHM_FAULT_EIO_WRITE: return op == CHM_IO_WRITE;
+	default: return false;
 	}
 }
 

@@ -353,7 +353,11 @@ enum chm_fault_kind {
 	CHM_FAULT_SLOW = 4,       /* every backend I/O completes arg ns late */
 };
 
-/* Arms a fault in the backend. nth counts from 1. Returns 0 or -EINVAL. */
+/* Arms a fault in the backend, replacing any armed one. nth counts backend
+ * I/Os of the matching direction from 1, at completion; syncs do not count;
+ * the fault fires once. CHM_FAULT_SLOW ignores nth and delays every
+ * completion by arg ns until replaced (CHM_FAULT_NONE disarms). A short read
+ * fails its request with -EIO. Returns 0 or -EINVAL (kind, nth 0). */
 int chm_fault_inject(chm_dev *dev, int kind, uint64_t nth, uint64_t arg);
 
 /* CFFI_END */

@@ -4,9 +4,10 @@
  * anonymous pool) and, per backend: writes a pattern, syncs, reads it back
  * (pool and bounce buffers); rejects malformed ios; chains submissions from
  * done(); runs 2 x 1000 concurrent ios through a small queue depth; injects
- * faults; shuts down with I/O in flight. For uring it also checks the
- * registration (fdinfo), the in-flight cap, short-read resubmission and EOF
- * through a pipe target.
+ * faults; reads past the end of a target; submits from threads that exit at
+ * once; shuts down with I/O in flight. For uring it also checks the
+ * registration (fdinfo), that pool ios really use the registered buffer, and
+ * through a pipe target the in-flight cap, short-read resubmission and EOF.
  *
  * Usage: test_backends [uring] [uring-sqpoll] [pread] [ghost]   (default: all)
  * Exit 0 pass, 1 fail, 77 every selected backend skipped.
@@ -27,36 +28,36 @@
 
 #include "dev.h"
 
-#define MiB (1024u * 1024u)
-#define TARGETS 2
+#define MiB	     (1024u * 1024u)
+#define TARGETS	     2
 #define TARGET_BYTES (64ull * MiB) /* sparse file size */
-#define DATA_BYTES (16u * MiB)     /* written and verified per target */
-#define MAX_IO (1u * MiB)
-#define QD 8u
-#define POOL_BYTES (96ull * MiB)   /* [0,32M) source, [32M,64M) readback, [64M,96M) random reads */
-#define NCONC 1000u                /* ios per concurrent submitter */
+#define DATA_BYTES   (16u * MiB)   /* written and verified per target */
+#define MAX_IO	     (1u * MiB)
+#define QD	     8u
+#define POOL_BYTES   (96ull * MiB) /* [0,32M) source, [32M,64M) readback, [64M,96M) random reads */
+#define NCONC	     1000u	   /* ios per concurrent submitter */
 #define CONC_MAX_LEN (32u * 1024u)
-#define CHAIN_LEN 50u
-#define WAIT_S 60
+#define CHAIN_LEN    50u
+#define WAIT_S	     60
 
 static int failures;
 
-#define CHECK(cond, ...)                                                          \
-	do {                                                                      \
-		if (!(cond)) {                                                    \
-			failures++;                                               \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);      \
-			fprintf(stderr, __VA_ARGS__);                             \
-			fputc('\n', stderr);                                      \
-		}                                                                 \
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			failures++;                                                                \
+			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                       \
+			fprintf(stderr, __VA_ARGS__);                                              \
+			fputc('\n', stderr);                                                       \
+		}                                                                                  \
 	} while (0)
 
 /* ---- completions ---- */
 
 struct tio {
 	struct chm_io io;
-	int calls;     /* done() calls, atomic */
-	void *owner;   /* chain this io belongs to */
+	int calls;   /* done() calls, atomic */
+	void *owner; /* chain this io belongs to */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -183,7 +184,7 @@ struct env {
 	struct chm_dev *dev;
 	struct chm_backend *be;
 	bool moves_data; /* false for ghost */
-	char *bounce;    /* CONC_MAX_LEN * NCONC bytes outside the pool */
+	char *bounce;	 /* CONC_MAX_LEN * NCONC bytes outside the pool */
 };
 
 static const char *tmpdir(void)
@@ -242,8 +243,8 @@ static int dev_new(unsigned qd, bool sqpoll, struct chm_dev **out)
 	pthread_mutex_init(&dev->faults.lock, NULL);
 	dev->pool.fd = -1;
 	dev->pool.numa_node = -1;
-	dev->pool.base = mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE,
-			      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	dev->pool.base =
+		mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (dev->pool.base == MAP_FAILED) {
 		dev->pool.base = NULL;
 		ret = -errno;
@@ -382,8 +383,8 @@ static void phase_rw(struct env *e)
 	ret = run_tios(e, one, TARGETS, "sync");
 	CHECK(!ret, "%s: sync submit %d", e->name, ret);
 	for (unsigned t = 0; t < TARGETS; t++)
-		CHECK(one[t].io.res == 0 && one[t].calls == 1, "%s: sync res %d calls %d",
-		      e->name, one[t].io.res, one[t].calls);
+		CHECK(one[t].io.res == 0 && one[t].calls == 1, "%s: sync res %d calls %d", e->name,
+		      one[t].io.res, one[t].calls);
 
 	for (unsigned i = 0; i < n; i++)
 		tio_set(&ts[i], CHM_IO_READ, (int)(i / per), (uint64_t)(i % per) * MAX_IO,
@@ -415,8 +416,8 @@ static void phase_rw(struct env *e)
 	memset(b, 0, MAX_IO);
 	tio_set(&one[0], CHM_IO_READ, 1, 5 * MiB, b, MAX_IO);
 	ret = run_tios(e, one, 1, "bounce read");
-	CHECK(!ret && one[0].io.res == (int32_t)MAX_IO, "%s: bounce read %d res %d", e->name,
-	      ret, one[0].io.res);
+	CHECK(!ret && one[0].io.res == (int32_t)MAX_IO, "%s: bounce read %d res %d", e->name, ret,
+	      one[0].io.res);
 	if (e->moves_data) {
 		CHECK(check_pat(b, 1, 5 * MiB, 4096, 1) < 0 &&
 			      check_pat(b + 4096, 1, 5 * MiB + 4096, 8192, 2) < 0 &&
@@ -428,8 +429,10 @@ static void phase_rw(struct env *e)
 		run_tios(e, one, 1, "bounce restore");
 	}
 	free(ts);
-	printf("ok   %s: write %u x 1 MiB over %d targets, datasync, read back and compare"
-	       " (pool and bounce buffers)\n", e->name, n, TARGETS);
+	printf("ok   %s: write %u x 1 MiB over %d targets, datasync, read back: %s\n", e->name, n,
+	       TARGETS,
+	       e->moves_data ? "data equal (pool and bounce buffers)"
+			     : "full lengths, buffers untouched");
 }
 
 static void phase_invalid(struct env *e)
@@ -588,8 +591,7 @@ static void phase_concurrent(struct env *e)
 	}
 	for (int i = 0; i < 2; i++)
 		pthread_join(th[i], NULL);
-	CHECK(!c[0].err && !c[1].err, "%s: concurrent submit %d %d", e->name, c[0].err,
-	      c[1].err);
+	CHECK(!c[0].err && !c[1].err, "%s: concurrent submit %d %d", e->name, c[0].err, c[1].err);
 	if (c[0].err || c[1].err)
 		exit(1);
 	wait_done(base + 2 * NCONC, "concurrent");
@@ -597,21 +599,22 @@ static void phase_concurrent(struct env *e)
 	CHECK(done_count() == base + 2 * NCONC, "%s: %llu completions for %u ios", e->name,
 	      (unsigned long long)(done_count() - base), 2 * NCONC);
 	for (int i = 0; i < 2; i++) {
-		CHECK(!bad_calls(c[i].t, NCONC), "%s: concurrent done() not exactly once",
-		      e->name);
+		CHECK(!bad_calls(c[i].t, NCONC), "%s: concurrent done() not exactly once", e->name);
 		for (unsigned j = 0; j < NCONC; j++) {
 			struct chm_io *io = &c[i].t[j].io;
 
 			badres += io->res != (int32_t)io->len;
 			if (e->moves_data)
-				baddata += check_pat(io->buf, io->target, io->offset, io->len, 1) >= 0;
+				baddata +=
+					check_pat(io->buf, io->target, io->offset, io->len, 1) >= 0;
 		}
 		free(c[i].t);
 	}
 	CHECK(!badres, "%s: %u concurrent ios with a wrong res", e->name, badres);
 	CHECK(!baddata, "%s: %u concurrent reads returned wrong data", e->name, baddata);
 	printf("ok   %s: 2 threads x %u random reads (512 B..32 KiB) at queue depth %u:"
-	       " each done once, data right\n", e->name, NCONC, QD);
+	       " each done once%s\n",
+	       e->name, NCONC, QD, e->moves_data ? ", data right" : "");
 }
 
 /* One io at a time; returns its res. */
@@ -658,14 +661,13 @@ static void phase_faults(struct env *e)
 	r[5] = one_io(e, CHM_IO_WRITE, 0, 4096, NULL);
 	CHECK(r[0] == 4096 && r[1] == 4096 && r[2] == 0 && r[3] == 4096 && r[4] == -EIO &&
 		      r[5] == 4096,
-	      "%s: EIO_WRITE nth=2 gave %d %d %d %d %d %d", e->name, r[0], r[1], r[2], r[3],
-	      r[4], r[5]);
+	      "%s: EIO_WRITE nth=2 gave %d %d %d %d %d %d", e->name, r[0], r[1], r[2], r[3], r[4],
+	      r[5]);
 
 	CHECK(!chm_fault_inject(dev, CHM_FAULT_SHORT_READ, 1, 0), "arm SHORT_READ");
 	r[0] = one_io(e, CHM_IO_READ, 0, 8192, NULL);
 	r[1] = one_io(e, CHM_IO_READ, 0, 8192, NULL);
-	CHECK(r[0] == 4096 && r[1] == 8192, "%s: SHORT_READ nth=1 gave %d %d", e->name, r[0],
-	      r[1]);
+	CHECK(r[0] == 4096 && r[1] == 8192, "%s: SHORT_READ nth=1 gave %d %d", e->name, r[0], r[1]);
 
 	CHECK(!chm_fault_inject(dev, CHM_FAULT_EIO_READ, 1, 0), "arm EIO_READ");
 	CHECK(!chm_fault_inject(dev, CHM_FAULT_NONE, 0, 0), "disarm");
@@ -687,9 +689,8 @@ static void phase_faults(struct env *e)
 		t0 = mono_ns();
 		CHECK(!run_tios(e, t, QD, "slow batch"), "%s: slow batch submit", e->name);
 		el = mono_ns() - t0;
-		CHECK(el >= slow_ns && el < QD * slow_ns * 3 / 4,
-		      "%s: %u SLOW reads took %llu ms", e->name, QD,
-		      (unsigned long long)(el / 1000000));
+		CHECK(el >= slow_ns && el < QD * slow_ns * 3 / 4, "%s: %u SLOW reads took %llu ms",
+		      e->name, QD, (unsigned long long)(el / 1000000));
 	} else {
 		CHECK(model == slow_ns && el < slow_ns, "%s: ghost SLOW model %llu wall %llu",
 		      e->name, (unsigned long long)model, (unsigned long long)el);
@@ -715,8 +716,8 @@ static void phase_shutdown_inflight(struct env *e, bool slow)
 		chm_fault_inject(e->dev, CHM_FAULT_SLOW, 0, 1000000);
 	for (unsigned i = 0; i < n; i++)
 		tio_set(&ts[i], i % 5 ? CHM_IO_READ : CHM_IO_WRITE, (int)(i % TARGETS),
-			(uint64_t)(i % 256) * 65536 + 32 * MiB, pool_at(e, 64 * MiB + (uint64_t)(i % 256) * 65536),
-			65536);
+			(uint64_t)(i % 256) * 65536 + 32 * MiB,
+			pool_at(e, 64 * MiB + (uint64_t)(i % 256) * 65536), 65536);
 	ret = submit_tios(e, ts, n);
 	CHECK(!ret, "%s: submit before shutdown %d", e->name, ret);
 	e->ops->shutdown(e->be);
@@ -726,8 +727,7 @@ static void phase_shutdown_inflight(struct env *e, bool slow)
 	      e->name, (unsigned long long)(done_count() - base), n);
 	CHECK(!bad_calls(ts, n), "%s: shutdown: done() not exactly once", e->name);
 	for (unsigned i = 0; i < n; i++)
-		CHECK(ts[i].io.res == 65536, "%s: shutdown io %u res %d", e->name, i,
-		      ts[i].io.res);
+		CHECK(ts[i].io.res == 65536, "%s: shutdown io %u res %d", e->name, i, ts[i].io.res);
 	free(ts);
 	printf("ok   %s: shutdown with %u ios queued/in flight%s: each done once before it returned\n",
 	       e->name, n, slow ? " (1 ms SLOW)" : "");
@@ -817,8 +817,8 @@ static void phase_uring_pipe(const struct chm_backend_ops *ops, const char *name
 	CHECK(done_count() == base, "%s: a 256-byte short read completed a 512-byte io", name);
 	CHECK(write(p[1], chunk, 256) == 256, "pipe write");
 	wait_done(base + 1, "short read");
-	CHECK(ts[n].io.res == 512 && ts[n].calls == 1, "%s: short read resubmitted: res %d",
-	      name, ts[n].io.res);
+	CHECK(ts[n].io.res == 512 && ts[n].calls == 1, "%s: short read resubmitted: res %d", name,
+	      ts[n].io.res);
 
 	/* EOF */
 	tio_set(&ts[n], CHM_IO_READ, 0, 0, bufs + n * 512, 512);
@@ -835,7 +835,8 @@ static void phase_uring_pipe(const struct chm_backend_ops *ops, const char *name
 	free(ts);
 	free(dev);
 	printf("ok   %s: pipe target: %u ios, %u in flight (fdinfo SqTail), short read"
-	       " resubmitted, EOF -> -EIO\n", name, n, QD);
+	       " resubmitted, EOF -> -EIO\n",
+	       name, n, QD);
 }
 
 /* Reads that run past the end of a target come back short, then empty:
@@ -845,10 +846,9 @@ static void phase_eof(struct env *e)
 	int32_t r0 = one_io(e, CHM_IO_READ, TARGET_BYTES - 4096, 8192, NULL);
 	int32_t r1 = one_io(e, CHM_IO_READ, TARGET_BYTES, 4096, NULL);
 
-	CHECK(r0 == -EIO && r1 == -EIO, "%s: reads across/after EOF gave %d %d, want -EIO",
-	      e->name, r0, r1);
-	printf("ok   %s: a read across the end of a target and one past it fail -EIO\n",
-	       e->name);
+	CHECK(r0 == -EIO && r1 == -EIO, "%s: reads across/after EOF gave %d %d, want -EIO", e->name,
+	      r0, r1);
+	printf("ok   %s: a read across the end of a target and one past it fail -EIO\n", e->name);
 }
 
 /* Threads that submit and exit at once, writing into holes of the sparse
@@ -894,8 +894,8 @@ static void phase_quitters(struct env *e, uint64_t region)
 	CHECK(!bad_calls(ts, nth * per), "%s: quitters: done() not exactly once", e->name);
 	for (unsigned i = 0; i < nth * per; i++)
 		bad += ts[i].io.res != 65536;
-	CHECK(!bad, "%s: %u of %u writes from exited threads failed (first res %d)", e->name,
-	      bad, nth * per, ts[0].io.res);
+	CHECK(!bad, "%s: %u of %u writes from exited threads failed (first res %d)", e->name, bad,
+	      nth * per, ts[0].io.res);
 	free(ts);
 	printf("ok   %s: %u threads submitted %u writes into holes and exited: all complete\n",
 	       e->name, nth, nth * per);
@@ -924,6 +924,33 @@ static void phase_uring_fixed(struct env *e)
 	CHECK(check_pat(e->bounce, 0, 0, MAX_IO, 1) < 0,
 	      "%s: a read into a bounce buffer got wrong data", e->name);
 	printf("ok   %s: pool reads use the registered buffer, bounce reads do not\n", e->name);
+}
+
+/* ghost only: a device without targets (virtual time) still has target 0,
+ * and no buffer is ever touched. */
+static void phase_ghost_no_targets(const struct chm_backend_ops *ops)
+{
+	struct chm_dev *dev = calloc(1, sizeof(*dev));
+	struct env e = {.name = "ghost", .ops = ops, .dev = dev};
+	struct tio t;
+	int ret;
+
+	pthread_mutex_init(&dev->faults.lock, NULL);
+	ret = ops->init(dev, &e.be);
+	CHECK(!ret, "ghost: init without targets %d", ret);
+	if (ret)
+		exit(1);
+	tio_set(&t, CHM_IO_READ, 0, 1ull << 40, NULL, 1u << 20);
+	ret = run_tios(&e, &t, 1, "ghost no targets");
+	CHECK(!ret && t.io.res == 1 << 20, "ghost: target 0 without targets: %d res %d", ret,
+	      t.io.res);
+	tio_set(&t, CHM_IO_READ, 1, 0, NULL, 4096);
+	ret = submit_tios(&e, &t, 1);
+	CHECK(ret == -EINVAL, "ghost: target 1 without targets: %d", ret);
+	ops->shutdown(e.be);
+	pthread_mutex_destroy(&dev->faults.lock);
+	free(dev);
+	printf("ok   ghost: a device without targets serves target 0 (1 MiB at 1 TiB), refuses 1\n");
 }
 
 /* ---- driver ---- */
@@ -986,6 +1013,8 @@ static int run_backend(const char *name)
 	phase_shutdown_inflight(&e, true);
 	if (uring)
 		phase_uring_pipe(e.ops, name, sqpoll);
+	if (!e.moves_data)
+		phase_ghost_no_targets(e.ops);
 
 	free(e.bounce);
 	dev_free(e.dev);
