@@ -235,8 +235,9 @@ class Device:
     ``Device(config)`` opens a device from a :class:`chm.Config`;
     :meth:`Device.open` builds the config from keywords. When the config names
     no targets, a sparse backing file is created in a fresh temporary
-    directory that is deleted when the device closes. Every method is
-    thread-safe; none may be called once ``close()`` has begun.
+    directory that is deleted when the device closes (the ghost backend needs
+    none). Every method is thread-safe; none may be called once ``close()``
+    has begun.
     """
 
     def __init__(self, config: Config | None = None, /, **options: Any) -> None:
@@ -248,7 +249,7 @@ class Device:
         cfg = config.copy() if config is not None else Config()
         if options:
             cfg.update(options)
-        if int(cfg.cdata.n_targets) == 0:
+        if int(cfg.cdata.n_targets) == 0 and cfg.backend != "ghost":
             tmp = tempfile.mkdtemp(prefix="chm-", dir=_default_tmp_parent())
             self._tmpdir = tmp
             self._cleanup = weakref.finalize(self, shutil.rmtree, tmp, ignore_errors=True)
@@ -273,7 +274,7 @@ class Device:
         cls,
         targets: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
         capacity: int | str = "64G",
-        dram: int | str = "256M",
+        dram: int | str | None = None,
         backend: str = "uring",
         mode: str = "prefetch",
         **options: Any,
@@ -283,7 +284,9 @@ class Device:
         ``targets`` is a path or a list of paths (files are created sparse
         when missing); ``None`` uses a temporary directory.
         """
-        cfg = Config(capacity=capacity, dram=dram, backend=backend, mode=mode)
+        cfg = Config(capacity=capacity, backend=backend, mode=mode)
+        if dram is not None:  # else the device default (chm-emu options)
+            cfg.set("dram", dram)
         if targets is not None:
             if isinstance(targets, (str, os.PathLike)):
                 targets = [targets]

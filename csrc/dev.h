@@ -223,6 +223,10 @@ int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *
 /* Upper bound of ios for a transfer of len bytes. */
 unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len);
 
+/* Modeled completion of an SSD transfer of len bytes issued at now_ns, split
+ * into max_io pieces the way the backend issues them. Lock held. */
+uint64_t chm_timing_span(struct chm_dev *dev, int write, uint64_t now_ns, uint64_t len);
+
 /* Synchronous SSD transfer through the backend (blocks the caller). buf must
  * be CHM_IO_ALIGN-aligned, addr/len too. Returns 0 or -errno. */
 int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len);

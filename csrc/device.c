@@ -100,6 +100,21 @@ void chm_leave(struct chm_dev *dev)
 		pthread_cond_broadcast(&dev->idle_cond);
 }
 
+uint64_t chm_timing_span(struct chm_dev *dev, int write, uint64_t now_ns, uint64_t len)
+{
+	uint64_t done = now_ns;
+	if (!dev->timing.enabled)
+		return now_ns;
+	while (len) {
+		uint64_t n = len < dev->cfg.max_io ? len : dev->cfg.max_io;
+		uint64_t t = chm_timing_ssd(&dev->timing, write, now_ns, n);
+		if (t > done)
+			done = t;
+		len -= n;
+	}
+	return done;
+}
+
 /* ---- address mapping ---- */
 
 unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len)
@@ -484,7 +499,7 @@ static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len
 			a1 = dev->cfg.capacity;
 		struct chm_read_tok tok;
 		pthread_mutex_lock(&dev->lock);
-		uint64_t done = chm_timing_ssd(&dev->timing, 0, chm_now_ns(dev), a1 - a0);
+		uint64_t done = chm_timing_span(dev, 0, chm_now_ns(dev), a1 - a0);
 		chm_wbuf_read_begin(dev, &tok);
 		pthread_mutex_unlock(&dev->lock);
 		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0);
@@ -553,7 +568,7 @@ static int write_through(struct chm_dev *dev, uint64_t addr, const void *buf, ui
 		uint64_t n = len < chunk_max ? len : chunk_max;
 		memcpy(bounce, p, n);
 		pthread_mutex_lock(&dev->lock);
-		uint64_t done = chm_timing_ssd(&dev->timing, 1, chm_now_ns(dev), n);
+		uint64_t done = chm_timing_span(dev, 1, chm_now_ns(dev), n);
 		pthread_mutex_unlock(&dev->lock);
 		rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, addr, bounce, n);
 		pthread_mutex_lock(&dev->lock);

@@ -425,6 +425,9 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 {
 	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
 		struct chm_slot *s = &dev->slots[i];
+		/* staged in memory but not yet by the model: not a hit */
+		if (dev->timing.enabled && s->ready_ns > chm_now_ns(dev))
+			continue;
 		if (addr >= s->fill_start && addr + len <= s->fill_start + s->fill_len) {
 			memcpy(buf, s->buf + (addr - s->fill_start), len);
 			return true;
@@ -492,6 +495,14 @@ static struct timespec ns_to_ts(uint64_t ns)
 	return ts;
 }
 
+/* The view crosses the host link once, when it is handed out. Lock held;
+ * the pacing sleep drops it, so the caller looks the handle up again. */
+static void host_transfer(struct chm_dev *dev, uint64_t len)
+{
+	if (dev->timing.enabled)
+		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
+}
+
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
 {
 	if (!dev || !view)
@@ -525,12 +536,14 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 				if (dev->vclock_ns < s->ready_ns)
 					dev->vclock_ns = s->ready_ns;
 				slot_set(dev, s, CHM_SLOT_HELD);
+				host_transfer(dev, r->len);
 				break;
 			}
 			/* staged; the timing model may say it is not there yet */
 			uint64_t ready_mono = dev->t0_ns + s->ready_ns;
 			if (!dev->timing.enabled || chm_mono_ns() >= ready_mono) {
 				slot_set(dev, s, CHM_SLOT_HELD);
+				host_transfer(dev, r->len);
 				break;
 			}
 			if (ready_mono < until)
@@ -547,6 +560,10 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 			pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
 		}
 	}
+	/* pacing may have dropped the lock: the handle could be gone */
+	rc = handle_lookup(dev, h, &r);
+	if (rc)
+		goto out_leave;
 	struct chm_slot *s = &dev->slots[r->slot];
 	view->data = s->buf + (r->addr - s->fill_start);
 	view->len = r->len;

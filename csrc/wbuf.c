@@ -59,6 +59,7 @@ struct chm_wbuf {
 	uint64_t epoch, lo_epoch;
 	uint32_t inflight[EPOCHS];
 	uint32_t reads_inflight;
+	uint64_t durable_model_ns;         /* modeled time of the last durable batch */
 	pthread_cond_t cond;               /* wakes the flusher */
 	pthread_t thread;
 	bool stop;
@@ -223,7 +224,7 @@ void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok)
 	w->reads_inflight--;
 	if (w->flushing || w->batch_mark != tok->batch_mark)
 		dev->st.read_wait_flush_ns += chm_mono_ns() - tok->begin_ns;
-	if (w->reads_inflight == 0)
+	if (w->reads_inflight == 0 && w->count)
 		pthread_cond_signal(&w->cond);
 }
 
@@ -294,7 +295,11 @@ static void *flusher_main(void *arg)
 		}
 		w->flushing = true;
 		w->batch_mark++;
-		uint64_t done = chm_timing_ssd(&dev->timing, 1, chm_now_ns(dev), bytes);
+		uint64_t done = chm_now_ns(dev);
+		for (uint32_t i = 0; i < n; i++) {
+			uint64_t t = chm_timing_span(dev, 1, chm_now_ns(dev), batch[i]->len);
+			done = t > done ? t : done;
+		}
 		pthread_mutex_unlock(&dev->lock);
 
 		/* entries in FLUSHING are neither moved nor reclaimed: safe to
@@ -308,7 +313,14 @@ static void *flusher_main(void *arg)
 			rc = chm_ssd_sync_all(dev);
 
 		pthread_mutex_lock(&dev->lock);
-		chm_pace(dev, done);
+		/* the write occupies the modeled SSD channels (reads queue behind
+		 * it there); in real time durability is not reported before the
+		 * model allows. The virtual clock is the readers': a background
+		 * flush does not move it, a barrier that waits for it does. */
+		if (dev->cfg.clock == CHM_CLOCK_REAL)
+			chm_pace(dev, done);
+		if (done > w->durable_model_ns)
+			w->durable_model_ns = done;
 		w->flushing = false;
 		w->batch_mark++;
 		for (uint32_t i = 0; i < n; i++) {
@@ -371,6 +383,8 @@ int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 		}
 	}
 	w->barriers--;
+	if (!rc && dev->cfg.clock == CHM_CLOCK_VIRTUAL)
+		chm_pace(dev, w->durable_model_ns);
 	pthread_mutex_unlock(&dev->lock);
 	return rc;
 }
