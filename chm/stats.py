@@ -131,14 +131,6 @@ class Stats:
         return self.wr_skipped / n if n else 0.0
 
     @property
-    def prefetch_outstanding(self) -> int:
-        """Issued prefetches not yet released, rejected or cancelled."""
-        return max(
-            0,
-            self.prefetch_issued - self.prefetch_released - self.prefetch_cancelled,
-        )
-
-    @property
     def refill_lat_mean_ns(self) -> float:
         """Mean staging fill latency in ns (0.0 when none)."""
         return self.refill_lat_sum_ns / self.refill_lat_count if self.refill_lat_count else 0.0

@@ -1,35 +1,70 @@
 /*
- * staging.pml - Promela model of the chm staging window (slots, refill queue,
- * refill engine, handles) and of the write buffer with its flusher, as
- * specified in fw_spec/README.md and fw_spec/{staging,wbuf}.yaml.
+ * staging.pml - Promela model of the chm staging window (slots, request
+ * entries and handles, bounded FIFO refill queue, refill engine) and of the
+ * write buffer with its flusher, as specified in fw_spec/README.md and
+ * fw_spec/staging.yaml, fw_spec/wbuf.yaml.
  *
- * Processes: NUSERS requesters doing prefetch / wait / chm_read / release
- * (and stale releases), one writer doing write / flush barrier, the refill
- * engine (fill completions, nondeterministic I/O errors), the flusher
- * (batches, nondeterministic I/O errors, reclaim) and a closer that may or
- * may not close the device at any moment.
+ * Processes: NUSERS requesters doing prefetch / wait / release (and stale
+ * calls on released handles), one writer doing write / flush barrier, the
+ * refill engine (fill completions in any order, each may fail -EIO), the
+ * flusher (batches that may fail, reclaim), a closer that closes the device
+ * at any moment or never, and a monitor that checks the state invariants in
+ * every reachable state.
  *
- * Every device call is one atomic step, like a call under the device lock;
- * a blocking wait or flush releases it while blocked.
+ * Every device call is one atomic step, as a call under the device lock; a
+ * blocking wait or flush barrier gives the lock up while it is blocked.
  *
- * Safety: CHECK(id, expr) asserts invariant `id` of the spec; the id is a
- * hidden constant so that pan and `spin -t` print it in the failed assertion.
- * check_all() runs after every state change.
- * Progress: the ltl blocks at the end, checked with weak fairness.
+ * CHECK(id, expr) asserts invariant `id` of the spec. The id is a hidden
+ * constant that pan and `spin -t` print as part of the failed assertion.
+ * Progress properties are the ltl blocks at the end (weak fairness).
+ *
+ * Sizes can be overridden with -D (spin -DROUNDS=2 ...). STAGING=0 or WBUF=0
+ * leaves the requesters and engine, or the writer and flusher, out of a run.
+ * Broken variants in fw_spec/broken/ define one BUG_* and include this file.
  *
  * Run: python3 fw_spec/check_model.py fw_spec/staging.pml
- * Broken variants (fw_spec/broken/) define BUG_* and include this file.
  */
 
+#ifndef NSLOTS
 #define NSLOTS		3	/* slot_count */
-#define QCAP		2	/* refill_queue */
-#define NREQS		5	/* NSLOTS + QCAP request entries, as in the device */
+#endif
+#ifndef QCAP
+#define QCAP		1	/* refill_queue */
+#endif
+#define NREQS		(NSLOTS + QCAP)	/* request entries, as in the device */
+#ifndef NUSERS
 #define NUSERS		2	/* requester processes */
+#endif
+#ifndef NH
 #define NH		2	/* handles a requester keeps in flight */
+#endif
+#ifndef ROUNDS
 #define ROUNDS		1	/* issue-consume rounds per requester */
-#define NWB		2	/* write-buffer entries (space in units of one write) */
+#endif
+#ifndef NWRITES
 #define NWRITES		3	/* writes by the writer, seq 1..NWRITES */
+#endif
+#ifndef STAGING
+#define STAGING		1
+#endif
+#ifndef WBUF
+#define WBUF		1
+#endif
+#ifndef CLOSER
+#define CLOSER		1	/* a closer process */
+#endif
+#ifndef FILL_ERRORS
+#define FILL_ERRORS	1	/* fills may fail with -EIO */
+#endif
+#ifndef EXTRAS
+#define EXTRAS		1	/* NOQUEUE prefetch, repeated and stale calls */
+#endif
+#define NWB		2	/* write-buffer entries (space in units of one write) */
 #define WB_HIGH		2	/* high-water mark: flushing is forced at this use */
+
+#if NSLOTS != 3 || NUSERS * NH > 4 || NUSERS > 2 || NREQS > 5 || NWRITES > 3
+#error "the expanded invariant expressions below assume these sizes"
+#endif
 
 /* enum chm_slot_state */
 #define SLOT_FREE	0
@@ -50,19 +85,19 @@
 #define WB_DURABLE	3
 #define WB_SKIPPED	4
 
-/* results (positive errno values; calls return the negation) */
+/* call results: 0, CHM_WRITE_SKIPPED, or the errno a call returns negated */
 #define OK		0
-#define SKIPPED		1	/* CHM_WRITE_SKIPPED */
+#define SKIPPED		1
 #define EIO		5
 #define EAGAIN		11
 #define ETIMEDOUT	110
 #define ESTALE		116
 #define ECANCELED	125
-#define BLOCKED		255	/* model only: the call is blocked */
+#define BLOCKED		255	/* model only: the caller is blocked */
 
 #define NOREQ		255
 
-/* The transition tables; tests/spec/test_model_check.py compares these rows
+/* The transition tables. tests/spec/test_model_check.py compares these rows
  * with fw_spec/staging.yaml and fw_spec/wbuf.yaml. */
 #define SLOT_LEGAL(f, t) ( \
 	(f == SLOT_FREE && t == SLOT_FILLING) ||	/* fill_start */ \
@@ -82,35 +117,33 @@
 	(f == WB_FLUSHING && t == WB_ADMITTED) ||	/* flush_error */ \
 	(f == WB_DURABLE && t == WB_FREE))		/* reclaim */
 
-/* Invariant ids (fw_spec/*.yaml). Hidden: not part of the state vector. */
+/* Invariant ids of fw_spec/*.yaml (hidden: not in the state vector). */
 hidden byte S1 = 1;	/* a slot is never refilled while held */
 hidden byte S2 = 1;	/* a view is never handed out before its fill completed */
 hidden byte S3 = 1;	/* release frees exactly once */
-hidden byte S4 = 1;	/* slot and request accounting always sums */
+hidden byte S4 = 1;	/* slot, request and queue accounting always sums */
 hidden byte S5 = 1;	/* every slot transition is a row of the table */
 hidden byte S6 = 1;	/* at most one fill in flight per slot */
-hidden byte S7 = 1;	/* no slot is FREE while a request is queued */
+hidden byte S7 = 1;	/* a freed slot goes to the queue head at once (FIFO) */
 hidden byte S8 = 1;	/* prefetch never blocks; -EAGAIN only when it must */
-hidden byte S9 = 1;	/* a released handle is stale forever */
+hidden byte S9 = 1;	/* a released handle is stale for good */
 hidden byte S10 = 1;	/* wait on HELD returns the same view */
-hidden byte S13 = 1;	/* close cancels waiters, drops the queue, drains fills */
-hidden byte S14 = 1;	/* a held object's range is a chm_read hit */
+hidden byte S13 = 1;	/* close cancels waiters and the queue, drains fills */
+hidden byte S14 = 1;	/* a staged object's range is a chm_read hit */
+hidden byte S15 = 1;	/* prefetch counters balance when nothing is pending */
 hidden byte W1 = 1;	/* an admitted write stays readable */
 hidden byte W2 = 1;	/* a skipped write changes nothing */
-hidden byte W3 = 1;	/* flush barrier 0 => all earlier admitted writes durable */
+hidden byte W3 = 1;	/* flush barrier 0 => earlier admitted writes durable */
 hidden byte W4 = 1;	/* a failed flush is never reported durable */
 hidden byte W5 = 1;	/* every wbuf transition is a row of the table */
 hidden byte W6 = 1;	/* write-buffer space accounting sums */
 
 #define CHECK(id, e)	assert(id && (e))
 
-/* scratch locals of the inlines, reset to 0 after use */
-#define SCRATCH byte ci, cn, cv, vi, gi, gr
-
 typedef slot_t {
 	byte state;
 	byte req;	/* owning request, NOREQ when free or orphaned */
-	byte obj;	/* object held or being filled */
+	byte obj;	/* object held or being filled, 0 when free */
 	bit valid;	/* the slot memory holds obj completely */
 	bit io;		/* a fill I/O is in flight */
 };
@@ -132,11 +165,10 @@ req_t req[NREQS];
 byte q[QCAP];			/* refill FIFO of request indices */
 byte qlen;
 byte nslot[5];			/* slot count by state (stats slots_*) */
-bit pending[NREQS];		/* issued, not yet READY/FAILED/released */
-byte view[NUSERS * NH];		/* slot+1 of a live view, 0: none */
-byte view_obj[NUSERS * NH];
+bit pending[5];			/* issued, not yet READY/FAILED/released */
+byte view[4];		/* slot+1 of the live view of handle v, or 0 */
 byte nwaiting;			/* callers blocked in wait or flush */
-bit user_waiting[NUSERS];
+bit user_waiting[2];
 byte issued, completed, failed, cancelled;
 
 wb_t wb[NWB];
@@ -149,6 +181,61 @@ bit barrier_err;		/* a covered entry failed to flush meanwhile */
 byte last_admitted;
 
 bit closing, closed;
+
+/* ---- state invariants, checked by the monitor in every state ---- */
+
+/* S1/S2: a live view points at its own completed, held fill (the object
+ * of handle v is v + 1). */
+#define VIEW_OK(v) (v >= NUSERS * NH -> 1 : VIEW_OK_(v))
+#define VIEW_OK_(v) (view[v] == 0 || \
+	(slot[view[v] - 1].state == SLOT_HELD && slot[view[v] - 1].valid && \
+	 !slot[view[v] - 1].io && slot[view[v] - 1].obj == v + 1))
+#define INV_S1 (VIEW_OK(0) && VIEW_OK(1) && VIEW_OK(2) && VIEW_OK(3))
+
+#define SCOUNT(st) ((slot[0].state == st) + (slot[1].state == st) + \
+		    (slot[2].state == st))
+#define RSTATE(i) (i < NREQS -> req[i].state : R_FREE)
+#define RCOUNT(st) ((RSTATE(0) == st) + (RSTATE(1) == st) + (RSTATE(2) == st) + \
+		    (RSTATE(3) == st) + (RSTATE(4) == st))
+#define OWNED(i) (slot[i].req != NOREQ)
+#define LINK_OK(i) (!OWNED(i) || (slot[i].state != SLOT_FREE && \
+	req[slot[i].req].state == R_SLOTTED && req[slot[i].req].slot == i))
+/* S4: counters match the slots and sum to slot_count; every owned slot
+ * and every queued request belongs to exactly one live request. */
+#define INV_S4 (nslot[0] == SCOUNT(0) && nslot[1] == SCOUNT(1) && \
+	nslot[2] == SCOUNT(2) && nslot[3] == SCOUNT(3) && nslot[4] == SCOUNT(4) && \
+	nslot[0] + nslot[1] + nslot[2] + nslot[3] + nslot[4] == NSLOTS && \
+	qlen <= QCAP && RCOUNT(R_QUEUED) == qlen && \
+	RCOUNT(R_SLOTTED) == OWNED(0) + OWNED(1) + OWNED(2) && \
+	LINK_OK(0) && LINK_OK(1) && LINK_OK(2))
+#define INV_S7 (qlen == 0 || nslot[SLOT_FREE] == 0)
+/* S6: a slot has a fill in flight exactly when it is FILLING */
+#define INV_S6 ((slot[0].io == (slot[0].state == SLOT_FILLING)) && \
+	(slot[1].io == (slot[1].state == SLOT_FILLING)) && \
+	(slot[2].io == (slot[2].state == SLOT_FILLING)))
+
+#define WB_HOLDS(e, s) (wb[e].state != WB_FREE && wb[e].seq == s)
+#define READABLE(s) (s > NWRITES || !admitted[s] || durable[s] || \
+	WB_HOLDS(0, s) || WB_HOLDS(1, s))
+#define INV_W1 (READABLE(1) && READABLE(2) && READABLE(3))
+#define INV_W6 (nwb[WB_FREE] + nwb[WB_ADMITTED] + nwb[WB_FLUSHING] + \
+	nwb[WB_DURABLE] == NWB && nwb[WB_SKIPPED] == 0 && \
+	nwb[WB_FREE] == (wb[0].state == WB_FREE) + (wb[1].state == WB_FREE))
+
+proctype monitor()
+{
+end:	atomic {
+		!(INV_S1 && INV_S4 && INV_S6 && INV_S7 && INV_W1 && INV_W6) ->
+		CHECK(S1, INV_S1);
+		CHECK(S4, INV_S4);
+		CHECK(S6, INV_S6);
+		CHECK(S7, INV_S7);
+		CHECK(W1, INV_W1);
+		CHECK(W6, INV_W6)
+	}
+}
+
+/* ---- the staging window ---- */
 
 inline slot_set(i, to)
 {
@@ -166,78 +253,6 @@ inline wb_set(e, to)
 	wb[e].state = to
 }
 
-inline check_all()
-{
-	/* S4: slot counters match the slots and sum to slot_count; the queue
-	 * and the live requests fit their bounds */
-	cn = 0;
-	for (ci : 0 .. 4) {
-		cn = cn + nslot[ci]
-	}
-	CHECK(S4, cn == NSLOTS && qlen <= QCAP);
-	for (ci : 0 .. 4) {
-		cn = 0;
-		for (cv : 0 .. NSLOTS - 1) {
-			if
-			:: slot[cv].state == ci -> cn++
-			:: else
-			fi
-		}
-		CHECK(S4, cn == nslot[ci])
-	}
-	cn = 0;
-	for (ci : 0 .. NREQS - 1) {
-		if
-		:: req[ci].state != R_FREE -> cn++
-		:: else
-		fi
-	}
-	cv = 0;
-	for (ci : 0 .. NSLOTS - 1) {
-		if
-		:: slot[ci].req != NOREQ -> cv++;
-			CHECK(S4, slot[ci].state != SLOT_FREE &&
-			      req[slot[ci].req].state == R_SLOTTED &&
-			      req[slot[ci].req].slot == ci)
-		:: else
-		fi
-	}
-	CHECK(S4, cn == cv + qlen);
-	/* S7: a freed slot goes to the queue head at once */
-	CHECK(S7, qlen == 0 || nslot[SLOT_FREE] == 0);
-	/* S1/S2: a live view points at its own completed, held fill */
-	for (ci : 0 .. NUSERS * NH - 1) {
-		if
-		:: view[ci] != 0 ->
-			cv = view[ci] - 1;
-			CHECK(S1, slot[cv].state == SLOT_HELD && slot[cv].valid &&
-			      slot[cv].obj == view_obj[ci] && !slot[cv].io)
-		:: else
-		fi
-	}
-	/* W6: wbuf counters sum */
-	CHECK(W6, nwb[WB_FREE] + nwb[WB_ADMITTED] + nwb[WB_FLUSHING] +
-	      nwb[WB_DURABLE] == NWB && nwb[WB_SKIPPED] == 0);
-	/* W1: an admitted write is in the buffer until it is durable */
-	for (ci : 1 .. NWRITES) {
-		if
-		:: admitted[ci] && !durable[ci] ->
-			cn = 0;
-			for (cv : 0 .. NWB - 1) {
-				if
-				:: wb[cv].state != WB_FREE && wb[cv].seq == ci -> cn++
-				:: else
-				fi
-			}
-			CHECK(W1, cn == 1)
-		:: else
-		fi
-	}
-	ci = 0;
-	cn = 0;
-	cv = 0
-}
-
 /* FREE -> FILLING for request r */
 inline fill_start(i, r)
 {
@@ -253,7 +268,7 @@ inline fill_start(i, r)
 	slot[i].io = 1
 }
 
-/* A slot became FREE: the refill queue head takes it (FIFO). */
+/* Slot i became FREE: the refill queue head takes it (FIFO). */
 inline grant(i)
 {
 	if
@@ -282,8 +297,7 @@ inline req_free(r)
 	pending[r] = 0
 }
 
-/* ---- requester calls (u, handle number k; locals of the user process) ---- */
-
+/* chm_prefetch_object(); flags CHM_PF_NOQUEUE when noqueue */
 inline do_prefetch(k, noqueue)
 {
 	atomic {
@@ -295,8 +309,9 @@ inline do_prefetch(k, noqueue)
 				if
 				:: s == NSLOTS && slot[i].state == SLOT_FREE -> s = i
 #ifdef BUG_GRANT_HELD
-				/* bug: under pressure a HELD slot is taken for reuse */
-				:: s == NSLOTS && slot[i].state == SLOT_HELD && qlen == 0 -> s = i
+				/* bug: with no slot free, a HELD slot is reused */
+				:: s == NSLOTS && slot[i].state == SLOT_HELD &&
+				   nslot[SLOT_FREE] == 0 -> s = i
 #endif
 				:: else
 				fi
@@ -332,8 +347,7 @@ inline do_prefetch(k, noqueue)
 				ret = OK
 			fi;
 			CHECK(S8, ret == OK || (nslot[SLOT_FREE] == 0 &&
-						(noqueue || qlen == QCAP)));
-			check_all()
+						(noqueue || qlen == QCAP)))
 		fi;
 		i = 0;
 		r = 0;
@@ -341,6 +355,7 @@ inline do_prefetch(k, noqueue)
 	}
 }
 
+/* the slot of request r is not FILLING: hand out the view, or -EIO */
 inline wait_finish(k)
 {
 	s = req[r].slot;
@@ -350,7 +365,6 @@ inline wait_finish(k)
 		      slot[s].obj == req[r].obj);
 		slot_set(s, SLOT_HELD);
 		view[u * NH + k] = s + 1;
-		view_obj[u * NH + k] = req[r].obj;
 		ret = OK
 	:: slot[s].state == SLOT_HELD ->
 		CHECK(S10, view[u * NH + k] == s + 1);
@@ -360,9 +374,12 @@ inline wait_finish(k)
 	:: else ->
 		CHECK(S2, false)
 	fi;
-	check_all()
+	/* S14: chm_read of the object is now a hit from this slot */
+	CHECK(S14, ret != OK || (slot[s].state == SLOT_HELD && slot[s].valid &&
+				 slot[s].obj == u * NH + k + 1))
 }
 
+/* chm_prefetch_wait(); timeout 0 (poll) or forever */
 inline do_wait(k, forever)
 {
 	atomic {
@@ -404,6 +421,7 @@ inline do_wait(k, forever)
 	s = 0
 }
 
+/* chm_prefetch_release() */
 inline do_release(k)
 {
 	atomic {
@@ -423,10 +441,10 @@ inline do_release(k)
 		:: else ->
 			if
 			:: req[r].state == R_QUEUED ->
+				/* dropped from the queue */
 				for (i : 0 .. QCAP - 1) {
 					if
-					:: i < qlen && q[i] == r ->
-						s = i
+					:: i < qlen && q[i] == r -> s = i
 					:: else
 					fi
 				}
@@ -440,18 +458,18 @@ inline do_release(k)
 				s = req[r].slot;
 				for (i : 0 .. NUSERS * NH - 1) {
 					if
-					:: view[i] == s + 1 -> view[i] = 0; view_obj[i] = 0
+					:: view[i] == s + 1 -> view[i] = 0
 					:: else
 					fi
 				}
+				slot[s].req = NOREQ;
 				if
 				:: slot[s].state == SLOT_FILLING ->
-					/* orphaned: freed by fill_done_orphan */
-					slot[s].req = NOREQ;
+					/* orphaned: fill_done_orphan frees it */
 					cancelled++
 				:: else ->
-					slot[s].req = NOREQ;
 					slot[s].valid = 0;
+					slot[s].obj = 0;
 					slot_set(s, SLOT_FREE);
 #ifndef BUG_NO_GRANT
 					grant(s)
@@ -460,29 +478,8 @@ inline do_release(k)
 			fi;
 			req_free(r);
 			ret = OK
+		fi
 		fi;
-		fi;
-		check_all();
-		i = 0;
-		r = 0;
-		s = 0
-	}
-}
-
-/* chm_read of the user's own object: a hit when its slot is READY/HELD */
-inline do_read(k)
-{
-	atomic {
-		r = hi[k];
-		s = NSLOTS;
-		for (i : 0 .. NSLOTS - 1) {
-			if
-			:: (slot[i].state == SLOT_READY || slot[i].state == SLOT_HELD) &&
-			   slot[i].valid && slot[i].obj == u * NH + k + 1 -> s = i
-			:: else
-			fi
-		}
-		CHECK(S14, s < NSLOTS && s == req[r].slot);
 		i = 0;
 		r = 0;
 		s = 0
@@ -498,19 +495,14 @@ inline consume(k)
 		:: skip		/* release without waiting, in any state */
 		:: do_wait(k, 0);
 			if
-			:: ret == ETIMEDOUT ->
-				if
-				:: skip		/* give up: release while queued/filling */
-				:: do_wait(k, 1)
-				fi
+			:: ret == ETIMEDOUT -> do_wait(k, 1)
 			:: else
 			fi;
 			if
 			:: ret == OK ->
 				if
 				:: skip
-				:: do_wait(k, 1); CHECK(S10, ret == OK || ret == ECANCELED)
-				:: do_read(k)
+				:: EXTRAS && k == 0 -> do_wait(k, 0); CHECK(S10, ret == OK || dead)
 				fi
 			:: else
 			fi
@@ -523,8 +515,13 @@ inline consume(k)
 			live[k] = 0;
 			if
 			:: skip
-			:: atomic { !closing -> do_release(k); CHECK(S3, ret == ESTALE) }
-			:: atomic { !closing -> do_wait(k, 0); CHECK(S9, ret == ESTALE) }
+			:: EXTRAS && k == NH - 1 -> atomic {
+				/* the handle is dead now */
+				do_release(k);
+				CHECK(S3, ret == ESTALE || dead);
+				do_wait(k, 0);
+				CHECK(S9, ret == ESTALE || dead)
+			}
 			fi
 		fi
 	fi
@@ -534,8 +531,7 @@ proctype user(byte u)
 {
 	byte hi[NH], hg[NH];
 	bit live[NH];
-	byte k, round, ret, r, s, i;
-	SCRATCH;
+	byte k, round, ret, r, s, i, gi, gr, vi;
 	bit dead;
 
 	do
@@ -547,11 +543,7 @@ proctype user(byte u)
 			:: else ->
 				if
 				:: do_prefetch(k, 0)
-				:: k == 0 -> do_prefetch(k, 1)	/* CHM_PF_NOQUEUE */
-				fi;
-				if
-				:: ret == EAGAIN -> live[k] = 0
-				:: else
+				:: EXTRAS && k == 0 -> do_prefetch(k, 1)
 				fi
 			fi
 		}
@@ -566,24 +558,24 @@ proctype user(byte u)
 /* The completion thread: fills finish in any order, ok or -EIO. */
 proctype engine()
 {
-	byte i, r;
+	byte i, r, gi, gr, vi;
 	bit ok;
-	SCRATCH;
 
 end:	do
 	:: atomic {
-		if	/* any slot with a fill in flight (NSLOTS == 3) */
+		if	/* a slot with a fill in flight (NSLOTS == 3) */
 		:: slot[0].io -> i = 0
 		:: slot[1].io -> i = 1
 		:: slot[2].io -> i = 2
 		fi;
 		if
 		:: ok = 1
-		:: ok = 0
+		:: FILL_ERRORS -> ok = 0
 		fi;
 		slot[i].io = 0;
 		if
 		:: slot[i].req == NOREQ ->
+			slot[i].obj = 0;
 			slot_set(i, SLOT_FREE);		/* fill_done_orphan */
 			grant(i)
 		:: else ->
@@ -599,7 +591,6 @@ end:	do
 				failed++
 			fi
 		fi;
-		check_all();
 		i = 0;
 		r = 0;
 		ok = 0
@@ -607,8 +598,9 @@ end:	do
 	od
 }
 
-/* ---- write buffer ---- */
+/* ---- the write buffer ---- */
 
+/* chm_write_object() of write number w */
 inline do_write(w)
 {
 	atomic {
@@ -630,21 +622,18 @@ inline do_write(w)
 				last_admitted = w;
 				ret = OK
 			:: else ->
-				/* skip: nothing changes */
-				i = nwb[WB_FREE];
-				ret = SKIPPED;
-				CHECK(W2, nwb[WB_FREE] == i && !admitted[w] && i == 0)
-			fi;
-			check_all()
+				ret = SKIPPED;			/* skip */
+				CHECK(W2, nwb[WB_FREE] == 0 && !admitted[w])
+			fi
 		fi;
 		e = 0;
 		i = 0
 	}
 }
 
-/* Every entry admitted up to barrier_target has reached DURABLE. */
+/* Every entry admitted up to barrier_target has reached DURABLE (NWB == 2). */
 #ifdef BUG_FLUSH_EARLY
-/* bug: only entries already being flushed are waited for */
+/* bug: only the entries already being flushed are waited for */
 #define covered_done() \
 	((wb[0].state != WB_FLUSHING || wb[0].seq > barrier_target) && \
 	 (wb[1].state != WB_FLUSHING || wb[1].seq > barrier_target))
@@ -656,6 +645,7 @@ inline do_write(w)
 	  wb[1].seq > barrier_target))
 #endif
 
+/* chm_flush(UINT64_MAX) */
 inline do_flush()
 {
 	atomic {
@@ -679,10 +669,9 @@ inline do_flush()
 			:: !closing && barrier_err -> ret = EIO
 			:: !closing && !barrier_err ->
 				ret = OK;
-				for (i : 1 .. NWRITES) {
-					CHECK(W3, i > barrier_target || !admitted[i] || durable[i])
-				}
-				i = 0
+				CHECK(W3, (1 > barrier_target || !admitted[1] || durable[1]) &&
+				      (2 > barrier_target || !admitted[2] || durable[2]) &&
+				      (3 > barrier_target || !admitted[3] || durable[3]))
 			fi;
 			barrier_pending = 0;
 			barrier_target = 0;
@@ -696,7 +685,6 @@ proctype writer()
 {
 	byte w, ret, e, i;
 	bit dead;
-	SCRATCH;
 
 	w = 1;
 	do
@@ -712,35 +700,36 @@ proctype writer()
 	if
 	:: !dead -> do_flush()
 	:: else
-	fi
+	fi;
+	w = 0
 }
 
-/* Flushes when the read side is quiet, at high water, for a barrier and at
- * close; a batch is every ADMITTED entry; then fdatasync; errors retry. */
+/* Batches every ADMITTED entry when reads are quiet, at high water, for a
+ * barrier and at close; the batch is written and synced or fails (-EIO:
+ * back to ADMITTED, retried); DURABLE entries are reclaimed. */
 proctype flusher()
 {
 	byte e;
 	bit ok;
-	SCRATCH;
 
 end:	do
 	:: atomic {
 		!closed && nwb[WB_ADMITTED] > 0 &&
 #ifdef BUG_FLUSH_LAZY
 		/* bug: flushes only at high water, a barrier below it hangs */
-		(nwb[WB_ADMITTED] + nwb[WB_FLUSHING] + nwb[WB_DURABLE] >= WB_HIGH) ->
+		(NWB - nwb[WB_FREE] >= WB_HIGH) ->
 #else
 		(nslot[SLOT_FILLING] <= 1 || barrier_pending || closing ||
-		 nwb[WB_ADMITTED] + nwb[WB_FLUSHING] + nwb[WB_DURABLE] >= WB_HIGH) ->
+		 NWB - nwb[WB_FREE] >= WB_HIGH) ->
 #endif
 		for (e : 0 .. NWB - 1) {
 			if
-			:: wb[e].state == WB_ADMITTED -> wb_set(e, WB_FLUSHING)	/* flush_start */
+			:: wb[e].state == WB_ADMITTED ->
+				wb_set(e, WB_FLUSHING)		/* flush_start */
 			:: else
 			fi
 		}
-		e = 0;
-		check_all()
+		e = 0
 	}
 	atomic {
 		if
@@ -750,10 +739,10 @@ end:	do
 		for (e : 0 .. NWB - 1) {
 			if
 			:: wb[e].state == WB_FLUSHING && ok ->
-				wb_set(e, WB_DURABLE);			/* flush_done */
+				wb_set(e, WB_DURABLE);		/* flush_done */
 				durable[wb[e].seq] = 1
 			:: wb[e].state == WB_FLUSHING && !ok ->
-				wb_set(e, WB_ADMITTED);			/* flush_error */
+				wb_set(e, WB_ADMITTED);		/* flush_error */
 				CHECK(W4, !durable[wb[e].seq]);
 				if
 				:: barrier_pending && wb[e].seq <= barrier_target ->
@@ -764,30 +753,27 @@ end:	do
 			fi
 		}
 		e = 0;
-		ok = 0;
-		check_all()
+		ok = 0
 	}
 	:: atomic {
 		nwb[WB_DURABLE] > 0 ->
 		for (e : 0 .. NWB - 1) {
 			if
 			:: wb[e].state == WB_DURABLE ->
-				wb_set(e, WB_FREE);			/* reclaim */
+				wb_set(e, WB_FREE);		/* reclaim */
 				wb[e].seq = 0
 			:: else
 			fi
 		}
-		e = 0;
-		check_all()
+		e = 0
 	}
 	od
 }
 
-/* chm_dev_close at a nondeterministic moment, or never. */
+/* chm_dev_close() at any moment, or never. */
 proctype closer()
 {
 	byte i, r;
-	SCRATCH;
 
 	if
 	:: skip
@@ -806,19 +792,18 @@ proctype closer()
 		}
 		qlen = 0;
 		i = 0;
-		r = 0;
-		check_all()
+		r = 0
 	}
-		/* waiters leave with -ECANCELED; in-flight fills and the
-		 * flush batch drain */
+		/* blocked callers leave with -ECANCELED; fills and the flush
+		 * batch in flight drain */
 		atomic {
 			nwaiting == 0 && nslot[SLOT_FILLING] == 0 &&
 			nwb[WB_FLUSHING] == 0 ->
-			for (i : 0 .. NSLOTS - 1) {
-				CHECK(S13, !slot[i].io)
-			}
-			CHECK(S13, qlen == 0);
-			i = 0;
+			CHECK(S13, !slot[0].io && !slot[1].io && !slot[2].io &&
+			      qlen == 0);
+			/* S15: nothing queued or filling, so every issued
+			 * prefetch completed, failed or was cancelled */
+			CHECK(S15, issued == completed + failed + cancelled);
 			closed = 1
 		}
 	fi
@@ -831,26 +816,28 @@ init {
 		for (i : 0 .. NSLOTS - 1) {
 			slot[i].req = NOREQ
 		}
-		i = 0;
 		nslot[SLOT_FREE] = NSLOTS;
 		nwb[WB_FREE] = NWB;
-#ifndef NO_STAGING
+#if STAGING
 		run engine();
 		for (i : 0 .. NUSERS - 1) {
 			run user(i)
 		}
 #endif
-#ifndef NO_WBUF
+#if WBUF
 		run flusher();
 		run writer();
 #endif
+#if CLOSER
 		run closer();
+#endif
+		run monitor();
 		i = 0
 	}
 }
 
-/* S11: every issued prefetch ends READY or FAILED (or is released or
- * cancelled first). */
+/* S11: every issued prefetch ends READY or FAILED (unless it is released
+ * or cancelled first). */
 ltl S11_fill_progress {
 	[] ((pending[0] -> <> !pending[0]) && (pending[1] -> <> !pending[1]) &&
 	    (pending[2] -> <> !pending[2]) && (pending[3] -> <> !pending[3]) &&

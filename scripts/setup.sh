@@ -44,8 +44,13 @@ if ((${#need[@]})); then
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+	if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
+		echo "chm: $VENV exists and is not a virtual environment" >&2
+		exit 1
+	fi
 	echo "chm: creating $VENV"
+	rm -rf "$VENV"
 	"$PY" -m venv "$VENV"
 fi
 
@@ -55,8 +60,9 @@ stamp="$VENV/.chm-install"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$key" ] ||
 	! "$VENV/bin/python" -m pip show -q chm >/dev/null 2>&1; then
 	echo "chm: installing chm (editable) and its test tools into $VENV"
-	"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel cffi
-	"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+	pip=("$VENV/bin/python" -m pip install -qq --disable-pip-version-check)
+	"${pip[@]}" --upgrade pip setuptools wheel cffi
+	"${pip[@]}" -e '.[test]'
 	echo "$key" >"$stamp"
 	# the editable install just built the extension
 	scripts/build-ext.sh --stamp-only

@@ -18,10 +18,15 @@ window, ``W*``: write buffer, ``L*``: lru mode; fw_spec/spec.yaml). The
 machine settles after every step (waits until no fill is in flight), so the
 model is exact; rules that race on purpose say so and widen the counters
 they make uncertain.
+
+To run the machine against another front end of the same device (a daemon
+client, say), override :meth:`DeviceMachine.create_device` and
+:meth:`DeviceMachine.view_info`.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -217,9 +222,7 @@ class DeviceMachine(RuleBasedStateMachine):
         self.image = initial_image(g.capacity, seed)
         if self.data:
             write_backing(g, self.paths, self.image)
-        self.dev = chm.Device.open(
-            targets=self.paths, backend=self.backend, mode=self.mode, **g.device_options(self.mode)
-        )
+        self.dev = self.create_device(self.paths, g.device_options(self.mode))
         st0 = self.dev.stats()
         note(f"open {self.backend}/{self.mode} seed={seed}: {self.dev.config!r}")
         assert st0.slots_total == self.staging.slots_total, st0.slots_total
@@ -268,7 +271,7 @@ class DeviceMachine(RuleBasedStateMachine):
                 return s
             if time.monotonic() > deadline:
                 raise AssertionError(
-                    f"fills still in flight after {SETTLE_TIMEOUT_S}s: {s.slots_filling} "
+                    f"S11: fills still in flight after {SETTLE_TIMEOUT_S}s: {s.slots_filling} "
                     f"slots FILLING, queue {s.queue_len}"
                 )
             time.sleep(0.0002)
@@ -342,6 +345,14 @@ class DeviceMachine(RuleBasedStateMachine):
                 view.tobytes()
         return promoted
 
+    def _release_settled(self, req: ModelRequest) -> ModelRequest:
+        """Releases req; the queue's head(s) take the freed slot (FIFO)."""
+        promoted = self._release(req)
+        for p in promoted:
+            self._fill_started(p)
+        self._settle()
+        return req
+
     def _expect_read(self, addr: int, length: int) -> None:
         """Counters of one chm_read (prefetch/direct: hit or miss is known)."""
         if self.mode == "prefetch":
@@ -412,9 +423,18 @@ class DeviceMachine(RuleBasedStateMachine):
                 + (_first_diff(bytes(disk), bytes(self.image), 0))
             )
 
-    def _c_view(self, req: ModelRequest) -> _ll.ViewInfo:
-        """chm_prefetch_wait() straight from the C API (not the cached view)."""
-        return _ll.prefetch_wait(self.d._p("chm_prefetch_wait"), req.handle.token, 0)
+    # ---- hooks (override to run the machine against another device front end)
+
+    def create_device(self, targets: list[str], options: dict[str, Any]) -> chm.Device:
+        """Opens the device under test over ``targets`` (already laid out)."""
+        return chm.Device.open(targets=targets, backend=self.backend, mode=self.mode, **options)
+
+    def view_info(self, req: ModelRequest) -> tuple[int, int, int]:
+        """``(dev_addr, length, pool_offset)`` of req's view, asked of the C API
+        again (chm_prefetch_wait on a HELD or READY handle), not the driver's
+        cached memoryview."""
+        info = _ll.prefetch_wait(self.d._p("chm_prefetch_wait"), req.handle.token, 0)
+        return info.dev_addr, info.length, info.pool_offset
 
     def _staged(self) -> list[ModelRequest]:
         return [r for r in self.staging.slotted if r.staged]
@@ -465,19 +485,19 @@ class DeviceMachine(RuleBasedStateMachine):
         if req.state == "held":
             mv = req.handle.wait(0)
             assert mv is req.view
-            info = self._c_view(req)
-            assert (info.dev_addr, info.length, info.pool_offset) == (
-                req.addr,
-                req.length,
-                req.pool_offset,
-            ), f"S10: a second wait on held {req} returned another view: {info}"
+            info = self.view_info(req)
+            assert info == (req.addr, req.length, req.pool_offset), (
+                f"S10: a second wait on held {req} returned another view: {info}"
+            )
             return
         # READY after settling: the view must be there at once
         mv = req.handle.wait(0)
-        info = self._c_view(req)
-        assert len(mv) == req.length and info.dev_addr == req.addr, (len(mv), info)
+        dev_addr, length, pool_offset = self.view_info(req)
+        assert len(mv) == length == req.length and dev_addr == req.addr, (
+            f"S2: the view of {req} is [{dev_addr:#x}+{length}), {len(mv)} bytes"
+        )
         req.view = mv
-        req.pool_offset = info.pool_offset
+        req.pool_offset = pool_offset
         req.state = "held"
         if self.mode == "prefetch":
             want = bytes(self.image[req.addr : req.end])
@@ -490,15 +510,11 @@ class DeviceMachine(RuleBasedStateMachine):
                 _first_diff(got, want, req.addr)
             )
         req.snapshot = bytearray(got)
-        note(f"wait {req!r} -> view at pool offset {info.pool_offset:#x}")
+        note(f"wait {req!r} -> view at pool offset {pool_offset:#x}")
 
     @rule(req=consumes(handles), target=dead)
     def release(self, req: ModelRequest) -> ModelRequest:
-        promoted = self._release(req)
-        for p in promoted:
-            self._fill_started(p)
-        self._settle()
-        return req
+        return self._release_settled(req)
 
     @precondition(lambda self: bool(self.staging.queue))
     @rule(req=consumes(handles), target=dead)
@@ -507,7 +523,7 @@ class DeviceMachine(RuleBasedStateMachine):
         lifecycle) and release it, which must start the queue's head."""
         if req.state != "queued":
             self.wait(req)
-        return self.release(req)
+        return self._release_settled(req)
 
     @rule(req=dead)
     def use_released(self, req: ModelRequest) -> None:
@@ -519,10 +535,8 @@ class DeviceMachine(RuleBasedStateMachine):
     @rule(req=handles, how=st.sampled_from(["tag", "index"]))
     def use_foreign(self, req: ModelRequest, how: str) -> None:
         tok = req.handle.token
-        if how == "tag":
-            bad = tok ^ (1 << 48)  # another device's tag
-        else:
-            bad = tok | 0xFFFFFF  # a request index the device does not have
+        # another device's tag, or a request index the device does not have
+        bad = tok ^ (1 << 48) if how == "tag" else tok | 0xFFFFFF
         with raises(InvalidArgument, f"wait on foreign handle {bad:#x}"):
             self.d.adopt(bad).wait(0)
         with raises(InvalidArgument, f"release of foreign handle {bad:#x}"):
@@ -625,6 +639,8 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @rule()
     def flush(self) -> None:
+        """W3: a flush returns (W8) and everything admitted before it is in
+        the backing files; the write buffer then drains (W6)."""
         self.d.flush(FLUSH_TIMEOUT_S)
         note("flush")
         s = self.d.stats()
@@ -692,33 +708,36 @@ class DeviceMachine(RuleBasedStateMachine):
         want = (m.free, 0, len(m.ready), len(m.held), 0)
         assert got == want, f"S4: slots free/filling/ready/held/failed {got}, model {want}"
         assert s.queue_len == len(m.queue), f"S4: queue_len {s.queue_len}, model {len(m.queue)}"
-        outstanding = s.prefetch_completed + s.prefetch_failed + s.prefetch_cancelled + s.queue_len
-        assert s.prefetch_issued == outstanding, (
-            f"S4: issued {s.prefetch_issued} != completed {s.prefetch_completed} + failed "
-            f"{s.prefetch_failed} + cancelled {s.prefetch_cancelled} + queued {s.queue_len}"
-        )
 
     @invariant()
-    def inv_S7_no_free_slot_while_queued(self) -> None:
-        """S7: no slot is FREE while a request is queued."""
+    def inv_S7_freed_slot_goes_to_queue_head(self) -> None:
+        """S7: a freed slot goes to the queue head at once (FIFO): no slot is
+        FREE while a request is queued, and every request the model still has
+        queued (the later ones, in FIFO order) is not staged: wait(0) times out."""
         if self.dev is None:
             return
         s = self.d.stats()
-        assert not (s.queue_len and s.slots_free), (s.queue_len, s.slots_free)
+        assert not (s.queue_len and s.slots_free), (
+            f"S7: {s.slots_free} slots FREE while {s.queue_len} requests are queued"
+        )
+        for pos, req in enumerate(self.staging.queue):
+            with raises(WaitTimeout, f"S7: {req} at FIFO position {pos} is staged"):
+                req.handle.wait(0)
 
     @invariant()
-    def inv_S12_queue_fifo(self) -> None:
-        """S12: queued requests get slots in FIFO order: every request the model
-        still has queued is not staged (wait(0) times out)."""
+    def inv_S15_prefetch_counters_balance(self) -> None:
+        """S15: prefetch counters balance: with no fill in flight, every issued
+        prefetch completed, failed, was cancelled or is still queued."""
         if self.dev is None:
             return
-        for req in self.staging.queue:
-            with raises(
-                WaitTimeout,
-                f"S12: queued {req} (FIFO position "
-                f"{list(self.staging.queue).index(req)}) is staged",
-            ):
-                req.handle.wait(0)
+        s = self.d.stats()
+        pending = s.queue_len + s.slots_filling
+        assert s.prefetch_issued == (
+            s.prefetch_completed + s.prefetch_failed + s.prefetch_cancelled + pending
+        ), (
+            f"S15: issued {s.prefetch_issued} != completed {s.prefetch_completed} + failed "
+            f"{s.prefetch_failed} + cancelled {s.prefetch_cancelled} + pending {pending}"
+        )
 
     @invariant()
     def inv_S1_held_views_unchanged(self) -> None:
@@ -738,7 +757,7 @@ class DeviceMachine(RuleBasedStateMachine):
                 )
             spans.append((req.pool_offset, req.pool_offset + req.length, req))
         spans.sort(key=lambda t: t[0])
-        for (_, end, r1), (start, _, r2) in zip(spans, spans[1:]):
+        for (_, end, r1), (start, _, r2) in itertools.pairwise(spans):
             assert end <= start, f"S1: held views of {r1} and {r2} overlap in the pool"
 
     @invariant()
@@ -762,7 +781,9 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @invariant()
     def inv_counters_match_model(self) -> None:
-        """S4/W6: the device counters equal the model's (ranges where a rule raced)."""
+        """S4, S15, W2: every counter equals the model's (a range where a rule
+        raced on purpose): prefetch issued/queued/rejected/released/cancelled/
+        completed, read hits/misses, bytes moved, writes admitted/skipped."""
         if self.dev is None:
             return
         s = self.d.stats()
@@ -840,9 +861,9 @@ class DeviceMachine(RuleBasedStateMachine):
 def _first_diff(got: bytes, want: bytes, base: int) -> str:
     if len(got) != len(want):
         return f"(length {len(got)} != {len(want)})"
-    for i, (x, y) in enumerate(zip(got, want)):
+    for i, (x, y) in enumerate(zip(got, want, strict=True)):
         if x != y:
-            n = sum(1 for a, b in zip(got, want) if a != b)
+            n = sum(1 for a, b in zip(got, want, strict=True) if a != b)
             return (
                 f"(first difference at device address {base + i:#x}: got {got[i : i + 8].hex()}, "
                 f"want {want[i : i + 8].hex()}; {n} bytes differ)"

@@ -7,6 +7,7 @@ the same run; targets are compared against, never assumed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -177,6 +178,29 @@ def loadavg() -> list[str]:
             return f.read().split()[:3]
     except OSError:
         return []
+
+
+def block_queue(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The request-queue limits of the block device holding path (if found)."""
+    st = os.stat(Path(path).parent if not Path(path).exists() else path)
+    base = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    q = base / "queue"
+    if not q.exists():  # a partition: the queue belongs to the parent disk
+        q = base.resolve().parent / "queue"
+    out: dict[str, Any] = {"device": base.resolve().name}
+    for k in ("max_segments", "max_sectors_kb", "nr_requests", "rotational", "scheduler"):
+        with contextlib.suppress(OSError):
+            out[k] = (q / k).read_text().strip()
+    return out
+
+
+def rss_now() -> int:
+    """Resident set size of this process now, bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def mem_available() -> int:

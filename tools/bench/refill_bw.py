@@ -340,6 +340,10 @@ def main(
     )
 
     results["params"]["file_written"] = bl.ensure_filled_file(path, region)
+    results["params"]["block_queue"] = bq = bl.block_queue(path)
+    bl.console.print(
+        "  backing device: " + ", ".join(f"{k}={v}" for k, v in bq.items() if k != "scheduler")
+    )
     try:
         check_data(path, region, obj)
         systems: list[tuple[str, Any]] = [
@@ -351,6 +355,14 @@ def main(
         shape = f"fio bs={mio // 1024}K qd={qd}"
         systems.append(
             (shape, lambda: bl.fio_read(path, region, bs=mio, iodepth=qd)),
+        )
+        systems.append(
+            (
+                "chm uring pool=memfd",
+                lambda: chm_refill(
+                    path, region, obj, window, "uring", {**dev_opts, "pool": "memfd"}
+                ),
+            )
         )
         if not no_pread:
             systems.append(
@@ -395,6 +407,11 @@ def main(
         bl.console.print(
             f"  '{shape}' reads the region with the I/O shape chm's fills use (max_io-sized "
             "I/Os, queue_depth in flight): the backend's own overhead is the gap to it."
+        )
+        bl.console.print(
+            "  'chm uring pool=memfd' stages into 4 KiB pages (shmem without THP here), as fio's "
+            "malloc'd buffers are; the default anon pool is THP-backed (pool_hugepages="
+            f"{u0['pool_hugepages']}), so one 1 MiB I/O is one DMA segment."
         )
         bl.console.print(
             f"  ratio chm uring / {fio_label}: {bl.fmt_ratio(ratio_med)} (ratio of medians), "
