@@ -19,24 +19,6 @@ static inline struct ghost_be *to_ghost(struct chm_backend *be)
 	return (struct ghost_be *)be;
 }
 
-static int ghost_check(const struct chm_dev *dev, const struct chm_io *io)
-{
-	/* ghost opens no targets; a config without any still has target 0 */
-	uint32_t ntargets = dev->cfg.n_targets ? dev->cfg.n_targets : 1;
-
-	if (!io->done || io->target < 0 || (uint32_t)io->target >= ntargets)
-		return -EINVAL;
-	if (io->op == CHM_IO_SYNC)
-		return 0;
-	if (io->op != CHM_IO_READ && io->op != CHM_IO_WRITE)
-		return -EINVAL;
-	if (!io->len || io->len > INT32_MAX || (dev->cfg.max_io && io->len > dev->cfg.max_io))
-		return -EINVAL;
-	if ((io->offset | io->len | (uintptr_t)io->buf) & (CHM_IO_ALIGN - 1))
-		return -EINVAL;
-	return 0;
-}
-
 static int ghost_init(struct chm_dev *dev, struct chm_backend **out)
 {
 	struct ghost_be *gb;
@@ -58,7 +40,7 @@ static int ghost_submit(struct chm_backend *be, struct chm_io **ios, unsigned n)
 	int ret;
 
 	for (i = 0; i < n; i++) {
-		ret = ghost_check(dev, ios[i]);
+		ret = chm_io_check(dev, ios[i]);
 		if (ret)
 			return ret;
 	}

@@ -36,21 +36,6 @@ static inline struct pread_be *to_pread(struct chm_backend *be)
 	return (struct pread_be *)be;
 }
 
-static int pread_check(const struct chm_dev *dev, const struct chm_io *io)
-{
-	if (!io->done || io->target < 0 || (uint32_t)io->target >= dev->cfg.n_targets)
-		return -EINVAL;
-	if (io->op == CHM_IO_SYNC)
-		return 0;
-	if (io->op != CHM_IO_READ && io->op != CHM_IO_WRITE)
-		return -EINVAL;
-	if (!io->len || io->len > INT32_MAX || (dev->cfg.max_io && io->len > dev->cfg.max_io))
-		return -EINVAL;
-	if ((io->offset | io->len | (uintptr_t)io->buf) & (CHM_IO_ALIGN - 1))
-		return -EINVAL;
-	return 0;
-}
-
 static int32_t pread_transfer(int fd, int op, char *buf, uint32_t len, uint64_t off)
 {
 	uint32_t done = 0;
@@ -188,7 +173,7 @@ static int pread_submit(struct chm_backend *be, struct chm_io **ios, unsigned n)
 	int ret;
 
 	for (i = 0; i < n; i++) {
-		ret = pread_check(pb->dev, ios[i]);
+		ret = chm_io_check(pb->dev, ios[i]);
 		if (ret)
 			return ret;
 	}

@@ -87,21 +87,6 @@ static inline struct uring_be *to_uring(struct chm_backend *be)
 	return (struct uring_be *)be;
 }
 
-static int uring_check(const struct chm_dev *dev, const struct chm_io *io)
-{
-	if (!io->done || io->target < 0 || (uint32_t)io->target >= dev->cfg.n_targets)
-		return -EINVAL;
-	if (io->op == CHM_IO_SYNC)
-		return 0;
-	if (io->op != CHM_IO_READ && io->op != CHM_IO_WRITE)
-		return -EINVAL;
-	if (!io->len || io->len > INT32_MAX || (dev->cfg.max_io && io->len > dev->cfg.max_io))
-		return -EINVAL;
-	if ((io->offset | io->len | (uintptr_t)io->buf) & (CHM_IO_ALIGN - 1))
-		return -EINVAL;
-	return 0;
-}
-
 /* Index of the registered piece holding all of [buf, buf+len), or -1. */
 static int uring_buf_index(const struct uring_be *ub, const char *buf, uint32_t len)
 {
@@ -456,7 +441,7 @@ static int uring_submit(struct chm_backend *be, struct chm_io **ios, unsigned n)
 	int ret;
 
 	for (i = 0; i < n; i++) {
-		ret = uring_check(ub->dev, ios[i]);
+		ret = chm_io_check(ub->dev, ios[i]);
 		if (ret)
 			return ret;
 	}

@@ -2,6 +2,7 @@
 #ifndef CHM_DEV_H
 #define CHM_DEV_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -53,6 +54,11 @@ struct chm_backend_ops {
 	 * frees the backend. */
 	void (*shutdown)(struct chm_backend *be);
 };
+
+/* What every backend refuses (-EINVAL, no done() call): a missing done, a
+ * bad op or target, a length of 0 or above max_io, anything not aligned to
+ * CHM_IO_ALIGN. Catches mapping bugs in the core on every backend. */
+static inline int chm_io_check(const struct chm_dev *dev, const struct chm_io *io);
 
 extern const struct chm_backend_ops chm_backend_uring_ops;
 extern const struct chm_backend_ops chm_backend_pread_ops;
@@ -275,5 +281,21 @@ int chm_lru_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
 int chm_lru_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
 int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns); /* dirty -> durable */
 void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
+
+static inline int chm_io_check(const struct chm_dev *dev, const struct chm_io *io)
+{
+	uint32_t ntargets = dev->cfg.n_targets ? dev->cfg.n_targets : 1;
+	if (!io->done || io->target < 0 || (uint32_t)io->target >= ntargets)
+		return -EINVAL;
+	if (io->op == CHM_IO_SYNC)
+		return 0;
+	if (io->op != CHM_IO_READ && io->op != CHM_IO_WRITE)
+		return -EINVAL;
+	if (!io->len || io->len > INT32_MAX || (dev->cfg.max_io && io->len > dev->cfg.max_io))
+		return -EINVAL;
+	if ((io->offset | io->len | (uintptr_t)io->buf) & (CHM_IO_ALIGN - 1))
+		return -EINVAL;
+	return 0;
+}
 
 #endif /* CHM_DEV_H */
