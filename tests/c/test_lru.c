@@ -24,30 +24,13 @@
 #include <unistd.h>
 
 #include "chm.h"
+#include "check.h"
 
 #define CAP (4u << 20)
 #define LINE (64u << 10)
 #define NLINES_CACHE 8u
 #define NLINES_DEV (CAP / LINE)
 
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                             \
-	do {                                                                         \
-		checks++;                                                            \
-		if (!(cond)) {                                                       \
-			failures++;                                                  \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			fprintf(stderr, __VA_ARGS__);                                \
-			fprintf(stderr, "\n");                                       \
-		}                                                                    \
-	} while (0)
-#define CHECK_RC(expr, want)                                                         \
-	do {                                                                         \
-		int rc_ = (expr);                                                    \
-		CHECK(rc_ == (want), "got %d (%s), want %d", rc_, chm_strerror(rc_), \
-		      (want));                                                       \
-	} while (0)
 
 static char path[256];
 static const char *backend;

@@ -23,20 +23,8 @@
 #include <unistd.h>
 
 #include "dev.h"
+#include "check.h"
 
-static int failures;
-static int checks;
-
-#define CHECK(cond, ...)                                                       \
-	do {                                                                   \
-		checks++;                                                      \
-		if (!(cond)) {                                                 \
-			failures++;                                            \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			printf(__VA_ARGS__);                                   \
-			printf("\n");                                          \
-		}                                                              \
-	} while (0)
 
 #define MiB (UINT64_C(1) << 20)
 /* A size no other mapping of this process has, for leak checks. */
@@ -719,6 +707,5 @@ int main(void)
 	test_hugetlb(numa);
 
 	rmdir(tmpdir);
-	printf("%s: %d checks, %d failures\n", failures ? "FAIL" : "PASS", checks, failures);
-	return failures ? 1 : 0;
+	return check_summary();
 }

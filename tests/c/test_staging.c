@@ -9,24 +9,8 @@
 #include <unistd.h>
 
 #include "chm.h"
+#include "check.h"
 
-static int failures;
-#define CHECK(cond)                                                                  \
-	do {                                                                         \
-		if (!(cond)) {                                                       \
-			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                  \
-		}                                                                    \
-	} while (0)
-#define CHECK_RC(expr, want)                                                         \
-	do {                                                                         \
-		int rc_ = (expr);                                                    \
-		if (rc_ != (want)) {                                                 \
-			fprintf(stderr, "FAIL %s:%d: %s = %d (%s), want %d\n", __FILE__, \
-				__LINE__, #expr, rc_, chm_strerror(rc_), (want));    \
-			failures++;                                                  \
-		}                                                                    \
-	} while (0)
 
 static void set(struct chm_config *c, const char *k, const char *v)
 {
@@ -238,9 +222,5 @@ int main(void)
 	test_ghost_queue_and_handles();
 	test_backend("pread", dir);
 	test_backend("uring", dir);
-	if (failures) {
-		fprintf(stderr, "%d failures\n", failures);
-		return 1;
-	}
-	return 0;
+	return check_summary();
 }

@@ -13,20 +13,8 @@
 #include <string.h>
 
 #include "dev.h"
+#include "check.h"
 
-static int failures;
-static int checks;
-
-#define CHECK(cond, ...)                                                       \
-	do {                                                                   \
-		checks++;                                                      \
-		if (!(cond)) {                                                 \
-			failures++;                                            \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			printf(__VA_ARGS__);                                   \
-			printf("\n");                                          \
-		}                                                              \
-	} while (0)
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -396,6 +384,5 @@ int main(void)
 	test_monotonic(sets, nsets);
 	test_bandwidth_bound(sets, nsets);
 	test_parallelism_bound();
-	printf("%s: %d checks, %d failures\n", failures ? "FAIL" : "PASS", checks, failures);
-	return failures ? 1 : 0;
+	return check_summary();
 }

@@ -1,0 +1,40 @@
+/* check.h - the assertions of the C test programs: count every check, report
+ * each failure with its place, exit 0 pass / 1 fail (77 skip is the test's). */
+#ifndef CHM_TEST_CHECK_H
+#define CHM_TEST_CHECK_H
+
+#include <stdio.h>
+
+#include "chm.h"
+
+static int failures, checks;
+
+/* CHECK(cond) or CHECK(cond, "printf format", args...) */
+#define CHECK(cond, ...)                                                             \
+	do {                                                                         \
+		checks++;                                                            \
+		if (!(cond)) {                                                       \
+			failures++;                                                  \
+			fprintf(stderr, "FAIL %s:%d: %s", __FILE__, __LINE__, #cond); \
+			check_detail("" __VA_ARGS__);                                \
+		}                                                                    \
+	} while (0)
+
+/* A call that must return exactly want (0, a count or -errno). */
+#define CHECK_RC(expr, want)                                                         \
+	do {                                                                         \
+		int rc_ = (expr);                                                    \
+		CHECK(rc_ == (want), "got %d (%s), want %d", rc_, chm_strerror(rc_), \
+		      (want));                                                       \
+	} while (0)
+
+#define check_detail(...) (fprintf(stderr, ": " __VA_ARGS__), fprintf(stderr, "\n"))
+
+/* Prints the tally; returns the exit status. */
+static inline int check_summary(void)
+{
+	printf("%s: %d checks, %d failures\n", failures ? "FAIL" : "PASS", checks, failures);
+	return failures ? 1 : 0;
+}
+
+#endif /* CHM_TEST_CHECK_H */
