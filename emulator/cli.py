@@ -96,7 +96,7 @@ def _populate(path: Path, capacity: int, objs: list[_Obj]) -> None:
 
 
 def _open_demo_device(
-    path: Path, capacity: int, obj_bytes: int, slots: int, backend: str
+    path: Path, capacity: int, obj_bytes: int, slots: int, backend: str, timing: str
 ) -> chm.Device:
     # each slot carries a little alignment slack; the write buffer takes 32M
     dram = (obj_bytes + parse_size("64K")) * slots + parse_size("32M")
@@ -109,6 +109,7 @@ def _open_demo_device(
         slots=slots,
         # one target: device address == file offset
         stripe_unit="1M",
+        timing=timing,
     )
     if backend != "auto":
         return chm.Device.open(backend=backend, **kw)
@@ -157,7 +158,13 @@ def _stats_table(st: chm.Stats) -> Table:
 @click.option("--objects", "n_objects", default=8, show_default=True, help="Objects to stage.")
 @click.option("--object-size", default="16M", show_default=True, help="Bytes per object.")
 @click.option("--slots", default=6, show_default=True, help="Staging slots in device DRAM.")
-def demo(backend: str, n_objects: int, object_size: str, slots: int) -> None:
+@click.option(
+    "--timing",
+    default="none",
+    show_default=True,
+    help="Timing preset to pace the device to (none, gen5-tlc-200g, fpga-cxlhm).",
+)
+def demo(backend: str, n_objects: int, object_size: str, slots: int, timing: str) -> None:
     """Stage a few objects from a sparse backing file and show what the device did.
 
     Runs an embedded device over a temporary sparse file: writes recognisable
@@ -191,16 +198,16 @@ def demo(backend: str, n_objects: int, object_size: str, slots: int) -> None:
             f"({time.perf_counter() - t0:.2f} s)"
         )
         try:
-            dev = _open_demo_device(target, capacity, obj_bytes, slots, backend)
+            dev = _open_demo_device(target, capacity, obj_bytes, slots, backend, timing)
         except ChmError as exc:
             raise click.ClickException(f"could not open the device: {exc}") from exc
         with dev:
-            _run_demo(dev, objs, miss_addr)
+            _run_demo(dev, objs, miss_addr, timing)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run_demo(dev: chm.Device, objs: list[_Obj], miss_addr: int) -> None:
+def _run_demo(dev: chm.Device, objs: list[_Obj], miss_addr: int, timing: str) -> None:
     cfg = dev.config
     console.print(
         f"[bold]device[/] backend={cfg.backend} mode={cfg.mode} "
@@ -257,6 +264,15 @@ def _run_demo(dev: chm.Device, objs: list[_Obj], miss_addr: int) -> None:
         f"without disturbing the staging window ({st.read_hits} hit, {st.read_misses} miss). "
         f"Staging ran at {total / elapsed / 2**30:.2f} GiB/s end to end on this host."
     )
+    if timing != "none":
+        if st.pacing_late:
+            console.print(
+                f"[yellow]Timing preset {timing}: this host was slower than the model on "
+                f"{st.pacing_late} completions (late by {st.pacing_late_ns / 1e6:.1f} ms in all); "
+                f"an emulator can slow hardware down, never speed it up."
+            )
+        else:
+            console.print(f"Timing preset {timing}: every completion was paced to the model.")
 
 
 if __name__ == "__main__":  # pragma: no cover
