@@ -47,7 +47,7 @@ static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out
 	return 0;
 }
 
-/* ---- slot state transitions (legal moves only, fw_spec/spec.yaml) ---- */
+/* ---- slot state transitions (legal moves only, fw_spec/staging.yaml) ---- */
 
 static void slot_set(struct chm_dev *dev, struct chm_slot *s, int to)
 {

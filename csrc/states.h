@@ -1,4 +1,4 @@
-/* states.h - the device's state machines as data. fw_spec/spec.yaml holds the
+/* states.h - the device's state machines as data. fw_spec/staging.yaml holds the
  * same tables; tests/c/test_spec_tables.c prints these and a test compares. */
 #ifndef CHM_STATES_H
 #define CHM_STATES_H

@@ -104,7 +104,10 @@ PAN_DEPTH = "-m200000"
 PAN_MEMLIM_MB = 6144
 RUN_TIMEOUT_S = 600
 
-_ASSERT_ID = re.compile(r"assert\(\(([SWL][0-9]+)&&")
+# the invariant id of the assertion that failed, in pan's and in spin's words
+_FAILED_ID = re.compile(
+    r"(?:assertion violated \(|text of failed assertion: assert\(\()([SWL][0-9]+)&&"
+)
 _EXPECT = re.compile(r"@expect\s+run=(\S+)\s+id=(\S+)")
 
 
@@ -181,8 +184,9 @@ def _int(pattern: str, text: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _build(model: Path, defines: tuple[str, ...], safety: bool, cc_opt: str,
-           workdir: Path) -> tuple[Path, str]:
+def _build(
+    model: Path, defines: tuple[str, ...], safety: bool, cc_opt: str, workdir: Path
+) -> tuple[Path, str]:
     """Stages model in workdir, runs spin -a and compiles pan. Returns the
     model's copy and "" on success, or the reason it failed."""
     copy = _stage(model, workdir)
@@ -217,9 +221,7 @@ def _verify(copy: Path, run: Run, res: Result) -> None:
         return
     if "out of memory" in out or "reached -DMEMLIM" in out:
         res.problem = "pan ran out of memory"
-    elif res.errors == 0 and (
-        "Search not completed" in out or "max search depth too small" in out
-    ):
+    elif res.errors == 0 and ("Search not completed" in out or "max search depth too small" in out):
         res.problem = "search incomplete (depth limit)"
     for kind in (
         "assertion violated",
@@ -231,14 +233,14 @@ def _verify(copy: Path, run: Run, res: Result) -> None:
             res.kinds.append(kind)
     trail = copy.with_name(name + ".trail")
     if res.errors:
-        res.failed_ids += _ASSERT_ID.findall(out)
+        res.failed_ids += _FAILED_ID.findall(out)
         if run.ltl and "acceptance cycle" in res.kinds:
             res.failed_ids.append(run.ltl.split("_")[0])
         if "invalid end state" in res.kinds:
             res.failed_ids.append("end-state")
         if trail.exists():
             _, res.trail = _sh(["spin", *run.defines, "-t", "-p", name], cwd)
-            res.failed_ids += _ASSERT_ID.findall(res.trail)
+            res.failed_ids += _FAILED_ID.findall(res.trail)
         res.failed_ids = sorted(set(res.failed_ids))
     trail.unlink(missing_ok=True)
 
@@ -253,10 +255,9 @@ def _check_group(model: Path, runs: list[Run], cc_opt: str) -> list[Result]:
         return results
     with tempfile.TemporaryDirectory(prefix=f"chm-spin-{runs[0].name}-") as tmp:
         t0 = time.monotonic()
-        copy, problem = _build(Path(model), runs[0].defines, runs[0].ltl is None,
-                               cc_opt, Path(tmp))
+        copy, problem = _build(Path(model), runs[0].defines, runs[0].ltl is None, cc_opt, Path(tmp))
         build_s = time.monotonic() - t0
-        for run, res in zip(runs, results):
+        for run, res in zip(runs, results, strict=True):
             res.elapsed_s = build_s
             if problem:
                 res.problem = problem
@@ -281,49 +282,65 @@ def check_many(
     jobs = jobs or min(len(groups), os.cpu_count() or 1)
     by_run: dict[str, Result] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:
-        for results in ex.map(lambda g: _check_group(model, g, cc_opt),
-                              groups.values()):
+        for results in ex.map(lambda g: _check_group(model, g, cc_opt), groups.values()):
             for res in results:
                 by_run[res.run.name] = res
     return [by_run[r.name] for r in runs]
 
 
-def _report(res: Result, verbose: bool) -> None:
-    print(res.summary())
-    if res.errors > 0 or verbose:
-        for line in res.pan_output.splitlines():
-            if line.startswith("pan:") or "errors:" in line:
-                print("    " + line[:300])
+def format_report(res: Result, full: bool = False) -> str:
+    """The result, pan's error lines and the replayed trail: its last steps
+    and spin's verdict, or (full) all of it."""
+    out = [res.summary()]
+    if res.errors > 0 or full:
+        out += [
+            "    " + ln[:300]
+            for ln in res.pan_output.splitlines()
+            if ln.startswith("pan:") or "errors:" in ln
+        ]
     if res.trail:
         lines = res.trail.splitlines()
-        if verbose:
+        if full:
             shown, note = lines, ""
         else:
             # the last steps up to where the trail ends, then spin's verdict
-            end = next((i for i, ln in enumerate(lines)
-                        if ln.startswith("spin: trail ends")), len(lines))
+            end = next(
+                (i for i, ln in enumerate(lines) if ln.startswith("spin: trail ends")), len(lines)
+            )
             steps = [ln for ln in lines[:end] if not ln.startswith("ltl ")]
-            shown = steps[-40:] + lines[end:end + 1]
+            shown = steps[-40:] + lines[end : end + 1]
             note = ", last steps; -v for all"
-        print(f"    --- spin -t -p replay ({len(lines)} lines{note}) ---")
-        for line in shown:
-            print("    " + line[:300])
+        out.append(f"    --- spin -t -p replay ({len(lines)} lines{note}) ---")
+        out += ["    " + ln[:300] for ln in shown]
+    return "\n".join(out)
+
+
+def _report(res: Result, verbose: bool) -> None:
+    print(format_report(res, verbose))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", nargs="?", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("-r", "--run", action="append", choices=sorted(RUNS),
-                    help="run only these (default: all)")
-    ap.add_argument("--expect", action="store_true",
-                    help="the model is a broken variant: succeed iff every "
-                         "@expect line of it is caught")
+    ap.add_argument(
+        "-r", "--run", action="append", choices=sorted(RUNS), help="run only these (default: all)"
+    )
+    ap.add_argument(
+        "--expect",
+        action="store_true",
+        help="the model is a broken variant: succeed iff every @expect line of it is caught",
+    )
     ap.add_argument("-j", "--jobs", type=int, default=None)
-    ap.add_argument("-O", dest="cc_opt", default="-O1",
-                    help="gcc optimisation for pan.c (default -O1: pan.c is "
-                         "large, -O2 compiles slower than these searches gain)")
-    ap.add_argument("-v", "--verbose", action="store_true",
-                    help="print pan's summary and the whole replay")
+    ap.add_argument(
+        "-O",
+        dest="cc_opt",
+        default="-O1",
+        help="gcc optimisation for pan.c (default -O1: pan.c is "
+        "large, -O2 compiles slower than these searches gain)",
+    )
+    ap.add_argument(
+        "-v", "--verbose", action="store_true", help="print pan's summary and the whole replay"
+    )
     ap.add_argument("--list", action="store_true", help="list the runs")
     args = ap.parse_args(argv)
 
@@ -345,10 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         if not exp:
             print(f"check_model: {args.model} has no @expect lines", file=sys.stderr)
             return 2
-        results = check_many(args.model, [RUNS[r] for r, _ in exp], args.jobs,
-                             args.cc_opt)
+        results = check_many(args.model, [RUNS[r] for r, _ in exp], args.jobs, args.cc_opt)
         status = 0
-        for (run, want), res in zip(exp, results):
+        for (run, want), res in zip(exp, results, strict=True):
             _report(res, args.verbose)
             if res.problem and res.errors <= 0:
                 status = max(status, 2)

@@ -117,7 +117,7 @@
 	(f == WB_FLUSHING && t == WB_ADMITTED) ||	/* flush_error */ \
 	(f == WB_DURABLE && t == WB_FREE))		/* reclaim */
 
-/* Invariant ids of fw_spec/*.yaml (hidden: not in the state vector). */
+/* Invariant ids of the fw_spec yaml files (hidden: not in the state vector). */
 hidden byte S1 = 1;	/* a slot is never refilled while held */
 hidden byte S2 = 1;	/* a view is never handed out before its fill completed */
 hidden byte S3 = 1;	/* release frees exactly once */
@@ -563,10 +563,15 @@ proctype engine()
 
 end:	do
 	:: atomic {
+#ifdef BUG_ORPHAN_LEAK
+#define COMPLETES(i) (slot[i].io && slot[i].req != NOREQ)
+#else
+#define COMPLETES(i) (slot[i].io)
+#endif
 		if	/* a slot with a fill in flight (NSLOTS == 3) */
-		:: slot[0].io -> i = 0
-		:: slot[1].io -> i = 1
-		:: slot[2].io -> i = 2
+		:: COMPLETES(0) -> i = 0
+		:: COMPLETES(1) -> i = 1
+		:: COMPLETES(2) -> i = 2
 		fi;
 		if
 		:: ok = 1
@@ -704,8 +709,8 @@ proctype writer()
 	w = 0
 }
 
-/* Batches every ADMITTED entry when reads are quiet, at high water, for a
- * barrier and at close; the batch is written and synced or fails (-EIO:
+/* Batches every ADMITTED entry when no SSD read is in flight, at high
+ * water, for a barrier and at close; the batch is written and synced or fails (-EIO:
  * back to ADMITTED, retried); DURABLE entries are reclaimed. */
 proctype flusher()
 {
@@ -719,7 +724,7 @@ end:	do
 		/* bug: flushes only at high water, a barrier below it hangs */
 		(NWB - nwb[WB_FREE] >= WB_HIGH) ->
 #else
-		(nslot[SLOT_FILLING] <= 1 || barrier_pending || closing ||
+		(nslot[SLOT_FILLING] == 0 || barrier_pending || closing ||
 		 NWB - nwb[WB_FREE] >= WB_HIGH) ->
 #endif
 		for (e : 0 .. NWB - 1) {
@@ -794,8 +799,8 @@ proctype closer()
 		i = 0;
 		r = 0
 	}
-		/* blocked callers leave with -ECANCELED; fills and the flush
-		 * batch in flight drain */
+		/* blocked callers leave with -ECANCELED; fills in flight
+		 * complete as usual and the flush batch in flight drains */
 		atomic {
 			nwaiting == 0 && nslot[SLOT_FILLING] == 0 &&
 			nwb[WB_FLUSHING] == 0 ->

@@ -46,8 +46,8 @@ extern "C" {
 #define CHM_HIST_BUCKETS 32
 #define CHM_ERRMSG_MAX 256
 
-/* Direct I/O granularity: staging fills are widened to this alignment; writes
- * must be aligned to it in address and length. */
+/* Direct I/O granularity: writes must be aligned to it in address and
+ * length. (Staging fills are widened to 4096-byte boundaries internally.) */
 #define CHM_IO_ALIGN 512
 
 /* chm_write_object() return value when the write buffer is full: the object
@@ -286,7 +286,8 @@ void chm_dev_close(chm_dev *dev);
 int chm_dev_config(chm_dev *dev, struct chm_config *out);
 
 /* Returns the DRAM pool's memfd (CHM_POOL_MEMFD) for sharing, -ENOENT for
- * other pool kinds. The fd stays owned by the device. */
+ * other pool kinds, -EINVAL for a NULL device. The fd stays owned by the
+ * device. */
 int chm_dev_pool_fd(chm_dev *dev);
 
 /* ---- prefetch: issue - wait - release ---- */
@@ -309,7 +310,9 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns,
 		      struct chm_view *view);
 
-/* Releases a handle in any state: a queued request is dropped, a filling
+/* Releases a handle in any state, also while the device is closing (in lru
+ * mode too, where the view is a host copy read through the cache): a queued
+ * request is dropped, a filling
  * slot is freed when its I/O completes, a READY/HELD/FAILED slot is freed
  * now (and the next queued request starts). The handle and any view from it
  * are dead afterwards. Returns 0, -ESTALE (already released or never
@@ -327,7 +330,8 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
 
 /* Offers [addr, addr+len) from buf for writing. Never blocks on the SSD: in
  * prefetch mode the object is copied into the write buffer (returns 0,
- * "admitted") or, when the buffer lacks space, not written at all (returns
+ * "admitted") or, when the buffer lacks contiguous space (always for an
+ * object larger than wbuf_bytes), not written at all (returns
  * CHM_WRITE_SKIPPED). lru mode dirties cache lines; direct mode writes
  * through (blocking). addr and len must be multiples of CHM_IO_ALIGN.
  * Returns 0, CHM_WRITE_SKIPPED, -EINVAL, -EIO (direct), -ECANCELED. */

@@ -565,7 +565,9 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @rule(rng=READ)
     def read(self, rng: tuple[int, int]) -> None:
-        self._read(*rng, "W1")
+        """W1, W7 / L4: reads return the newest written (or original) bytes,
+        whatever the write buffer or the cache lines are doing."""
+        self._read(*rng, "L4" if self.mode == "lru" else "W1, W7")
 
     @precondition(
         lambda self: self.mode == "prefetch" and any(r.staged for r in self.staging.slotted)
@@ -844,12 +846,13 @@ class DeviceMachine(RuleBasedStateMachine):
         )
 
     @invariant()
-    def inv_L_lru_lines(self) -> None:
-        """L: lru line accounting: dirty <= valid <= total, total constant."""
+    def inv_L1_L6_lru_lines(self) -> None:
+        """L1: capacity is never exceeded; L6: line accounting sums
+        (dirty <= valid <= total, total constant)."""
         if self.dev is None or self.mode != "lru":
             return
         s = self.d.stats()
-        assert s.lru_lines_total == self.lru_total
+        assert s.lru_lines_total == self.lru_total, "L1: the cache changed size"
         assert s.lru_lines_dirty <= s.lru_lines_valid <= s.lru_lines_total, (
             s.lru_lines_dirty,
             s.lru_lines_valid,

@@ -1,0 +1,202 @@
+"""Model checking of fw_spec/staging.pml with spin.
+
+The real model must verify clean in every run (safety and progress); every
+deliberately broken variant in fw_spec/broken/ must be caught as it declares
+(@expect run=... id=...), with a trail that `spin -t` replays. The model's
+tables, values and invariant names must match the yaml spec.
+
+Trails are printed: on failure always, on success with -v (or -rP).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FW = ROOT / "fw_spec"
+MODEL = FW / "staging.pml"
+BROKEN = sorted((FW / "broken").glob("*.pml"))
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+check_model = _load("chm_fw_check_model", FW / "check_model.py")
+specdata = _load("chm_fw_specdata", FW / "specdata.py")
+SPEC = specdata.load()
+
+MISSING = check_model.tools_missing()
+needs_spin = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+EXPECTED = [(p, run, want) for p in BROKEN for run, want in check_model.expectations(p)]
+
+
+def _show(request, capsys, res) -> None:
+    # captured, so shown when the test fails (or with -rP): everything
+    print(check_model.format_report(res, full=True))
+    if request.config.option.verbose > 0:
+        with capsys.disabled():
+            print("\n" + check_model.format_report(res))
+
+
+@pytest.fixture(scope="module")
+def real_results():
+    runs = list(check_model.RUNS.values())
+    return {r.run.name: r for r in check_model.check_many(MODEL, runs)}
+
+
+@pytest.fixture(scope="module")
+def broken_results():
+    tasks = sorted({(p, run) for p, run, _ in EXPECTED})
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as ex:
+        futs = {t: ex.submit(check_model.check, t[0], check_model.RUNS[t[1]]) for t in tasks}
+        return {t: f.result() for t, f in futs.items()}
+
+
+@needs_spin
+@pytest.mark.parametrize("run", sorted(check_model.RUNS))
+def test_model_verifies(real_results, run, request, capsys):
+    res = real_results[run]
+    _show(request, capsys, res)
+    assert not res.problem, res.problem
+    assert res.errors == 0, f"{run}: spin found {res.kinds} ({res.failed_ids})"
+    # a model whose processes never start would verify trivially
+    assert res.states_stored > 1000, f"{run}: only {res.states_stored} states"
+
+
+@needs_spin
+@pytest.mark.parametrize(
+    "model,run,want", EXPECTED, ids=[f"{p.stem}-{r}-{w}" for p, r, w in EXPECTED]
+)
+def test_broken_variant_is_caught(broken_results, model, run, want, request, capsys):
+    res = broken_results[(model, run)]
+    _show(request, capsys, res)
+    assert res.errors > 0, f"{model.name} passed {run}: the check cannot fail"
+    assert want in res.failed_ids, f"caught as {res.failed_ids}, expected {want}"
+    assert res.trail, "no trail was replayed"
+    if want == "end-state":
+        assert "invalid end state" in res.pan_output
+    elif check_model.RUNS[run].ltl:
+        assert "START OF CYCLE" in res.trail and check_model.RUNS[run].ltl in res.trail
+    else:
+        assert f"text of failed assertion: assert(({want}&&" in res.trail
+
+
+def test_every_broken_variant_declares_what_catches_it():
+    assert len(BROKEN) >= 1
+    for p in BROKEN:
+        exp = check_model.expectations(p)
+        assert exp, f"{p.name} has no @expect line"
+        for run, _ in exp:
+            assert run in check_model.RUNS, f"{p.name}: unknown run {run}"
+        assert re.search(r'#define BUG_\w+\s*\n#include "\.\./staging\.pml"', p.read_text())
+
+
+def test_bugs_exist_in_model():
+    text = MODEL.read_text()
+    for p in BROKEN:
+        bug = re.search(r"#define (BUG_\w+)", p.read_text()).group(1)
+        assert re.search(rf"#ifn?def {bug}\b", text), f"staging.pml has no {bug}"
+
+
+# ---- the model against the yaml (no spin needed) ----
+
+PML = MODEL.read_text()
+
+
+def _pml_table(macro: str, prefix: str) -> list[tuple[str, str, str]]:
+    body = re.search(rf"#define {macro}\(f, t\) \((.*?)\n\n", PML, re.S).group(1)
+    rows = re.findall(
+        rf"\(f == {prefix}(\w+) && t == {prefix}(\w+)\)\)?\s*(?:\|\|)?\s*"
+        r"/\* (\w+) \*/",
+        body,
+    )
+    return sorted(rows)
+
+
+@pytest.mark.parametrize(
+    "macro,prefix,machine",
+    [
+        ("SLOT_LEGAL", "SLOT_", "slot"),
+        ("WB_LEGAL", "WB_", "entry"),
+    ],
+)
+def test_model_table_matches_spec(macro, prefix, machine):
+    rows = _pml_table(macro, prefix)
+    assert rows == specdata.transitions(specdata.machines(SPEC)[machine])
+
+
+def _pml_defines() -> dict[str, int]:
+    return {k: int(v) for k, v in re.findall(r"^#define (\w+)\s+(\d+)\b", PML, re.M)}
+
+
+@pytest.mark.parametrize(
+    "prefix,machine",
+    [
+        ("SLOT_", "slot"),
+        ("R_", "request"),
+        ("WB_", "entry"),
+    ],
+)
+def test_model_state_values_match_spec(prefix, machine):
+    d = _pml_defines()
+    model = {
+        k[len(prefix) :]: v
+        for k, v in d.items()
+        if k.startswith(prefix) and k[len(prefix) :] not in ("LEGAL", "HIGH")
+    }
+    spec = {s["name"]: s["value"] for s in specdata.machines(SPEC)[machine]["states"]}
+    assert model == spec
+
+
+def test_model_error_values_match_spec():
+    d = _pml_defines()
+    for e in SPEC["commands"]["errors"]:
+        if e["name"] in d:
+            assert d[e["name"]] == e["value"], e["name"]
+    used = set(re.findall(r"ret = (E[A-Z]+)", PML))
+    assert used <= {e["name"] for e in SPEC["commands"]["errors"]}
+    assert used <= set(d)
+    assert d["SKIPPED"] == SPEC["commands"]["constants"]["CHM_WRITE_SKIPPED"]["value"]
+
+
+def test_model_names_its_invariants():
+    """Every invariant marked `model` is asserted (CHECK(id, ...)) or is an ltl
+    property (ltl id_...) of staging.pml, and the model checks no other."""
+    hidden = set(re.findall(r"^hidden byte ([SWL]\d+) = 1;", PML, re.M))
+    checked = set(re.findall(r"CHECK\(([SWL]\d+),", PML))
+    ltl = {n.split("_")[0] for n in re.findall(r"^ltl (\w+)", PML, re.M)}
+    assert hidden == checked, "declared and used invariant ids differ"
+    want = {i["id"] for i in specdata.invariants(SPEC) if "model" in i["checked_by"]}
+    assert checked | ltl == want
+    assert (
+        set(
+            check_model.RUNS[r].ltl.split("_")[0]
+            for r in check_model.RUNS
+            if check_model.RUNS[r].ltl
+        )
+        == ltl
+    )
+
+
+def test_model_size():
+    """At least 2 requesters and 3 slots in the staging and progress runs."""
+    d = {k: int(v) for k, v in re.findall(r"#define (NSLOTS|NUSERS|QCAP)\s+(\d+)", PML)}
+    assert d["NSLOTS"] >= 3 and d["NUSERS"] >= 2 and d["QCAP"] >= 1
+    for name in ("staging", "staging_close", "staging_S11", "staging_S12"):
+        assert not any(
+            x.startswith(("-DNUSERS", "-DNSLOTS", "-DSTAGING"))
+            for x in check_model.RUNS[name].defines
+        ), name

@@ -1,0 +1,248 @@
+"""The device specification (fw_spec/*.yaml) against the code: the C enums,
+transition tables, error codes and constants as printed by
+tests/c/test_spec_tables.c, and the error codes that include/chm.h lists in
+the comment of each call. Every comparison is exact, in both directions."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHM_H = ROOT / "include" / "chm.h"
+DEV_H = ROOT / "csrc" / "dev.h"
+STATES_H = ROOT / "csrc" / "states.h"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
+SPEC = specdata.load()
+MACHINES = specdata.machines(SPEC)
+COMMANDS = {c["function"]: c for c in SPEC["commands"]["commands"]}
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+
+
+def header_enums(path: Path) -> dict[str, dict[str, int]]:
+    """Every `enum name { A = 1, ... }` of a header; values must be explicit."""
+    out = {}
+    for m in re.finditer(r"enum\s+(\w+)\s*\{(.*?)\}", _strip_comments(path.read_text()), re.S):
+        vals = {}
+        for item in m.group(2).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, eq, val = item.partition("=")
+            assert eq, f"{path.name}: enum {m.group(1)}: {name.strip()} has no explicit value"
+            vals[name.strip()] = int(val.strip(), 0)
+        out[m.group(1)] = vals
+    return out
+
+
+def header_functions(path: Path) -> dict[str, set[str]]:
+    """{function: errno names in the "Returns ..." part of the comment right
+    above its prototype} (the rest of a comment may describe what others
+    return, e.g. close's blocked waiters)."""
+    text = path.read_text()
+    out = {}
+    pat = re.compile(
+        r"/\*((?:(?!\*/).)*)\*/\s*(?:int|void|const\s+char\s*\*)\s*(chm_\w+)\s*\(", re.S
+    )
+    for m in pat.finditer(text):
+        comment = m.group(1)
+        i = comment.find("Returns")
+        out[m.group(2)] = set(re.findall(r"-(E[A-Z]+)\b", comment[i:])) if i >= 0 else set()
+    return out
+
+
+def header_vocabulary(path: Path) -> set[str]:
+    text = path.read_text()
+    m = re.search(r"Error vocabulary:(.*?)- Thread safety", text, re.S)
+    assert m, "include/chm.h has no 'Error vocabulary:' paragraph"
+    return set(re.findall(r"-(E[A-Z]+)\b", m.group(1)))
+
+
+@pytest.fixture(scope="module")
+def code(tmp_path_factory) -> dict:
+    """The JSON printed by tests/c/test_spec_tables.c."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed: cannot build tests/c/test_spec_tables.c")
+    exe = tmp_path_factory.mktemp("spec_tables") / "test_spec_tables"
+    build = subprocess.run(
+        [
+            gcc,
+            "-std=gnu11",
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Iinclude",
+            "-Icsrc",
+            "tests/c/test_spec_tables.c",
+            "-o",
+            str(exe),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, f"build failed:\n{build.stderr}"
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    print(run.stderr)
+    assert run.returncode == 0, f"test_spec_tables failed its own checks:\n{run.stderr}"
+    return json.loads(run.stdout)
+
+
+# ---- enums ----
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_state_enum_matches_spec(code, machine):
+    m = MACHINES[machine]
+    spec_enum = {s["c_name"]: s["value"] for s in m["states"]}
+    assert m["c_enum"] in code["enums"], f"the C program does not print {m['c_enum']}"
+    assert code["enums"][m["c_enum"]] == spec_enum
+
+
+def test_c_program_prints_the_header_enums(code):
+    """The program's hand-written enum lists are complete: they equal what the
+    headers declare, so an enumerator added to a header cannot slip past."""
+    declared = header_enums(CHM_H)
+    declared["chm_req_state"] = header_enums(DEV_H)["chm_req_state"]
+    assert set(code["enums"]) == set(declared)
+    for name, vals in declared.items():
+        assert code["enums"][name] == vals, name
+
+
+def test_every_state_enum_has_a_machine():
+    state_enums = {"chm_slot_state", "chm_wbuf_state", "chm_line_state"}
+    assert state_enums <= set(header_enums(CHM_H))
+    assert {m["c_enum"] for m in MACHINES.values()} == state_enums | {"chm_req_state"}
+
+
+def test_prefetch_flags_match_spec(code):
+    flags = code["enums"]["chm_prefetch_flags"]
+    assert flags == {"CHM_PF_NOQUEUE": SPEC["commands"]["constants"]["CHM_PF_NOQUEUE"]["value"]}
+
+
+# ---- transition tables ----
+
+
+def _named_rows(machine: dict, rows: list[dict]) -> list[tuple[str, str, str]]:
+    by_value = {s["value"]: s["name"] for s in machine["states"]}
+    out = []
+    for r in rows:
+        assert r["from"] in by_value and r["to"] in by_value, f"unknown state in {r}"
+        out.append((by_value[r["from"]], by_value[r["to"]], r["event"]))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("machine", sorted(n for n, m in MACHINES.items() if m["c_table"]))
+def test_transition_table_matches_spec(code, machine):
+    m = MACHINES[machine]
+    c_rows = _named_rows(m, code["tables"][m["c_table"]])
+    spec_rows = specdata.transitions(m)
+    only_c = sorted(set(c_rows) - set(spec_rows))
+    only_spec = sorted(set(spec_rows) - set(c_rows))
+    assert not only_c and not only_spec, (
+        f"{m['c_table']} vs fw_spec: only in C: {only_c}; only in the spec: {only_spec}"
+    )
+    assert c_rows == spec_rows  # same multiplicity too
+
+
+def test_every_c_table_is_specified(code):
+    declared = set(
+        re.findall(r"static const struct chm_transition (\w+)\[\]", STATES_H.read_text())
+    )
+    assert declared == set(code["tables"]), "test_spec_tables.c misses a table"
+    assert declared == {m["c_table"] for m in MACHINES.values() if m["c_table"]}
+
+
+# ---- error codes and constants ----
+
+
+def test_error_codes_match(code):
+    spec_errors = {e["name"]: e["value"] for e in SPEC["commands"]["errors"]}
+    assert code["errors"] == spec_errors
+
+
+def test_error_vocabulary_is_the_headers():
+    assert {e["name"] for e in SPEC["commands"]["errors"]} == header_vocabulary(CHM_H)
+
+
+def test_constants_match(code):
+    for name, c in SPEC["commands"]["constants"].items():
+        assert code["constants"].get(name) == c["value"], name
+
+
+def test_handle_layout(code):
+    fields = SPEC["commands"]["handle"]["fields"]
+    assert SPEC["commands"]["handle"]["bits"] == code["handle_bits"] == 64
+    top = 63
+    for f in fields:
+        hi, lo = (int(x) for x in f["bits"].split(".."))
+        assert hi == top and lo <= hi, f"handle field {f['name']} is not contiguous"
+        top = lo - 1
+    assert top == -1, "handle fields do not cover 64 bits"
+    assert [f["name"] for f in fields] == ["tag", "generation", "index"]
+
+
+# ---- commands against the comments of include/chm.h ----
+
+HEADER_FUNCS = header_functions(CHM_H)
+
+
+def test_every_header_function_is_a_command():
+    assert set(HEADER_FUNCS) == set(COMMANDS), (
+        f"only in chm.h: {sorted(set(HEADER_FUNCS) - set(COMMANDS))}; "
+        f"only in commands.yaml: {sorted(set(COMMANDS) - set(HEADER_FUNCS))}"
+    )
+
+
+@pytest.mark.parametrize("func", sorted(HEADER_FUNCS))
+def test_header_errors_are_in_spec(func):
+    missing = HEADER_FUNCS[func] - set(COMMANDS[func]["errors"])
+    assert not missing, f"chm.h says {func} returns {sorted(missing)}, the spec does not"
+
+
+@pytest.mark.parametrize("func", sorted(HEADER_FUNCS))
+def test_spec_errors_are_in_header(func):
+    extra = set(COMMANDS[func]["errors"]) - HEADER_FUNCS[func]
+    assert not extra, f"the spec says {func} returns {sorted(extra)}, chm.h does not"
+
+
+def test_the_issue_commands_are_specified():
+    names = {c["name"] for c in COMMANDS.values()}
+    for n in (
+        "prefetch",
+        "wait",
+        "release",
+        "read",
+        "write",
+        "flush",
+        "stats",
+        "open",
+        "close",
+        "configure.init",
+        "configure.set",
+        "configure.validate",
+    ):
+        assert n in names, n
