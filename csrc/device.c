@@ -532,10 +532,13 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 	rc = chm_enter(dev);
 	if (rc)
 		goto out_unlock;
-	if (dev->cfg.mode == CHM_MODE_PREFETCH && chm_staging_read_hit(dev, addr, buf, len)) {
+	uint64_t link_bytes;
+	if (dev->cfg.mode == CHM_MODE_PREFETCH &&
+	    chm_staging_read_hit(dev, addr, buf, len, &link_bytes)) {
 		dev->st.read_hits++;
 		dev->st.bytes_from_dram += len;
-		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
+		if (link_bytes)
+			chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), link_bytes));
 		goto out_leave;
 	}
 	pthread_mutex_unlock(&dev->lock);

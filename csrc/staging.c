@@ -117,6 +117,7 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 		end = dev->cfg.capacity; /* capacity is a multiple of 4 KiB */
 	s->fill_len = end - s->fill_start;
 	s->err = 0;
+	s->link_credit = 0;
 	s->issue_ns = chm_now_ns(dev);
 	int n;
 	if (dev->cfg.mode == CHM_MODE_LRU) {
@@ -421,7 +422,8 @@ void chm_staging_cancel_all(struct chm_dev *dev)
 	dev->q_tail = 0;
 }
 
-bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
+bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len,
+			  uint64_t *link_bytes)
 {
 	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
 		struct chm_slot *s = &dev->slots[i];
@@ -430,6 +432,9 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 			continue;
 		if (addr >= s->fill_start && addr + len <= s->fill_start + s->fill_len) {
 			memcpy(buf, s->buf + (addr - s->fill_start), len);
+			uint64_t paid = len < s->link_credit ? len : s->link_credit;
+			s->link_credit -= paid;
+			*link_bytes = len - paid;
 			return true;
 		}
 	}
@@ -495,10 +500,12 @@ static struct timespec ns_to_ts(uint64_t ns)
 	return ts;
 }
 
-/* The view crosses the host link once, when it is handed out. Lock held;
- * the pacing sleep drops it, so the caller looks the handle up again. */
-static void host_transfer(struct chm_dev *dev, uint64_t len)
+/* The view crosses the host link once, when it is handed out; that pass is
+ * credited to later reads of the slot. Lock held; the pacing sleep drops it,
+ * so the caller looks the handle up again. */
+static void host_transfer(struct chm_dev *dev, struct chm_slot *s, uint64_t len)
 {
+	s->link_credit = len;
 	if (dev->timing.enabled)
 		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
 }
@@ -536,14 +543,14 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 				if (dev->vclock_ns < s->ready_ns)
 					dev->vclock_ns = s->ready_ns;
 				slot_set(dev, s, CHM_SLOT_HELD);
-				host_transfer(dev, r->len);
+				host_transfer(dev, s, r->len);
 				break;
 			}
 			/* staged; the timing model may say it is not there yet */
 			uint64_t ready_mono = dev->t0_ns + s->ready_ns;
 			if (!dev->timing.enabled || chm_mono_ns() >= ready_mono) {
 				slot_set(dev, s, CHM_SLOT_HELD);
-				host_transfer(dev, r->len);
+				host_transfer(dev, s, r->len);
 				break;
 			}
 			if (ready_mono < until)
