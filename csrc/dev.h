@@ -159,6 +159,7 @@ struct chm_dev {
 	uint16_t tag;              /* random, nonzero: handles carry it */
 	int fds[CHM_MAX_TARGETS];  /* O_DIRECT fds */
 	uint64_t target_bytes[CHM_MAX_TARGETS];
+	uint32_t write_align;      /* CHM_IO_ALIGN, or a target's larger logical block */
 
 	struct chm_pool pool;
 	const struct chm_backend_ops *be_ops;

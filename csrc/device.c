@@ -283,7 +283,9 @@ static int open_target(struct chm_dev *dev, unsigned i)
 		if (errno != ENOENT || !c->create)
 			return -errno;
 		flags |= O_CREAT;
-	} else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+	} else if (S_ISBLK(st.st_mode)) {
+		flags |= O_EXCL; /* a mounted or otherwise claimed drive: -EBUSY */
+	} else if (!S_ISREG(st.st_mode)) {
 		return -EINVAL;
 	}
 	int fd = open(path, flags, 0644);
@@ -295,6 +297,15 @@ static int open_target(struct chm_dev *dev, unsigned i)
 	if (S_ISBLK(st.st_mode)) {
 		if (ioctl(fd, BLKGETSIZE64, &have) < 0)
 			goto err_errno;
+		int lbs = 0;
+		if (ioctl(fd, BLKSSZGET, &lbs) < 0)
+			goto err_errno;
+		if (lbs > 4096) { /* staging fills are widened to 4 KiB only */
+			close(fd);
+			return -EOPNOTSUPP;
+		}
+		if ((uint32_t)lbs > dev->write_align)
+			dev->write_align = (uint32_t)lbs;
 		if (have < need) {
 			close(fd);
 			return -ENOSPC;
@@ -345,6 +356,7 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 	}
 	for (unsigned i = 0; i < CHM_MAX_TARGETS; i++)
 		dev->fds[i] = -1;
+	dev->write_align = CHM_IO_ALIGN;
 	dev->t0_ns = chm_mono_ns();
 	chm_timing_init(&dev->timing, &dev->cfg.timing);
 
@@ -592,7 +604,7 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 	int rc = check_range(dev, addr, len);
 	if (rc)
 		return rc;
-	if (addr % CHM_IO_ALIGN || len % CHM_IO_ALIGN)
+	if (addr % dev->write_align || len % dev->write_align)
 		return -EINVAL;
 	pthread_mutex_lock(&dev->lock);
 	rc = chm_enter(dev);

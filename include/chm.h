@@ -273,7 +273,8 @@ int chm_timing_preset(const char *name, struct chm_timing *out);
  * Blocks for setup only. On success *out owns everything; cfg is copied.
  * Returns 0, -EINVAL (bad config; reason via chm_config_validate), -ENOENT
  * (target missing), -ENOSPC (target smaller than needed), -ENOMEM (pool),
- * -EOPNOTSUPP (backend or pool kind unavailable on this host), -EBUSY, or
+ * -EOPNOTSUPP (backend or pool kind unavailable on this host, no O_DIRECT
+ * on the target's filesystem, logical blocks above 4 KiB), -EBUSY, or
  * another -errno from open/mmap/io_uring_queue_init. */
 int chm_dev_open(const struct chm_config *cfg, chm_dev **out);
 
@@ -333,7 +334,8 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
  * "admitted") or, when the buffer lacks contiguous space (always for an
  * object larger than wbuf_bytes), not written at all (returns
  * CHM_WRITE_SKIPPED). lru mode dirties cache lines; direct mode writes
- * through (blocking). addr and len must be multiples of CHM_IO_ALIGN.
+ * through (blocking). addr and len must be multiples of CHM_IO_ALIGN (or of
+ * a block-device target's logical block size, when that is larger).
  * Returns 0, CHM_WRITE_SKIPPED, -EINVAL, -EIO (direct), -ECANCELED. */
 int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 		     uint32_t flags);
