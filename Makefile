@@ -18,13 +18,14 @@ BUILD := build/c
 CSRC := $(sort $(wildcard csrc/*.c))
 HDRS := $(wildcard include/*.h csrc/*.h)
 CTESTS := $(sort $(wildcard tests/c/test_*.c))
+CFORMAT := $(wildcard csrc/*.c csrc/*.h include/*.h tests/c/*.c tests/c/*.h)
 
 OBJ_plain := $(patsubst csrc/%.c,$(BUILD)/plain/obj/%.o,$(CSRC))
 OBJ_san := $(patsubst csrc/%.c,$(BUILD)/san/obj/%.o,$(CSRC))
 BIN_plain := $(patsubst tests/c/%.c,$(BUILD)/plain/%,$(CTESTS))
 BIN_san := $(patsubst tests/c/%.c,$(BUILD)/san/%,$(CTESTS))
 
-.PHONY: all demo test setup ext c-build c-tests pytest lint format clean distclean
+.PHONY: all demo test setup ext c-build c-tests pytest lint lint-py lint-c format clean distclean
 
 all: setup
 
@@ -32,9 +33,11 @@ all: setup
 demo: setup
 	$(VENV)/bin/chm-emu demo
 
-## test: install what is missing, then the C tests (plain + ASan/UBSan) and pytest
+## test: install what is missing, then the Python lint (ruff, mypy), the C tests
+## (plain + ASan/UBSan) and pytest; any failure fails the whole run
 test: setup
 	@rc=0; \
+	$(MAKE) --no-print-directory lint-py || rc=1; \
 	$(MAKE) --no-print-directory c-tests || rc=1; \
 	$(MAKE) --no-print-directory pytest || rc=1; \
 	exit $$rc
@@ -81,14 +84,33 @@ pytest: ext
 	@$(VENV)/bin/python -m pytest tests -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
-lint:
-	$(VENV)/bin/ruff check chm emulator tests tools
-	$(VENV)/bin/ruff format --check chm emulator tests tools
-	$(VENV)/bin/mypy
+# ---- lint: the tools' own settings are in pyproject.toml and .clang-format
+
+## lint: ruff (lint + format), strict mypy, and clang-format on the C sources
+lint: setup
+	@rc=0; \
+	$(MAKE) --no-print-directory lint-py || rc=1; \
+	$(MAKE) --no-print-directory lint-c || rc=1; \
+	exit $$rc
+
+lint-py:
+	@rc=0; \
+	echo "ruff check ."; $(VENV)/bin/ruff check . || rc=1; \
+	echo "ruff format --check ."; $(VENV)/bin/ruff format --check . || rc=1; \
+	echo "mypy"; $(VENV)/bin/mypy || rc=1; \
+	exit $$rc
+
+lint-c:
+	@if ! command -v clang-format >/dev/null 2>&1; then \
+		echo "lint-c: clang-format is not installed (scripts/setup.sh installs it): C not checked"; \
+	else \
+		echo "clang-format --dry-run --Werror $(CFORMAT)"; \
+		clang-format --dry-run --Werror $(CFORMAT); \
+	fi
 
 format:
-	$(VENV)/bin/ruff format chm emulator tests tools
-	clang-format -i csrc/*.c csrc/*.h include/*.h tests/c/*.c
+	$(VENV)/bin/ruff format .
+	clang-format -i $(CFORMAT)
 
 clean:
 	rm -rf build chm/_chm_cffi.c chm/_chm_cffi*.so chm/*.o csrc/*.o $(VENV)/.chm-ext

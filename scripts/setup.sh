@@ -23,6 +23,7 @@ fi
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v spin >/dev/null 2>&1 || need+=(spin)
+command -v clang-format >/dev/null 2>&1 || need+=(clang-format)
 if ! command -v "$PY" >/dev/null 2>&1; then
 	need+=(python3 python3-venv python3-dev)
 else

@@ -20,20 +20,27 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTING = ROOT / "chm" / "testing"
 
 
-def _load(name: str, path: Path):
+def _load(name: str, path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
+if TYPE_CHECKING:  # mypy finds fw_spec/ on its mypy_path (pyproject.toml)
+    import specdata
+else:
+    specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
 SPEC = specdata.load()
 _NAME_ID = re.compile(r"^[SWLswl][1-9][0-9]*$")
 # "S3: ...", "S4, W2: ...", or just "W1"
@@ -86,17 +93,17 @@ class M:
 '''
 
 
-def test_name_parser():
+def test_name_parser() -> None:
     # ids in the middle of a message are not claims: S9, W7, S13 do not count
     assert named_ids(_PARSER_SAMPLE) == {"S4", "W6", "L1", "S3", "S8", "S2", "W10", "W1"}
 
 
-def test_some_invariants_are_for_the_property_tests():
+def test_some_invariants_are_for_the_property_tests() -> None:
     ids = specdata.property_ids(SPEC)
     assert any(i.startswith("S") for i in ids)
 
 
-def test_property_invariants_are_named_in_chm_testing():
+def test_property_invariants_are_named_in_chm_testing() -> None:
     want = specdata.property_ids(SPEC)
     found, files = ids_in_testing()
     missing = sorted(set(want) - found, key=lambda i: (i[0], int(i[1:])))
@@ -107,7 +114,7 @@ def test_property_invariants_are_named_in_chm_testing():
     )
 
 
-def test_chm_testing_names_only_spec_invariants():
+def test_chm_testing_names_only_spec_invariants() -> None:
     known = {i["id"] for i in specdata.invariants(SPEC)}
     found, _ = ids_in_testing()
     assert found <= known, f"unknown invariant ids in chm/testing/: {sorted(found - known)}"

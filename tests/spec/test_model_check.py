@@ -16,6 +16,8 @@ import os
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -25,16 +27,22 @@ MODEL = FW / "staging.pml"
 BROKEN = sorted((FW / "broken").glob("*.pml"))
 
 
-def _load(name: str, path: Path):
+def _load(name: str, path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-check_model = _load("chm_fw_check_model", FW / "check_model.py")
-specdata = _load("chm_fw_specdata", FW / "specdata.py")
+if TYPE_CHECKING:  # mypy finds fw_spec/ on its mypy_path (pyproject.toml)
+    import check_model
+    import specdata
+else:
+    check_model = _load("chm_fw_check_model", FW / "check_model.py")
+    specdata = _load("chm_fw_specdata", FW / "specdata.py")
 SPEC = specdata.load()
 
 MISSING = check_model.tools_missing()
@@ -43,7 +51,11 @@ needs_spin = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 EXPECTED = [(p, run, want) for p in BROKEN for run, want in check_model.expectations(p)]
 
 
-def _show(request, capsys, res) -> None:
+def _show(
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+    res: check_model.Result,
+) -> None:
     # captured, so shown when the test fails (or with -rP): everything
     print(check_model.format_report(res, full=True))
     if request.config.option.verbose > 0:
@@ -52,13 +64,13 @@ def _show(request, capsys, res) -> None:
 
 
 @pytest.fixture(scope="module")
-def real_results():
+def real_results() -> dict[str, check_model.Result]:
     runs = list(check_model.RUNS.values())
     return {r.run.name: r for r in check_model.check_many(MODEL, runs)}
 
 
 @pytest.fixture(scope="module")
-def broken_results():
+def broken_results() -> dict[tuple[Path, str], check_model.Result]:
     tasks = sorted({(p, run) for p, run, _ in EXPECTED})
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as ex:
         futs = {t: ex.submit(check_model.check, t[0], check_model.RUNS[t[1]]) for t in tasks}
@@ -67,7 +79,12 @@ def broken_results():
 
 @needs_spin
 @pytest.mark.parametrize("run", sorted(check_model.RUNS))
-def test_model_verifies(real_results, run, request, capsys):
+def test_model_verifies(
+    real_results: dict[str, check_model.Result],
+    run: str,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     res = real_results[run]
     _show(request, capsys, res)
     assert not res.problem, res.problem
@@ -80,21 +97,29 @@ def test_model_verifies(real_results, run, request, capsys):
 @pytest.mark.parametrize(
     "model,run,want", EXPECTED, ids=[f"{p.stem}-{r}-{w}" for p, r, w in EXPECTED]
 )
-def test_broken_variant_is_caught(broken_results, model, run, want, request, capsys):
+def test_broken_variant_is_caught(
+    broken_results: dict[tuple[Path, str], check_model.Result],
+    model: Path,
+    run: str,
+    want: str,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     res = broken_results[(model, run)]
     _show(request, capsys, res)
     assert res.errors > 0, f"{model.name} passed {run}: the check cannot fail"
     assert want in res.failed_ids, f"caught as {res.failed_ids}, expected {want}"
     assert res.trail, "no trail was replayed"
+    ltl = check_model.RUNS[run].ltl
     if want == "end-state":
         assert "invalid end state" in res.pan_output
-    elif check_model.RUNS[run].ltl:
-        assert "START OF CYCLE" in res.trail and check_model.RUNS[run].ltl in res.trail
+    elif ltl:
+        assert "START OF CYCLE" in res.trail and ltl in res.trail
     else:
         assert f"text of failed assertion: assert(({want}&&" in res.trail
 
 
-def test_every_broken_variant_declares_what_catches_it():
+def test_every_broken_variant_declares_what_catches_it() -> None:
     assert len(BROKEN) >= 1
     for p in BROKEN:
         exp = check_model.expectations(p)
@@ -104,10 +129,12 @@ def test_every_broken_variant_declares_what_catches_it():
         assert re.search(r'#define BUG_\w+\s*\n#include "\.\./staging\.pml"', p.read_text())
 
 
-def test_bugs_exist_in_model():
+def test_bugs_exist_in_model() -> None:
     text = MODEL.read_text()
     for p in BROKEN:
-        bug = re.search(r"#define (BUG_\w+)", p.read_text()).group(1)
+        m = re.search(r"#define (BUG_\w+)", p.read_text())
+        assert m, f"{p.name} defines no BUG_ macro"
+        bug = m.group(1)
         assert re.search(rf"#ifn?def {bug}\b", text), f"staging.pml has no {bug}"
 
 
@@ -117,7 +144,9 @@ PML = MODEL.read_text()
 
 
 def _pml_table(macro: str, prefix: str) -> list[tuple[str, str, str]]:
-    body = re.search(rf"#define {macro}\(f, t\) \((.*?)\n\n", PML, re.S).group(1)
+    m = re.search(rf"#define {macro}\(f, t\) \((.*?)\n\n", PML, re.S)
+    assert m, f"staging.pml has no {macro}(f, t)"
+    body = m.group(1)
     rows = re.findall(
         rf"\(f == {prefix}(\w+) && t == {prefix}(\w+)\)\)?\s*(?:\|\|)?\s*"
         r"/\* (\w+) \*/",
@@ -133,7 +162,7 @@ def _pml_table(macro: str, prefix: str) -> list[tuple[str, str, str]]:
         ("WB_LEGAL", "WB_", "entry"),
     ],
 )
-def test_model_table_matches_spec(macro, prefix, machine):
+def test_model_table_matches_spec(macro: str, prefix: str, machine: str) -> None:
     rows = _pml_table(macro, prefix)
     assert rows == specdata.transitions(specdata.machines(SPEC)[machine])
 
@@ -150,7 +179,7 @@ def _pml_defines() -> dict[str, int]:
         ("WB_", "entry"),
     ],
 )
-def test_model_state_values_match_spec(prefix, machine):
+def test_model_state_values_match_spec(prefix: str, machine: str) -> None:
     d = _pml_defines()
     model = {
         k[len(prefix) :]: v
@@ -161,7 +190,7 @@ def test_model_state_values_match_spec(prefix, machine):
     assert model == spec
 
 
-def test_model_error_values_match_spec():
+def test_model_error_values_match_spec() -> None:
     d = _pml_defines()
     for e in SPEC["commands"]["errors"]:
         if e["name"] in d:
@@ -172,7 +201,7 @@ def test_model_error_values_match_spec():
     assert d["SKIPPED"] == SPEC["commands"]["constants"]["CHM_WRITE_SKIPPED"]["value"]
 
 
-def test_model_names_its_invariants():
+def test_model_names_its_invariants() -> None:
     """Every invariant marked `model` is asserted (CHECK(id, ...)) or is an ltl
     property (ltl id_...) of staging.pml, and the model checks no other."""
     hidden = set(re.findall(r"^hidden byte ([SWL]\d+) = 1;", PML, re.M))
@@ -181,17 +210,10 @@ def test_model_names_its_invariants():
     assert hidden == checked, "declared and used invariant ids differ"
     want = {i["id"] for i in specdata.invariants(SPEC) if "model" in i["checked_by"]}
     assert checked | ltl == want
-    assert (
-        set(
-            check_model.RUNS[r].ltl.split("_")[0]
-            for r in check_model.RUNS
-            if check_model.RUNS[r].ltl
-        )
-        == ltl
-    )
+    assert {r.ltl.split("_")[0] for r in check_model.RUNS.values() if r.ltl} == ltl
 
 
-def test_model_size():
+def test_model_size() -> None:
     """At least 2 requesters and 3 slots in the staging and progress runs."""
     d = {k: int(v) for k, v in re.findall(r"#define (NSLOTS|NUSERS|QCAP)\s+(\d+)", PML)}
     assert d["NSLOTS"] >= 3 and d["NUSERS"] >= 2 and d["QCAP"] >= 1

@@ -7,6 +7,8 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,24 +16,29 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "fw_spec" / "README.md"
 
 
-def _load(name: str, path: Path):
+def _load(name: str, path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
+if TYPE_CHECKING:  # mypy finds fw_spec/ on its mypy_path (pyproject.toml)
+    import specdata
+else:
+    specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
 SPEC = specdata.load()
 TABLES = specdata.markdown_tables(SPEC)
 
 
-def test_spec_is_consistent():
+def test_spec_is_consistent() -> None:
     assert specdata.problems(SPEC) == []
 
 
-def test_problems_are_found():
+def test_problems_are_found() -> None:
     """The consistency check can fail: break a copy of the spec."""
     import copy
 
@@ -48,7 +55,7 @@ def test_problems_are_found():
 
 
 @pytest.mark.parametrize("title", sorted(TABLES))
-def test_readme_carries_the_table(title):
+def test_readme_carries_the_table(title: str) -> None:
     """README tables are the yaml's (regenerate rows with
     `python3 fw_spec/specdata.py --tables`)."""
     text = README.read_text()
@@ -56,13 +63,13 @@ def test_readme_carries_the_table(title):
     assert not missing, f"README lacks these rows of '{title}':\n" + "\n".join(missing)
 
 
-def test_readme_names_no_other_invariants():
+def test_readme_names_no_other_invariants() -> None:
     ids = {i["id"] for i in specdata.invariants(SPEC)}
     rows = set(re.findall(r"^\| ([SWL][0-9]+) \|", README.read_text(), re.M))
     assert rows == ids
 
 
-def test_readme_covers_every_command_and_error():
+def test_readme_covers_every_command_and_error() -> None:
     text = README.read_text()
     for c in SPEC["commands"]["commands"]:
         assert c["function"] in text, c["function"]
@@ -70,7 +77,7 @@ def test_readme_covers_every_command_and_error():
         assert f"| {e['name']} | {e['value']} |" in text, e["name"]
 
 
-def test_header_points_at_the_spec_files():
+def test_header_points_at_the_spec_files() -> None:
     header = (ROOT / "include" / "chm.h").read_text()
     for name in re.findall(r"fw_spec/(\w+\.yaml)", header):
         assert (ROOT / "fw_spec" / name).exists(), f"chm.h names fw_spec/{name}"

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,15 +23,20 @@ DEV_H = ROOT / "csrc" / "dev.h"
 STATES_H = ROOT / "csrc" / "states.h"
 
 
-def _load(name: str, path: Path):
+def _load(name: str, path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
+if TYPE_CHECKING:  # mypy finds fw_spec/ on its mypy_path (pyproject.toml)
+    import specdata
+else:
+    specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
 SPEC = specdata.load()
 MACHINES = specdata.machines(SPEC)
 COMMANDS = {c["function"]: c for c in SPEC["commands"]["commands"]}
@@ -79,7 +86,7 @@ def header_vocabulary(path: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def code(tmp_path_factory) -> dict:
+def code(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The JSON printed by tests/c/test_spec_tables.c."""
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -108,21 +115,22 @@ def code(tmp_path_factory) -> dict:
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     print(run.stderr)
     assert run.returncode == 0, f"test_spec_tables failed its own checks:\n{run.stderr}"
-    return json.loads(run.stdout)
+    tables: dict[str, Any] = json.loads(run.stdout)
+    return tables
 
 
 # ---- enums ----
 
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
-def test_state_enum_matches_spec(code, machine):
+def test_state_enum_matches_spec(code: dict[str, Any], machine: str) -> None:
     m = MACHINES[machine]
     spec_enum = {s["c_name"]: s["value"] for s in m["states"]}
     assert m["c_enum"] in code["enums"], f"the C program does not print {m['c_enum']}"
     assert code["enums"][m["c_enum"]] == spec_enum
 
 
-def test_c_program_prints_the_header_enums(code):
+def test_c_program_prints_the_header_enums(code: dict[str, Any]) -> None:
     """The program's hand-written enum lists are complete: they equal what the
     headers declare, so an enumerator added to a header cannot slip past."""
     declared = header_enums(CHM_H)
@@ -132,13 +140,13 @@ def test_c_program_prints_the_header_enums(code):
         assert code["enums"][name] == vals, name
 
 
-def test_every_state_enum_has_a_machine():
+def test_every_state_enum_has_a_machine() -> None:
     state_enums = {"chm_slot_state", "chm_wbuf_state", "chm_line_state"}
     assert state_enums <= set(header_enums(CHM_H))
     assert {m["c_enum"] for m in MACHINES.values()} == state_enums | {"chm_req_state"}
 
 
-def test_prefetch_flags_match_spec(code):
+def test_prefetch_flags_match_spec(code: dict[str, Any]) -> None:
     flags = code["enums"]["chm_prefetch_flags"]
     assert flags == {"CHM_PF_NOQUEUE": SPEC["commands"]["constants"]["CHM_PF_NOQUEUE"]["value"]}
 
@@ -146,7 +154,7 @@ def test_prefetch_flags_match_spec(code):
 # ---- transition tables ----
 
 
-def _named_rows(machine: dict, rows: list[dict]) -> list[tuple[str, str, str]]:
+def _named_rows(machine: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     by_value = {s["value"]: s["name"] for s in machine["states"]}
     out = []
     for r in rows:
@@ -156,7 +164,7 @@ def _named_rows(machine: dict, rows: list[dict]) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.parametrize("machine", sorted(n for n, m in MACHINES.items() if m["c_table"]))
-def test_transition_table_matches_spec(code, machine):
+def test_transition_table_matches_spec(code: dict[str, Any], machine: str) -> None:
     m = MACHINES[machine]
     c_rows = _named_rows(m, code["tables"][m["c_table"]])
     spec_rows = specdata.transitions(m)
@@ -168,7 +176,7 @@ def test_transition_table_matches_spec(code, machine):
     assert c_rows == spec_rows  # same multiplicity too
 
 
-def test_every_c_table_is_specified(code):
+def test_every_c_table_is_specified(code: dict[str, Any]) -> None:
     declared = set(
         re.findall(r"static const struct chm_transition (\w+)\[\]", STATES_H.read_text())
     )
@@ -179,21 +187,21 @@ def test_every_c_table_is_specified(code):
 # ---- error codes and constants ----
 
 
-def test_error_codes_match(code):
+def test_error_codes_match(code: dict[str, Any]) -> None:
     spec_errors = {e["name"]: e["value"] for e in SPEC["commands"]["errors"]}
     assert code["errors"] == spec_errors
 
 
-def test_error_vocabulary_is_the_headers():
+def test_error_vocabulary_is_the_headers() -> None:
     assert {e["name"] for e in SPEC["commands"]["errors"]} == header_vocabulary(CHM_H)
 
 
-def test_constants_match(code):
+def test_constants_match(code: dict[str, Any]) -> None:
     for name, c in SPEC["commands"]["constants"].items():
         assert code["constants"].get(name) == c["value"], name
 
 
-def test_handle_layout(code):
+def test_handle_layout(code: dict[str, Any]) -> None:
     fields = SPEC["commands"]["handle"]["fields"]
     assert SPEC["commands"]["handle"]["bits"] == code["handle_bits"] == 64
     top = 63
@@ -210,7 +218,7 @@ def test_handle_layout(code):
 HEADER_FUNCS = header_functions(CHM_H)
 
 
-def test_every_header_function_is_a_command():
+def test_every_header_function_is_a_command() -> None:
     assert set(HEADER_FUNCS) == set(COMMANDS), (
         f"only in chm.h: {sorted(set(HEADER_FUNCS) - set(COMMANDS))}; "
         f"only in commands.yaml: {sorted(set(COMMANDS) - set(HEADER_FUNCS))}"
@@ -218,18 +226,18 @@ def test_every_header_function_is_a_command():
 
 
 @pytest.mark.parametrize("func", sorted(HEADER_FUNCS))
-def test_header_errors_are_in_spec(func):
+def test_header_errors_are_in_spec(func: str) -> None:
     missing = HEADER_FUNCS[func] - set(COMMANDS[func]["errors"])
     assert not missing, f"chm.h says {func} returns {sorted(missing)}, the spec does not"
 
 
 @pytest.mark.parametrize("func", sorted(HEADER_FUNCS))
-def test_spec_errors_are_in_header(func):
+def test_spec_errors_are_in_header(func: str) -> None:
     extra = set(COMMANDS[func]["errors"]) - HEADER_FUNCS[func]
     assert not extra, f"the spec says {func} returns {sorted(extra)}, chm.h does not"
 
 
-def test_the_issue_commands_are_specified():
+def test_the_issue_commands_are_specified() -> None:
     names = {c["name"] for c in COMMANDS.values()}
     for n in (
         "prefetch",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,10 +47,11 @@ import numpy as np
 
 import chm
 
-try:
-    from tools.bench import _benchlib as bl
-except ImportError:  # run as a file: python tools/bench/lru_vs_prefetch.py
-    import _benchlib as bl  # type: ignore[no-redef]
+# _benchlib.py sits next to this file, which is on sys.path when the script is
+# run as a file; `python -m tools.bench.lru_vs_prefetch` puts the repository there instead.
+if __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _benchlib as bl
 
 TARGET_LRU_RATIO = 1.35
 TARGET_WRITE_KEEP = 0.9

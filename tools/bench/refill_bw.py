@@ -30,6 +30,7 @@ import cProfile
 import io
 import os
 import pstats
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,11 @@ import click
 import chm
 from chm import _lowlevel as _ll
 
-try:
-    from tools.bench import _benchlib as bl
-except ImportError:  # run as a file: python tools/bench/refill_bw.py
-    import _benchlib as bl  # type: ignore[no-redef]
+# _benchlib.py sits next to this file, which is on sys.path when the script is
+# run as a file; `python -m tools.bench.refill_bw` puts the repository there instead.
+if __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _benchlib as bl
 
 TARGET_RATIO = 0.9
 TARGET_CYCLES = 150_000.0
