@@ -60,8 +60,8 @@ static void ghost_shutdown(struct chm_backend *be)
 }
 
 const struct chm_backend_ops chm_backend_ghost_ops = {
-	.name = "ghost",
-	.init = ghost_init,
-	.submit = ghost_submit,
-	.shutdown = ghost_shutdown,
+        .name = "ghost",
+        .init = ghost_init,
+        .submit = ghost_submit,
+        .shutdown = ghost_shutdown,
 };

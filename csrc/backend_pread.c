@@ -71,8 +71,8 @@ static void pread_execute(struct chm_dev *dev, struct chm_io *io)
 static void sleep_ns(uint64_t ns)
 {
 	struct timespec ts = {
-		.tv_sec = (time_t)(ns / 1000000000u),
-		.tv_nsec = (long)(ns % 1000000000u),
+	        .tv_sec = (time_t)(ns / 1000000000u),
+	        .tv_nsec = (long)(ns % 1000000000u),
 	};
 
 	while (nanosleep(&ts, &ts) && errno == EINTR)
@@ -136,7 +136,7 @@ static int pread_init(struct chm_dev *dev, struct chm_backend **out)
 		return -ENOMEM;
 	pb->dev = dev;
 	pb->nworkers =
-		dev->cfg.queue_depth < PREAD_MAX_WORKERS ? dev->cfg.queue_depth : PREAD_MAX_WORKERS;
+	        dev->cfg.queue_depth < PREAD_MAX_WORKERS ? dev->cfg.queue_depth : PREAD_MAX_WORKERS;
 	if (!pb->nworkers)
 		pb->nworkers = 1;
 
@@ -214,8 +214,8 @@ static void pread_shutdown(struct chm_backend *be)
 }
 
 const struct chm_backend_ops chm_backend_pread_ops = {
-	.name = "pread",
-	.init = pread_init,
-	.submit = pread_submit,
-	.shutdown = pread_shutdown,
+        .name = "pread",
+        .init = pread_init,
+        .submit = pread_submit,
+        .shutdown = pread_shutdown,
 };

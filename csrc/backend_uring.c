@@ -23,13 +23,13 @@
 
 #include "dev.h"
 
-#define URING_PIECE_SHIFT 30	     /* a registered buffer is at most 1 GiB */
-#define URING_MAX_BUFS	  (1u << 14) /* kernel limit on registered buffers */
-#define URING_MAX_QD	  16384u
+#define URING_PIECE_SHIFT 30      /* a registered buffer is at most 1 GiB */
+#define URING_MAX_BUFS (1u << 14) /* kernel limit on registered buffers */
+#define URING_MAX_QD 16384u
 #define URING_MIN_ENTRIES 8u
-#define URING_BATCH	  64u
-#define URING_SQ_IDLE_MS  20u
-#define URING_WAKE	  UINT64_MAX /* user_data of the shutdown nop */
+#define URING_BATCH 64u
+#define URING_SQ_IDLE_MS 20u
+#define URING_WAKE UINT64_MAX /* user_data of the shutdown nop */
 
 /* Linux 6.15; liburing 2.3 predates them. */
 #ifndef IORING_ENTER_NO_IOWAIT
@@ -65,7 +65,7 @@ struct uring_be {
 	bool sqpoll;
 	bool fixed_files;    /* targets registered: fd = target index */
 	unsigned wait_flags; /* extra io_uring_enter flags of the reaper */
-	unsigned nbufs;	     /* pool pieces registered, 0 = plain buffers */
+	unsigned nbufs;      /* pool pieces registered, 0 = plain buffers */
 	uintptr_t pool_base;
 	uint64_t pool_bytes;
 	pthread_t reaper;
@@ -265,7 +265,7 @@ static int uring_wait(struct uring_be *ub)
 	if (io_uring_cq_ready(&ub->ring))
 		return 0;
 	if (syscall(__NR_io_uring_enter, ub->ring.ring_fd, 0, 1,
-		    IORING_ENTER_GETEVENTS | ub->wait_flags, NULL, 0) < 0)
+	            IORING_ENTER_GETEVENTS | ub->wait_flags, NULL, 0) < 0)
 		return -errno;
 	return 0;
 }
@@ -492,8 +492,8 @@ static void uring_shutdown(struct chm_backend *be)
 }
 
 const struct chm_backend_ops chm_backend_uring_ops = {
-	.name = "uring",
-	.init = uring_init,
-	.submit = uring_submit,
-	.shutdown = uring_shutdown,
+        .name = "uring",
+        .init = uring_init,
+        .submit = uring_submit,
+        .shutdown = uring_shutdown,
 };

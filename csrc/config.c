@@ -12,13 +12,22 @@
 #include "chm.h"
 #include "dev.h"
 
-enum opt_type { OPT_SIZE, OPT_UINT, OPT_INT, OPT_STR, OPT_ENUM, OPT_PATH, OPT_TARGETS, OPT_PRESET };
+enum opt_type {
+	OPT_SIZE,
+	OPT_UINT,
+	OPT_INT,
+	OPT_STR,
+	OPT_ENUM,
+	OPT_PATH,
+	OPT_TARGETS,
+	OPT_PRESET
+};
 
 struct opt {
 	const char *name;
 	enum opt_type type;
-	size_t off;        /* offset in struct chm_config */
-	size_t width;      /* field size in bytes */
+	size_t off;   /* offset in struct chm_config */
+	size_t width; /* field size in bytes */
 	const char *defval;
 	const char *help;
 	const char *const *names; /* OPT_ENUM: value i is names[i] */
@@ -30,75 +39,78 @@ static const char *const pool_names[] = {"anon", "hugetlb", "memfd", "file", NUL
 static const char *const clock_names[] = {"real", "virtual", NULL};
 
 #define F(field) offsetof(struct chm_config, field), sizeof(((struct chm_config *)0)->field)
-#define T(field) offsetof(struct chm_config, timing.field), \
-		 sizeof(((struct chm_config *)0)->timing.field)
+#define T(field)                                                                                   \
+	offsetof(struct chm_config, timing.field), sizeof(((struct chm_config *)0)->timing.field)
 
 static const struct opt opts[] = {
-	{"capacity", OPT_SIZE, F(capacity), "64G",
-	 "address-space size in bytes (K/M/G/T suffixes), a multiple of stripe_unit", NULL},
-	{"targets", OPT_TARGETS, F(targets), "",
-	 "comma-separated backing files or block devices (1..16), striped", NULL},
-	{"create", OPT_UINT, F(create), "1",
-	 "1: create missing backing files, sparse, at the size they need", NULL},
-	{"stripe_unit", OPT_SIZE, F(stripe_unit), "1M",
-	 "bytes per stripe on each target, a multiple of 4096", NULL},
-	{"backend", OPT_ENUM, F(backend), "uring",
-	 "I/O backend: uring (io_uring, O_DIRECT), pread (threads, O_DIRECT), ghost (no data)",
-	 backend_names},
-	{"mode", OPT_ENUM, F(mode), "prefetch",
-	 "DRAM management: prefetch (staging window + write buffer), lru (transparent cache), "
-	 "direct (no DRAM)",
-	 mode_names},
-	{"queue_depth", OPT_UINT, F(queue_depth), "64", "backend I/Os in flight (1..4096)", NULL},
-	{"sqpoll", OPT_UINT, F(sqpoll), "0", "1: io_uring submission-queue polling thread", NULL},
-	{"max_io", OPT_SIZE, F(max_io), "1M", "largest single backend I/O (4K..64M)", NULL},
-	{"dram", OPT_SIZE, F(dram_bytes), "320M",
-	 "internal DRAM: staging window + write buffer (prefetch) or cache (lru)", NULL},
-	{"wbuf", OPT_SIZE, F(wbuf_bytes), "32M", "write-buffer share of dram (prefetch mode)", NULL},
-	{"pool", OPT_ENUM, F(pool_kind), "anon",
-	 "DRAM pool: anon (THP advised), hugetlb, memfd (shareable), file (pool_path: file or devdax)",
-	 pool_names},
-	{"numa_node", OPT_INT, F(numa_node), "-1", "bind the DRAM pool to this NUMA node (-1: no)",
-	 NULL},
-	{"pool_path", OPT_PATH, F(pool_path), "", "file or devdax device for pool=file", NULL},
-	{"slot_size", OPT_SIZE, F(slot_bytes), "32M",
-	 "largest staged object; each slot holds one (use 4K for small objects)", NULL},
-	{"slots", OPT_UINT, F(slot_count), "0",
-	 "staging depth; 0 = as many slots as the staging window holds", NULL},
-	{"refill_queue", OPT_UINT, F(refill_queue), "1024",
-	 "prefetches that may wait for a slot; beyond it prefetch returns EAGAIN", NULL},
-	{"lru_line", OPT_SIZE, F(lru_line_bytes), "64K", "LRU-mode cache line size", NULL},
-	{"clock", OPT_ENUM, F(clock), "real",
-	 "real: pace completions in wall time; virtual: simulated clock (ghost backend)",
-	 clock_names},
-	{"flush_high_water_pct", OPT_UINT, F(flush_high_water_pct), "75",
-	 "write-buffer fill (percent) at which flushing is forced despite reads", NULL},
-	{"timing", OPT_PRESET, 0, 0, "none",
-	 "timing preset: none, gen5-tlc-200g, fpga-cxlhm (sets the ssd_/dram_/link_ fields)", NULL},
-	{"ssd_read_lat_ns", OPT_UINT, T(ssd_read_lat_ns), "0", "SSD read latency per I/O, ns", NULL},
-	{"ssd_write_lat_ns", OPT_UINT, T(ssd_write_lat_ns), "0", "SSD write latency per I/O, ns",
-	 NULL},
-	{"ssd_read_bw_bps", OPT_SIZE, T(ssd_read_bw_bps), "0", "SSD read bandwidth, bytes/s (0: unlimited)",
-	 NULL},
-	{"ssd_write_bw_bps", OPT_SIZE, T(ssd_write_bw_bps), "0",
-	 "SSD write bandwidth, bytes/s (0: unlimited)", NULL},
-	{"ssd_channels", OPT_UINT, T(ssd_channels), "0", "SSD internal parallelism (0: 1)", NULL},
-	{"dram_bw_bps", OPT_SIZE, T(dram_bw_bps), "0", "device DRAM bandwidth, bytes/s (0: unlimited)",
-	 NULL},
-	{"link_bw_bps", OPT_SIZE, T(link_bw_bps), "0", "host link bandwidth, bytes/s (0: unlimited)",
-	 NULL},
-	{"link_lat_ns", OPT_UINT, T(link_lat_ns), "0", "host link latency per transfer, ns", NULL},
+        {"capacity", OPT_SIZE, F(capacity), "64G",
+         "address-space size in bytes (K/M/G/T suffixes), a multiple of stripe_unit", NULL},
+        {"targets", OPT_TARGETS, F(targets), "",
+         "comma-separated backing files or block devices (1..16), striped", NULL},
+        {"create", OPT_UINT, F(create), "1",
+         "1: create missing backing files, sparse, at the size they need", NULL},
+        {"stripe_unit", OPT_SIZE, F(stripe_unit), "1M",
+         "bytes per stripe on each target, a multiple of 4096", NULL},
+        {"backend", OPT_ENUM, F(backend), "uring",
+         "I/O backend: uring (io_uring, O_DIRECT), pread (threads, O_DIRECT), ghost (no data)",
+         backend_names},
+        {"mode", OPT_ENUM, F(mode), "prefetch",
+         "DRAM management: prefetch (staging window + write buffer), lru (transparent cache), "
+         "direct (no DRAM)",
+         mode_names},
+        {"queue_depth", OPT_UINT, F(queue_depth), "64", "backend I/Os in flight (1..4096)", NULL},
+        {"sqpoll", OPT_UINT, F(sqpoll), "0", "1: io_uring submission-queue polling thread", NULL},
+        {"max_io", OPT_SIZE, F(max_io), "1M", "largest single backend I/O (4K..64M)", NULL},
+        {"dram", OPT_SIZE, F(dram_bytes), "320M",
+         "internal DRAM: staging window + write buffer (prefetch) or cache (lru)", NULL},
+        {"wbuf", OPT_SIZE, F(wbuf_bytes), "32M", "write-buffer share of dram (prefetch mode)",
+         NULL},
+        {"pool", OPT_ENUM, F(pool_kind), "anon",
+         "DRAM pool: anon (THP advised), hugetlb, memfd (shareable), file (pool_path: file or devdax)",
+         pool_names},
+        {"numa_node", OPT_INT, F(numa_node), "-1", "bind the DRAM pool to this NUMA node (-1: no)",
+         NULL},
+        {"pool_path", OPT_PATH, F(pool_path), "", "file or devdax device for pool=file", NULL},
+        {"slot_size", OPT_SIZE, F(slot_bytes), "32M",
+         "largest staged object; each slot holds one (use 4K for small objects)", NULL},
+        {"slots", OPT_UINT, F(slot_count), "0",
+         "staging depth; 0 = as many slots as the staging window holds", NULL},
+        {"refill_queue", OPT_UINT, F(refill_queue), "1024",
+         "prefetches that may wait for a slot; beyond it prefetch returns EAGAIN", NULL},
+        {"lru_line", OPT_SIZE, F(lru_line_bytes), "64K", "LRU-mode cache line size", NULL},
+        {"clock", OPT_ENUM, F(clock), "real",
+         "real: pace completions in wall time; virtual: simulated clock (ghost backend)",
+         clock_names},
+        {"flush_high_water_pct", OPT_UINT, F(flush_high_water_pct), "75",
+         "write-buffer fill (percent) at which flushing is forced despite reads", NULL},
+        {"timing", OPT_PRESET, 0, 0, "none",
+         "timing preset: none, gen5-tlc-200g, fpga-cxlhm (sets the ssd_/dram_/link_ fields)", NULL},
+        {"ssd_read_lat_ns", OPT_UINT, T(ssd_read_lat_ns), "0", "SSD read latency per I/O, ns",
+         NULL},
+        {"ssd_write_lat_ns", OPT_UINT, T(ssd_write_lat_ns), "0", "SSD write latency per I/O, ns",
+         NULL},
+        {"ssd_read_bw_bps", OPT_SIZE, T(ssd_read_bw_bps), "0",
+         "SSD read bandwidth, bytes/s (0: unlimited)", NULL},
+        {"ssd_write_bw_bps", OPT_SIZE, T(ssd_write_bw_bps), "0",
+         "SSD write bandwidth, bytes/s (0: unlimited)", NULL},
+        {"ssd_channels", OPT_UINT, T(ssd_channels), "0", "SSD internal parallelism (0: 1)", NULL},
+        {"dram_bw_bps", OPT_SIZE, T(dram_bw_bps), "0",
+         "device DRAM bandwidth, bytes/s (0: unlimited)", NULL},
+        {"link_bw_bps", OPT_SIZE, T(link_bw_bps), "0",
+         "host link bandwidth, bytes/s (0: unlimited)", NULL},
+        {"link_lat_ns", OPT_UINT, T(link_lat_ns), "0", "host link latency per transfer, ns", NULL},
 };
 
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
 
 static const char *const opt_type_names[] = {
-	[OPT_SIZE] = "size", [OPT_UINT] = "uint",	[OPT_INT] = "int",	  [OPT_STR] = "str",
-	[OPT_ENUM] = "enum", [OPT_PATH] = "path", [OPT_TARGETS] = "targets", [OPT_PRESET] = "preset",
+        [OPT_SIZE] = "size",       [OPT_UINT] = "uint",     [OPT_INT] = "int",
+        [OPT_STR] = "str",         [OPT_ENUM] = "enum",     [OPT_PATH] = "path",
+        [OPT_TARGETS] = "targets", [OPT_PRESET] = "preset",
 };
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...)
 {
 	if (err && errlen) {
@@ -122,11 +134,31 @@ static int parse_size(const char *s, uint64_t *out)
 		return -EINVAL;
 	uint64_t mult = 1;
 	switch (*end) {
-	case 'k': case 'K': mult = 1ull << 10; end++; break;
-	case 'm': case 'M': mult = 1ull << 20; end++; break;
-	case 'g': case 'G': mult = 1ull << 30; end++; break;
-	case 't': case 'T': mult = 1ull << 40; end++; break;
-	case 'p': case 'P': mult = 1ull << 50; end++; break;
+	case 'k':
+	case 'K':
+		mult = 1ull << 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		mult = 1ull << 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		mult = 1ull << 30;
+		end++;
+		break;
+	case 't':
+	case 'T':
+		mult = 1ull << 40;
+		end++;
+		break;
+	case 'p':
+	case 'P':
+		mult = 1ull << 50;
+		end++;
+		break;
 	default: break;
 	}
 	if (mult > 1 && (!strcasecmp(end, "iB") || !strcasecmp(end, "B")))
@@ -177,7 +209,8 @@ static int set_targets(struct chm_config *cfg, const char *value, char *err, siz
 		if (len == 0)
 			return fail(err, errlen, "targets: empty path in list");
 		if (len >= CHM_PATH_MAX)
-			return fail(err, errlen, "targets: path longer than %d bytes", CHM_PATH_MAX - 1);
+			return fail(err, errlen, "targets: path longer than %d bytes",
+			            CHM_PATH_MAX - 1);
 		if (n == CHM_MAX_TARGETS)
 			return fail(err, errlen, "targets: more than %d targets", CHM_MAX_TARGETS);
 		memcpy(tmp[n], p, len);
@@ -194,14 +227,14 @@ static int set_targets(struct chm_config *cfg, const char *value, char *err, siz
 }
 
 static int opt_set(struct chm_config *cfg, const struct opt *o, const char *value, char *err,
-		   size_t errlen)
+                   size_t errlen)
 {
 	uint64_t v;
 	switch (o->type) {
 	case OPT_SIZE:
 		if (parse_size(value, &v))
 			return fail(err, errlen, "%s: '%s' is not a size (e.g. 4096, 64K, 16M, 2T)",
-				    o->name, value);
+			            o->name, value);
 		if (o->width == 4 && v > UINT32_MAX)
 			return fail(err, errlen, "%s: %s is too large", o->name, value);
 		store_uint(cfg, o, v);
@@ -209,7 +242,7 @@ static int opt_set(struct chm_config *cfg, const struct opt *o, const char *valu
 	case OPT_UINT:
 		if (parse_uint(value, &v) || (o->width == 4 && v > UINT32_MAX))
 			return fail(err, errlen, "%s: '%s' is not a non-negative integer", o->name,
-				    value);
+			            value);
 		store_uint(cfg, o, v);
 		return 0;
 	case OPT_INT: {
@@ -230,26 +263,26 @@ static int opt_set(struct chm_config *cfg, const struct opt *o, const char *valu
 			}
 		}
 		return fail(err, errlen, "%s: '%s' is not one of %s%s%s%s%s%s%s", o->name, value,
-			    o->names[0], o->names[1] ? ", " : "", o->names[1] ? o->names[1] : "",
-			    o->names[1] && o->names[2] ? ", " : "",
-			    o->names[1] && o->names[2] ? o->names[2] : "",
-			    o->names[1] && o->names[2] && o->names[3] ? ", " : "",
-			    o->names[1] && o->names[2] && o->names[3] ? o->names[3] : "");
+		            o->names[0], o->names[1] ? ", " : "", o->names[1] ? o->names[1] : "",
+		            o->names[1] && o->names[2] ? ", " : "",
+		            o->names[1] && o->names[2] ? o->names[2] : "",
+		            o->names[1] && o->names[2] && o->names[3] ? ", " : "",
+		            o->names[1] && o->names[2] && o->names[3] ? o->names[3] : "");
 	case OPT_PATH:
 	case OPT_STR:
 		if (strlen(value) >= o->width)
-			return fail(err, errlen, "%s: longer than %zu bytes", o->name, o->width - 1);
+			return fail(err, errlen, "%s: longer than %zu bytes", o->name,
+			            o->width - 1);
 		memset((char *)cfg + o->off, 0, o->width);
 		memcpy((char *)cfg + o->off, value, strlen(value));
 		return 0;
-	case OPT_TARGETS:
-		return set_targets(cfg, value, err, errlen);
+	case OPT_TARGETS: return set_targets(cfg, value, err, errlen);
 	case OPT_PRESET: {
 		int rc = chm_timing_preset(value, &cfg->timing);
 		if (rc == -ENOENT)
 			return fail(err, errlen,
-				    "timing: unknown preset '%s' (none, gen5-tlc-200g, fpga-cxlhm)",
-				    value);
+			            "timing: unknown preset '%s' (none, gen5-tlc-200g, fpga-cxlhm)",
+			            value);
 		return rc;
 	}
 	}
@@ -270,7 +303,7 @@ int chm_config_init(struct chm_config *cfg)
 }
 
 int chm_config_set(struct chm_config *cfg, const char *key, const char *value, char *err,
-		   size_t errlen)
+                   size_t errlen)
 {
 	if (!cfg || !key || !value)
 		return fail(err, errlen, "config_set: NULL argument");
@@ -313,7 +346,10 @@ int chm_config_derive(struct chm_config *cfg)
 	return 0;
 }
 
-static int is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
+static int is_pow2(uint64_t v)
+{
+	return v && !(v & (v - 1));
+}
 
 int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 {
@@ -328,11 +364,13 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 	if (cfg->clock < 0 || cfg->clock > CHM_CLOCK_VIRTUAL)
 		return fail(err, errlen, "clock %d out of range", cfg->clock);
 	if (cfg->clock == CHM_CLOCK_VIRTUAL && cfg->backend != CHM_BACKEND_GHOST)
-		return fail(err, errlen, "clock=virtual needs backend=ghost (no data moves in "
-					 "virtual time)");
-	if (cfg->backend != CHM_BACKEND_GHOST && (cfg->n_targets < 1 || cfg->n_targets > CHM_MAX_TARGETS))
+		return fail(err, errlen,
+		            "clock=virtual needs backend=ghost (no data moves in "
+		            "virtual time)");
+	if (cfg->backend != CHM_BACKEND_GHOST &&
+	    (cfg->n_targets < 1 || cfg->n_targets > CHM_MAX_TARGETS))
 		return fail(err, errlen, "targets: need 1..%d backing targets, got %u",
-			    CHM_MAX_TARGETS, cfg->n_targets);
+		            CHM_MAX_TARGETS, cfg->n_targets);
 	if (cfg->n_targets > CHM_MAX_TARGETS)
 		return fail(err, errlen, "targets: more than %d", CHM_MAX_TARGETS);
 	for (uint32_t i = 0; i < cfg->n_targets; i++)
@@ -340,18 +378,20 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 			return fail(err, errlen, "targets: target %u is empty or unterminated", i);
 	if (cfg->stripe_unit < 4096 || cfg->stripe_unit % 4096)
 		return fail(err, errlen, "stripe_unit: %llu is not a non-zero multiple of 4096",
-			    (unsigned long long)cfg->stripe_unit);
+		            (unsigned long long)cfg->stripe_unit);
 	if (cfg->capacity == 0 || cfg->capacity % cfg->stripe_unit)
-		return fail(err, errlen, "capacity: %llu is not a non-zero multiple of stripe_unit "
-					 "(%llu)",
-			    (unsigned long long)cfg->capacity, (unsigned long long)cfg->stripe_unit);
+		return fail(err, errlen,
+		            "capacity: %llu is not a non-zero multiple of stripe_unit "
+		            "(%llu)",
+		            (unsigned long long)cfg->capacity,
+		            (unsigned long long)cfg->stripe_unit);
 	if (cfg->capacity > (1ull << 56))
 		return fail(err, errlen, "capacity: larger than 64 PiB");
 	if (cfg->queue_depth < 1 || cfg->queue_depth > 4096)
 		return fail(err, errlen, "queue_depth: %u not in 1..4096", cfg->queue_depth);
 	if (cfg->max_io < 4096 || cfg->max_io > (64u << 20) || cfg->max_io % 4096)
 		return fail(err, errlen, "max_io: %llu not a multiple of 4096 in 4K..64M",
-			    (unsigned long long)cfg->max_io);
+		            (unsigned long long)cfg->max_io);
 	if (cfg->numa_node < -1)
 		return fail(err, errlen, "numa_node: %d (use -1 for no binding)", cfg->numa_node);
 	if (!memchr(cfg->pool_path, 0, CHM_PATH_MAX))
@@ -360,7 +400,7 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 		return fail(err, errlen, "pool=file needs pool_path (a file or a devdax device)");
 	if (cfg->flush_high_water_pct < 1 || cfg->flush_high_water_pct > 100)
 		return fail(err, errlen, "flush_high_water_pct: %u not in 1..100",
-			    cfg->flush_high_water_pct);
+		            cfg->flush_high_water_pct);
 	if (cfg->mode == CHM_MODE_DIRECT)
 		return 0;
 	if (cfg->dram_bytes == 0)
@@ -369,12 +409,12 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 		if (!is_pow2(cfg->lru_line_bytes) || cfg->lru_line_bytes < 4096 ||
 		    cfg->lru_line_bytes > (64u << 20))
 			return fail(err, errlen, "lru_line: %llu is not a power of two in 4K..64M",
-				    (unsigned long long)cfg->lru_line_bytes);
+			            (unsigned long long)cfg->lru_line_bytes);
 		if (cfg->dram_bytes < cfg->lru_line_bytes)
 			return fail(err, errlen, "dram: smaller than one lru_line");
 		if (cfg->slot_bytes < 512 || cfg->slot_bytes > (1ull << 30))
 			return fail(err, errlen, "slot_size: %llu not in 512..1G",
-				    (unsigned long long)cfg->slot_bytes);
+			            (unsigned long long)cfg->slot_bytes);
 		if (cfg->slot_count > 4096)
 			return fail(err, errlen, "slots: at most 4096 prefetch views in lru mode");
 		return 0;
@@ -382,24 +422,29 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 	/* prefetch */
 	if (cfg->wbuf_bytes >= cfg->dram_bytes)
 		return fail(err, errlen, "wbuf: %llu must be smaller than dram %llu",
-			    (unsigned long long)cfg->wbuf_bytes, (unsigned long long)cfg->dram_bytes);
+		            (unsigned long long)cfg->wbuf_bytes,
+		            (unsigned long long)cfg->dram_bytes);
 	if (cfg->slot_bytes < 512 || cfg->slot_bytes > (1ull << 30))
 		return fail(err, errlen, "slot_size: %llu not in 512..1G",
-			    (unsigned long long)cfg->slot_bytes);
+		            (unsigned long long)cfg->slot_bytes);
 	uint64_t window = cfg->dram_bytes - cfg->wbuf_bytes;
 	uint64_t stride = CHM_ALIGN_UP(cfg->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
 	uint64_t fits = window / stride;
 	if (fits < 1)
-		return fail(err, errlen,
-			    "slot_size: one slot (%llu bytes with alignment) does not fit the staging "
-			    "window (dram - wbuf = %llu)",
-			    (unsigned long long)stride, (unsigned long long)window);
+		return fail(
+		        err, errlen,
+		        "slot_size: one slot (%llu bytes with alignment) does not fit the staging "
+		        "window (dram - wbuf = %llu)",
+		        (unsigned long long)stride, (unsigned long long)window);
 	if (cfg->slot_count > fits)
-		return fail(err, errlen, "slots: %u slots of %llu bytes need %llu bytes, the staging "
-					 "window (dram - wbuf) has %llu",
-			    cfg->slot_count, (unsigned long long)stride,
-			    (unsigned long long)(stride * cfg->slot_count), (unsigned long long)window);
-	uint64_t nslots = cfg->slot_count ? cfg->slot_count : (fits > (1u << 20) ? (1u << 20) : fits);
+		return fail(err, errlen,
+		            "slots: %u slots of %llu bytes need %llu bytes, the staging "
+		            "window (dram - wbuf) has %llu",
+		            cfg->slot_count, (unsigned long long)stride,
+		            (unsigned long long)(stride * cfg->slot_count),
+		            (unsigned long long)window);
+	uint64_t nslots =
+	        cfg->slot_count ? cfg->slot_count : (fits > (1u << 20) ? (1u << 20) : fits);
 	if (nslots + cfg->refill_queue >= (1u << 24))
 		return fail(err, errlen, "slots + refill_queue must stay below 2^24");
 	return 0;

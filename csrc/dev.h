@@ -13,7 +13,7 @@ _Static_assert(CHM_MAX_TARGETS == 16, "chm_config.targets is [16][1024]");
 _Static_assert(CHM_PATH_MAX == 1024, "chm_config paths are 1024 bytes");
 _Static_assert(CHM_HIST_BUCKETS == 32, "refill_lat_hist is [32]");
 
-#define CHM_ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define CHM_ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
 #define CHM_ALIGN_DOWN(x, a) ((x) / (a) * (a))
 /* Staged fills are widened to this so the first and last sector are whole. */
 #define CHM_FILL_ALIGN 4096u
@@ -24,16 +24,20 @@ struct chm_backend;
 /* ---------------------------------------------------------------------------
  * Backend I/O: one contiguous transfer to one target.
  */
-enum chm_io_op { CHM_IO_READ = 0, CHM_IO_WRITE = 1, CHM_IO_SYNC = 2 };
+enum chm_io_op {
+	CHM_IO_READ = 0,
+	CHM_IO_WRITE = 1,
+	CHM_IO_SYNC = 2
+};
 
 struct chm_io {
-	int op;            /* enum chm_io_op */
-	int target;        /* index into the device's targets */
-	uint64_t offset;   /* byte offset within the target (aligned) */
-	void *buf;         /* aligned, inside the pool or a bounce buffer */
-	uint32_t len;      /* aligned */
-	int32_t res;       /* set by the backend: bytes or -errno */
-	uint64_t model_done_ns; /* modeled completion time on the device clock */
+	int op;                          /* enum chm_io_op */
+	int target;                      /* index into the device's targets */
+	uint64_t offset;                 /* byte offset within the target (aligned) */
+	void *buf;                       /* aligned, inside the pool or a bounce buffer */
+	uint32_t len;                    /* aligned */
+	int32_t res;                     /* set by the backend: bytes or -errno */
+	uint64_t model_done_ns;          /* modeled completion time on the device clock */
 	void (*done)(struct chm_io *io); /* called once, from a backend thread
 					  * or (ghost) from the submitter */
 	void *ctx;
@@ -68,7 +72,7 @@ extern const struct chm_backend_ops chm_backend_ghost_ops;
 struct chm_faults {
 	pthread_mutex_t lock;
 	int kind;
-	uint64_t nth;  /* remaining count until the fault fires */
+	uint64_t nth; /* remaining count until the fault fires */
 	uint64_t arg;
 };
 /* Called by a backend before completing io (after the data moved). May
@@ -81,10 +85,10 @@ uint64_t chm_fault_apply(struct chm_dev *dev, struct chm_io *io);
 struct chm_pool {
 	void *base;
 	uint64_t bytes;
-	int kind;         /* enum chm_pool_kind */
-	int fd;           /* memfd or file fd, -1 otherwise */
-	int numa_node;    /* bound node or -1 */
-	bool hugepages;   /* backed by huge pages (hugetlb, or THP advised) */
+	int kind;       /* enum chm_pool_kind */
+	int fd;         /* memfd or file fd, -1 otherwise */
+	int numa_node;  /* bound node or -1 */
+	bool hugepages; /* backed by huge pages (hugetlb, or THP advised) */
 };
 /* Maps bytes of DRAM of cfg->pool_kind, binds to cfg->numa_node. */
 int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes);
@@ -102,8 +106,7 @@ struct chm_timing_state {
 };
 void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p);
 /* Returns when an SSD transfer of len bytes submitted at now_ns completes. */
-uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns,
-			uint64_t len);
+uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len);
 /* Returns when a DRAM->host transfer of len bytes started at now_ns completes. */
 uint64_t chm_timing_host(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len);
 
@@ -117,12 +120,16 @@ struct chm_read_tok {
 /* ---------------------------------------------------------------------------
  * Staging window (staging.c)
  */
-enum chm_req_state { CHM_REQ_FREE = 0, CHM_REQ_QUEUED = 1, CHM_REQ_SLOTTED = 2 };
+enum chm_req_state {
+	CHM_REQ_FREE = 0,
+	CHM_REQ_QUEUED = 1,
+	CHM_REQ_SLOTTED = 2
+};
 
 struct chm_req {
-	uint32_t gen;      /* bumped on every free; part of the handle */
-	uint8_t state;     /* enum chm_req_state */
-	int32_t slot;      /* CHM_REQ_SLOTTED: slot index */
+	uint32_t gen;  /* bumped on every free; part of the handle */
+	uint8_t state; /* enum chm_req_state */
+	int32_t slot;  /* CHM_REQ_SLOTTED: slot index */
 	uint64_t addr, len;
 	uint64_t issue_ns; /* device clock at issue */
 	uint32_t qnext;    /* FIFO link (index+1, 0 = end) */
@@ -131,24 +138,24 @@ struct chm_req {
 
 struct chm_slot {
 	struct chm_dev *dev;
-	int state;          /* enum chm_slot_state */
-	int32_t req;        /* owning request, -1 if orphaned (released) */
-	uint64_t addr, len; /* object */
-	uint64_t fill_start;/* aligned device address of buf[0] */
-	uint64_t fill_len;  /* aligned bytes being read */
-	char *buf;          /* slot memory in the pool */
+	int state;           /* enum chm_slot_state */
+	int32_t req;         /* owning request, -1 if orphaned (released) */
+	uint64_t addr, len;  /* object */
+	uint64_t fill_start; /* aligned device address of buf[0] */
+	uint64_t fill_len;   /* aligned bytes being read */
+	char *buf;           /* slot memory in the pool */
 	uint32_t ios_pending;
-	int32_t err;        /* first -errno of the fill */
-	uint64_t issue_ns;  /* device clock when the fill started */
-	uint64_t ready_ns;  /* modeled completion (device clock) */
+	int32_t err;              /* first -errno of the fill */
+	uint64_t issue_ns;        /* device clock when the fill started */
+	uint64_t ready_ns;        /* modeled completion (device clock) */
 	struct chm_read_tok rtok; /* write-buffer read token of the fill */
-	uint64_t link_credit; /* host-link bytes already paid by wait */
-	struct chm_io *ios; /* preallocated, max_ios entries */
-	struct chm_io **ioptrs; /* pointers to ios, for backend submit */
-	uint32_t nios;      /* ios of the current fill */
-	uint32_t fnext;     /* free-list link (index+1, 0 = end) */
-	uint32_t start_next;/* list of fills started under the lock (index+1) */
-	int32_t sprev, snext; /* list of READY/HELD slots (index, -1 = end) */
+	uint64_t link_credit;     /* host-link bytes already paid by wait */
+	struct chm_io *ios;       /* preallocated, max_ios entries */
+	struct chm_io **ioptrs;   /* pointers to ios, for backend submit */
+	uint32_t nios;            /* ios of the current fill */
+	uint32_t fnext;           /* free-list link (index+1, 0 = end) */
+	uint32_t start_next;      /* list of fills started under the lock (index+1) */
+	int32_t sprev, snext;     /* list of READY/HELD slots (index, -1 = end) */
 };
 
 /* ---------------------------------------------------------------------------
@@ -156,40 +163,40 @@ struct chm_slot {
  */
 struct chm_dev {
 	struct chm_config cfg;
-	uint16_t tag;              /* random, nonzero: handles carry it */
-	int fds[CHM_MAX_TARGETS];  /* O_DIRECT fds */
+	uint16_t tag;             /* random, nonzero: handles carry it */
+	int fds[CHM_MAX_TARGETS]; /* O_DIRECT fds */
 	uint64_t target_bytes[CHM_MAX_TARGETS];
-	uint32_t write_align;      /* CHM_IO_ALIGN, or a target's larger logical block */
+	uint32_t write_align; /* CHM_IO_ALIGN, or a target's larger logical block */
 
 	struct chm_pool pool;
 	const struct chm_backend_ops *be_ops;
 	struct chm_backend *be;
 
-	pthread_mutex_t lock;      /* guards everything below */
-	pthread_cond_t cond;       /* broadcast on any completion / release */
+	pthread_mutex_t lock; /* guards everything below */
+	pthread_cond_t cond;  /* broadcast on any completion / release */
 	bool closing;
-	uint32_t active_calls;     /* callers inside the device */
-	pthread_cond_t idle_cond;  /* signalled when active_calls drops to 0 */
+	uint32_t active_calls;    /* callers inside the device */
+	pthread_cond_t idle_cond; /* signalled when active_calls drops to 0 */
 
 	/* staging window */
 	struct chm_slot *slots;
 	uint32_t nslots;
-	uint32_t slot_free_head;   /* index+1 */
+	uint32_t slot_free_head; /* index+1 */
 	uint32_t slot_count_by_state[5];
 	struct chm_req *reqs;
-	uint32_t nreqs;            /* nslots + refill_queue */
-	uint32_t req_free_head;    /* index+1 */
-	uint32_t q_head, q_tail;   /* refill FIFO (index+1) */
+	uint32_t nreqs;          /* nslots + refill_queue */
+	uint32_t req_free_head;  /* index+1 */
+	uint32_t q_head, q_tail; /* refill FIFO (index+1) */
 	uint32_t q_len;
-	uint32_t max_ios;          /* ios per slot */
-	uint64_t staging_off;      /* offset of the window in the pool */
-	uint64_t slot_stride;      /* bytes of pool per slot (derived) */
-	int32_t staged_head;       /* first READY/HELD slot, -1 = none */
+	uint32_t max_ios;     /* ios per slot */
+	uint64_t staging_off; /* offset of the window in the pool */
+	uint64_t slot_stride; /* bytes of pool per slot (derived) */
+	int32_t staged_head;  /* first READY/HELD slot, -1 = none */
 	/* lru mode: slots are host view buffers filled through the cache by
 	 * filler threads (prefetch is a hint there; nothing is pinned) */
 	void *view_mem;
 	uint64_t view_mem_bytes;
-	uint32_t *lq;              /* ring of slot indices to fill */
+	uint32_t *lq; /* ring of slot indices to fill */
 	uint32_t lq_head, lq_len;
 	pthread_cond_t lq_cond;
 	pthread_t lq_threads[4];
@@ -198,11 +205,11 @@ struct chm_dev {
 
 	/* timing */
 	struct chm_timing_state timing;
-	uint64_t vclock_ns;        /* CHM_CLOCK_VIRTUAL device clock */
-	uint64_t t0_ns;            /* CLOCK_MONOTONIC at open */
+	uint64_t vclock_ns; /* CHM_CLOCK_VIRTUAL device clock */
+	uint64_t t0_ns;     /* CLOCK_MONOTONIC at open */
 
 	struct chm_faults faults;
-	struct chm_stats st;       /* counters (pool/slot fields filled on copy) */
+	struct chm_stats st; /* counters (pool/slot fields filled on copy) */
 
 	/* write buffer and LRU mode state */
 	struct chm_wbuf *wbuf;
@@ -227,7 +234,7 @@ void chm_pace(struct chm_dev *dev, uint64_t done_ns);
  * stripes, each at most cfg.max_io. Returns the number of ios written, or
  * -EINVAL if more than max would be needed. */
 int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
-		struct chm_io *ios, unsigned max);
+                struct chm_io *ios, unsigned max);
 /* Upper bound of ios for a transfer of len bytes. */
 unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len);
 
@@ -249,7 +256,7 @@ void chm_staging_fini(struct chm_dev *dev);
  * *link_bytes is what the copy costs on the host link: a view handed out by
  * wait already paid for one pass over its object, which reads consume. */
 bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len,
-			  uint64_t *link_bytes);
+                          uint64_t *link_bytes);
 /* Stops lru-mode filler threads after draining their queue (close). */
 void chm_staging_stop_fillers(struct chm_dev *dev);
 /* Cancels queued requests (close). Lock held. */
@@ -263,8 +270,8 @@ int chm_config_derive(struct chm_config *cfg); /* fills 0 = derive fields */
 
 /* Write buffer (wbuf.c), prefetch mode. The region is the last wbuf_bytes
  * of the pool. Calls without "lock held" take dev->lock themselves. */
-int chm_wbuf_init(struct chm_dev *dev);          /* starts the flusher */
-void chm_wbuf_fini(struct chm_dev *dev);         /* flushes (best effort), stops */
+int chm_wbuf_init(struct chm_dev *dev);  /* starts the flusher */
+void chm_wbuf_fini(struct chm_dev *dev); /* flushes (best effort), stops */
 /* Admits (0) or skips (CHM_WRITE_SKIPPED); never waits for the SSD. */
 int chm_wbuf_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
 int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns);
@@ -280,11 +287,11 @@ void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
 
 /* LRU mode (lru.c): the whole pool is one transparent cache of lru_line
  * lines. Calls take dev->lock themselves unless noted; they block. */
-int chm_lru_init(struct chm_dev *dev);           /* starts the write-back thread */
-void chm_lru_fini(struct chm_dev *dev);          /* writes back dirty lines, stops */
+int chm_lru_init(struct chm_dev *dev);  /* starts the write-back thread */
+void chm_lru_fini(struct chm_dev *dev); /* writes back dirty lines, stops */
 int chm_lru_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
 int chm_lru_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
-int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns); /* dirty -> durable */
+int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns);    /* dirty -> durable */
 void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
 
 static inline int chm_io_check(const struct chm_dev *dev, const struct chm_io *io)

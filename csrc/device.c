@@ -39,10 +39,10 @@ const char *chm_strerror(int err)
 }
 
 _Noreturn void chm_illegal_transition(const char *table, int from, int to, const char *file,
-				      int line)
+                                      int line)
 {
-	fprintf(stderr, "chm: illegal transition %d -> %d in %s at %s:%d\n", from, to, table,
-		file, line);
+	fprintf(stderr, "chm: illegal transition %d -> %d in %s at %s:%d\n", from, to, table, file,
+	        line);
 	abort();
 }
 
@@ -79,7 +79,7 @@ void chm_pace(struct chm_dev *dev, uint64_t done_ns)
 	}
 	uint64_t until = dev->t0_ns + done_ns;
 	struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
-			      .tv_nsec = (long)(until % 1000000000ull)};
+	                      .tv_nsec = (long)(until % 1000000000ull)};
 	pthread_mutex_unlock(&dev->lock);
 	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 		;
@@ -126,7 +126,7 @@ unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len)
 }
 
 int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
-		struct chm_io *ios, unsigned max)
+                struct chm_io *ios, unsigned max)
 {
 	const struct chm_config *c = &dev->cfg;
 	uint64_t n = c->n_targets ? c->n_targets : 1;

@@ -49,17 +49,17 @@
 #include "dev.h"
 #include "states.h"
 
-#define FILL_BATCH_LINES 1024u       /* lines per fill batch at most */
-#define BATCH_BYTES (64ull << 20)    /* bytes per batch at most (>= 1 line) */
-#define WB_BATCH_LINES 64u           /* lines per eager write-back batch */
-#define WB_RETRY_NS 10000000ull      /* back-off after a failed write-back */
-#define WRITE_RETRIES 3              /* victim write-back failures per write */
+#define FILL_BATCH_LINES 1024u    /* lines per fill batch at most */
+#define BATCH_BYTES (64ull << 20) /* bytes per batch at most (>= 1 line) */
+#define WB_BATCH_LINES 64u        /* lines per eager write-back batch */
+#define WB_RETRY_NS 10000000ull   /* back-off after a failed write-back */
+#define WRITE_RETRIES 3           /* victim write-back failures per write */
 
 struct lru_line {
-	uint64_t addr;         /* device address of byte 0 (hashed lines) */
-	uint64_t dseq;         /* DIRTY/WRITING_BACK: oldest unflushed write */
-	int state;             /* enum chm_line_state */
-	bool busy;             /* being filled or evicted: others wait */
+	uint64_t addr; /* device address of byte 0 (hashed lines) */
+	uint64_t dseq; /* DIRTY/WRITING_BACK: oldest unflushed write */
+	int state;     /* enum chm_line_state */
+	bool busy;     /* being filled or evicted: others wait */
 	bool hashed;
 	uint32_t hnext;        /* hash chain (index+1, 0 = end) */
 	uint32_t prev, next;   /* recency list, or free stack (next only) */
@@ -72,36 +72,36 @@ struct lru_fill {
 	uint64_t addr, len;         /* the line brought in */
 	uint64_t old_addr, old_len; /* dirty victim: what is written back */
 	bool dirty_victim;
-	bool fetch;                 /* read from the SSD (else a whole-line write) */
-	uint64_t off, cnt;          /* the caller's bytes within the line */
-	uint64_t buf_off;           /* and their offset in the caller's buffer */
-	char *dst;                  /* where the fill lands */
-	unsigned wb0, nwb, rd0, nrd;/* its ios in the batch */
+	bool fetch;                  /* read from the SSD (else a whole-line write) */
+	uint64_t off, cnt;           /* the caller's bytes within the line */
+	uint64_t buf_off;            /* and their offset in the caller's buffer */
+	char *dst;                   /* where the fill lands */
+	unsigned wb0, nwb, rd0, nrd; /* its ios in the batch */
 	int wb_err, rd_err;
-	struct lru_fill *pnext;     /* pending list */
+	struct lru_fill *pnext; /* pending list */
 };
 
 struct chm_lru {
 	struct chm_dev *dev;
-	uint64_t line;          /* bytes per line */
-	unsigned shift;         /* log2(line) */
+	uint64_t line;  /* bytes per line */
+	unsigned shift; /* log2(line) */
 	uint32_t nlines;
 	char *base;
 	struct lru_line *lines;
-	uint32_t *htab;         /* index+1 */
+	uint32_t *htab; /* index+1 */
 	unsigned hbits;
-	uint32_t mru, lru;      /* recency list ends (index+1) */
+	uint32_t mru, lru; /* recency list ends (index+1) */
 	uint32_t free_head;
-	uint32_t dhead, dtail;  /* unclean FIFO, oldest first */
-	uint64_t seq;           /* last dseq handed out */
+	uint32_t dhead, dtail; /* unclean FIFO, oldest first */
+	uint64_t seq;          /* last dseq handed out */
 	struct lru_fill *pending;
-	uint64_t *evicted;      /* one bit per line-sized chunk of the address space */
-	uint64_t count[4];      /* lines per state */
+	uint64_t *evicted; /* one bit per line-sized chunk of the address space */
+	uint64_t count[4]; /* lines per state */
 	unsigned ios_per_line;
-	unsigned batch_lines;   /* derived: lines per fill batch */
+	unsigned batch_lines; /* derived: lines per fill batch */
 
 	uint64_t hits, misses, refills, dirty_evictions, writeback_bytes;
-	uint64_t wb_errors;     /* failed write-backs (lines) */
+	uint64_t wb_errors; /* failed write-backs (lines) */
 
 	pthread_t thread;
 	bool thread_started;
@@ -390,14 +390,14 @@ static int ios_err(const struct chm_io *ios, unsigned i0, unsigned n)
 /* Maps one transfer of a line into ios[k..] and charges the timing model.
  * Lock held. Returns the number of ios. */
 static unsigned map_line(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
-			 struct chm_io *ios, uint64_t now, uint64_t *done)
+                         struct chm_io *ios, uint64_t now, uint64_t *done)
 {
 	struct chm_lru *c = dev->lru;
 	/* ios_per_line is chm_map_max_ios() of a whole line: cannot overflow */
 	int n = chm_map_ios(dev, op, addr, len, buf, ios, c->ios_per_line);
 	for (int i = 0; i < n; i++) {
 		ios[i].model_done_ns =
-			chm_timing_ssd(&dev->timing, op == CHM_IO_WRITE, now, ios[i].len);
+		        chm_timing_ssd(&dev->timing, op == CHM_IO_WRITE, now, ios[i].len);
 		if (ios[i].model_done_ns > *done)
 			*done = ios[i].model_done_ns;
 	}
@@ -408,12 +408,12 @@ static unsigned map_line(struct chm_dev *dev, int op, uint64_t addr, uint64_t le
 
 struct access {
 	uint64_t addr, len;
-	char *rbuf;            /* read: destination */
-	const char *wbuf;      /* write: source */
+	char *rbuf;       /* read: destination */
+	const char *wbuf; /* write: source */
 	struct lru_fill *fills;
 	struct chm_io *ios;
 	struct chm_io **ptrs;
-	char *bounce;          /* fills behind dirty victims */
+	char *bounce; /* fills behind dirty victims */
 	unsigned bounce_lines;
 	bool all_hit;
 	int write_retries;
@@ -421,7 +421,7 @@ struct access {
 
 /* Applies the caller's bytes of one present, usable line. Lock held. */
 static void access_hit(struct chm_lru *c, struct access *a, struct lru_line *l, uint64_t off,
-		       uint64_t cnt, uint64_t buf_off)
+                       uint64_t cnt, uint64_t buf_off)
 {
 	if (a->wbuf) {
 		memcpy(line_buf(c, l) + off, a->wbuf + buf_off, cnt);
@@ -455,7 +455,7 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 		uint64_t cnt = (end < la + ll ? end : la + ll) - *cur;
 		struct lru_line *l = lookup(c, la);
 		bool blocked = l ? l->busy || (write && l->state == CHM_LINE_WRITING_BACK)
-				 : pending_has(c, la);
+		                 : pending_has(c, la);
 		if (blocked) {
 			if (n)
 				break;
@@ -595,7 +595,7 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 			continue;
 		f->wb0 = k;
 		f->nwb = map_line(dev, CHM_IO_WRITE, f->old_addr, f->old_len, line_buf(c, f->line),
-				  a->ios + k, now, &done);
+		                  a->ios + k, now, &done);
 		k += f->nwb;
 	}
 	for (unsigned i = 0; i < n; i++) { /* then the fills, in one queue */
@@ -603,8 +603,8 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 		if (!f->fetch)
 			continue;
 		f->rd0 = k;
-		f->nrd = map_line(dev, CHM_IO_READ, f->addr, f->len, f->dst, a->ios + k, now,
-				  &done);
+		f->nrd =
+		        map_line(dev, CHM_IO_READ, f->addr, f->len, f->dst, a->ios + k, now, &done);
 		k += f->nrd;
 	}
 	unsigned nwb_total = 0;
@@ -645,7 +645,7 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 static unsigned wb_drain_inline(struct chm_lru *c);
 
 static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const char *wbuf,
-			uint64_t len)
+                        uint64_t len)
 {
 	struct chm_lru *c = dev->lru;
 	struct access a = {.addr = addr, .len = len, .rbuf = rbuf, .wbuf = wbuf, .all_hit = true};
@@ -748,7 +748,7 @@ static unsigned wb_collect(struct chm_lru *c, unsigned *nios, uint64_t *done)
 		line_set(c, l, CHM_LINE_WRITING_BACK);
 		c->wb_lines[n] = l;
 		c->wb_nios[n] = map_line(dev, CHM_IO_WRITE, l->addr, line_len(c, l->addr),
-					 line_buf(c, l), c->wb_ios + k, now, done);
+		                         line_buf(c, l), c->wb_ios + k, now, done);
 		k += c->wb_nios[n];
 		n++;
 	}
@@ -877,7 +877,7 @@ int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns)
 		}
 		/* dev->cond runs on CLOCK_MONOTONIC (set up at open) */
 		struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-				      .tv_nsec = (long)(deadline % 1000000000ull)};
+		                      .tv_nsec = (long)(deadline % 1000000000ull)};
 		pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
 	}
 	pthread_mutex_unlock(&dev->lock);
@@ -900,7 +900,7 @@ void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out)
 	out->lru_writeback_bytes = c->writeback_bytes;
 	out->lru_lines_total = c->nlines;
 	out->lru_lines_valid = c->count[CHM_LINE_CLEAN] + c->count[CHM_LINE_DIRTY] +
-			       c->count[CHM_LINE_WRITING_BACK];
+	                       c->count[CHM_LINE_WRITING_BACK];
 	out->lru_lines_dirty = c->count[CHM_LINE_DIRTY] + c->count[CHM_LINE_WRITING_BACK];
 }
 

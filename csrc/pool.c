@@ -110,8 +110,8 @@ static uint64_t thp_size(void)
 {
 	uint64_t sz;
 
-	if (read_u64("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", &sz) ||
-	    !sz || (sz & (sz - 1)))
+	if (read_u64("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", &sz) || !sz ||
+	    (sz & (sz - 1)))
 		return POOL_THP_DEFAULT;
 	return sz;
 }
@@ -204,8 +204,7 @@ static int devdax_geometry(dev_t rdev, uint64_t *size, uint64_t *align, int *nod
 	ssize_t n;
 	uint64_t v;
 
-	snprintf(path, sizeof(path), "/sys/dev/char/%u:%u/subsystem", major(rdev),
-		 minor(rdev));
+	snprintf(path, sizeof(path), "/sys/dev/char/%u:%u/subsystem", major(rdev), minor(rdev));
 	n = readlink(path, link, sizeof(link) - 1);
 	if (n <= 0)
 		return -EINVAL;
@@ -218,8 +217,7 @@ static int devdax_geometry(dev_t rdev, uint64_t *size, uint64_t *align, int *nod
 		return -EINVAL;
 	snprintf(path, sizeof(path), "/sys/dev/char/%u:%u/align", major(rdev), minor(rdev));
 	*align = (read_u64(path, &v) || !v) ? POOL_THP_DEFAULT : v;
-	snprintf(path, sizeof(path), "/sys/dev/char/%u:%u/target_node", major(rdev),
-		 minor(rdev));
+	snprintf(path, sizeof(path), "/sys/dev/char/%u:%u/target_node", major(rdev), minor(rdev));
 	*node = read_u64(path, &v) ? -1 : (int)v;
 	return 0;
 }
@@ -231,7 +229,7 @@ static void *map_anon_aligned(uint64_t len, uint64_t align, int extra_flags)
 	char *raw, *base, *end;
 
 	raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | extra_flags,
-		   -1, 0);
+	           -1, 0);
 	if (raw == MAP_FAILED)
 		return MAP_FAILED;
 	base = (char *)CHM_ALIGN_UP((uintptr_t)raw, align);
@@ -244,8 +242,8 @@ static void *map_anon_aligned(uint64_t len, uint64_t align, int extra_flags)
 }
 
 /* Opens cfg->pool_path and sizes it; sets pool->fd and pool->bytes. */
-static int open_pool_file(struct chm_pool *pool, const struct chm_config *cfg,
-			  uint64_t bytes, bool *is_dax, int *dax_node)
+static int open_pool_file(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes,
+                          bool *is_dax, int *dax_node)
 {
 	uint64_t len = CHM_ALIGN_UP(bytes, (uint64_t)sysconf(_SC_PAGESIZE));
 	uint64_t dax_size, dax_align;
@@ -337,7 +335,7 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 		thp = thp_enabled();
 		hp_size = thp_size();
 		base = map_anon_aligned(pool->bytes, thp ? hp_size : page,
-					lazy ? MAP_NORESERVE : 0);
+		                        lazy ? MAP_NORESERVE : 0);
 		if (base == MAP_FAILED) {
 			ret = -ENOMEM;
 			goto close_fd;
@@ -349,7 +347,7 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 			goto close_fd;
 		pool->bytes = CHM_ALIGN_UP(bytes, hp_size);
 		base = mmap(NULL, pool->bytes, PROT_READ | PROT_WRITE,
-			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+		            MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
 		if (base == MAP_FAILED) {
 			ret = -ENOMEM;
 			goto close_fd;
@@ -382,9 +380,7 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 			goto close_fd;
 		}
 		break;
-	default:
-		ret = -EINVAL;
-		goto close_fd;
+	default: ret = -EINVAL; goto close_fd;
 	}
 	pool->base = base;
 
@@ -420,8 +416,7 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 	else if (!lazy && smaps_huge_kb(pool->base, pool->bytes, &kb) == 0)
 		pool->hugepages = kb > 0;
 	else
-		pool->hugepages = pool->kind == CHM_POOL_ANON && thp &&
-				  pool->bytes >= hp_size;
+		pool->hugepages = pool->kind == CHM_POOL_ANON && thp && pool->bytes >= hp_size;
 	return 0;
 
 unmap:

@@ -127,7 +127,7 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 		n = 1;
 	} else {
 		n = chm_map_ios(dev, CHM_IO_READ, s->fill_start, s->fill_len, s->buf, s->ios,
-				dev->max_ios);
+		                dev->max_ios);
 		/* max_ios is sized from the slot stride at init: mapping cannot fail */
 		chm_wbuf_read_begin(dev, &s->rtok);
 	}
@@ -301,7 +301,7 @@ int chm_staging_init(struct chm_dev *dev)
 	if (dev->cfg.mode == CHM_MODE_LRU) {
 		dev->view_mem_bytes = (uint64_t)dev->nslots * dev->slot_stride;
 		dev->view_mem = mmap(NULL, dev->view_mem_bytes, PROT_READ | PROT_WRITE,
-				     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (dev->view_mem == MAP_FAILED) {
 			dev->view_mem = NULL;
 			return -ENOMEM;
@@ -350,8 +350,8 @@ int chm_staging_init(struct chm_dev *dev)
 		pthread_condattr_destroy(&ca);
 		unsigned want = dev->nslots < 4 ? dev->nslots : 4;
 		for (; dev->lq_nthreads < want; dev->lq_nthreads++)
-			if (pthread_create(&dev->lq_threads[dev->lq_nthreads], NULL, lru_filler_main,
-					   dev))
+			if (pthread_create(&dev->lq_threads[dev->lq_nthreads], NULL,
+			                   lru_filler_main, dev))
 				goto err_threads;
 	}
 	return 0;
@@ -423,7 +423,7 @@ void chm_staging_cancel_all(struct chm_dev *dev)
 }
 
 bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len,
-			  uint64_t *link_bytes)
+                          uint64_t *link_bytes)
 {
 	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
 		struct chm_slot *s = &dev->slots[i];
@@ -443,8 +443,7 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 
 /* ---- the API ---- */
 
-int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
-			chm_handle *h)
+int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
 {
 	if (!dev || !h || len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
 		return -EINVAL;
@@ -496,7 +495,7 @@ out_unlock:
 static struct timespec ns_to_ts(uint64_t ns)
 {
 	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
-			      .tv_nsec = (long)(ns % 1000000000ull)};
+	                      .tv_nsec = (long)(ns % 1000000000ull)};
 	return ts;
 }
 
@@ -520,8 +519,8 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 	if (rc)
 		goto out_unlock;
 	uint64_t start_mono = chm_mono_ns();
-	uint64_t deadline = timeout_ns > UINT64_MAX - start_mono ? UINT64_MAX
-								  : start_mono + timeout_ns;
+	uint64_t deadline =
+	        timeout_ns > UINT64_MAX - start_mono ? UINT64_MAX : start_mono + timeout_ns;
 	for (;;) {
 		if (dev->closing) {
 			rc = -ECANCELED;

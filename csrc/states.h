@@ -16,41 +16,41 @@ struct chm_transition {
 
 /* Staging slot: FREE -> FILLING -> READY -> HELD -> FREE, plus FAILED. */
 static const struct chm_transition chm_slot_transitions[] = {
-	{CHM_SLOT_FREE, CHM_SLOT_FILLING, "fill_start"},
-	{CHM_SLOT_FILLING, CHM_SLOT_READY, "fill_done"},
-	{CHM_SLOT_FILLING, CHM_SLOT_FAILED, "fill_error"},
-	{CHM_SLOT_FILLING, CHM_SLOT_FREE, "fill_done_orphan"}, /* released while filling */
-	{CHM_SLOT_READY, CHM_SLOT_HELD, "wait"},
-	{CHM_SLOT_READY, CHM_SLOT_FREE, "release"},
-	{CHM_SLOT_HELD, CHM_SLOT_FREE, "release"},
-	{CHM_SLOT_FAILED, CHM_SLOT_FREE, "release"},
+        {CHM_SLOT_FREE, CHM_SLOT_FILLING, "fill_start"},
+        {CHM_SLOT_FILLING, CHM_SLOT_READY, "fill_done"},
+        {CHM_SLOT_FILLING, CHM_SLOT_FAILED, "fill_error"},
+        {CHM_SLOT_FILLING, CHM_SLOT_FREE, "fill_done_orphan"}, /* released while filling */
+        {CHM_SLOT_READY, CHM_SLOT_HELD, "wait"},
+        {CHM_SLOT_READY, CHM_SLOT_FREE, "release"},
+        {CHM_SLOT_HELD, CHM_SLOT_FREE, "release"},
+        {CHM_SLOT_FAILED, CHM_SLOT_FREE, "release"},
 };
 
 /* Write-buffer entry. SKIPPED is terminal and never occupies space. */
 static const struct chm_transition chm_wbuf_transitions[] = {
-	{CHM_WB_FREE, CHM_WB_ADMITTED, "admit"},
-	{CHM_WB_FREE, CHM_WB_SKIPPED, "skip"},
-	{CHM_WB_ADMITTED, CHM_WB_FLUSHING, "flush_start"},
-	{CHM_WB_FLUSHING, CHM_WB_DURABLE, "flush_done"},
-	{CHM_WB_FLUSHING, CHM_WB_ADMITTED, "flush_error"}, /* retried, never lost */
-	{CHM_WB_DURABLE, CHM_WB_FREE, "reclaim"},
+        {CHM_WB_FREE, CHM_WB_ADMITTED, "admit"},
+        {CHM_WB_FREE, CHM_WB_SKIPPED, "skip"},
+        {CHM_WB_ADMITTED, CHM_WB_FLUSHING, "flush_start"},
+        {CHM_WB_FLUSHING, CHM_WB_DURABLE, "flush_done"},
+        {CHM_WB_FLUSHING, CHM_WB_ADMITTED, "flush_error"}, /* retried, never lost */
+        {CHM_WB_DURABLE, CHM_WB_FREE, "reclaim"},
 };
 
 /* LRU line. */
 static const struct chm_transition chm_line_transitions[] = {
-	{CHM_LINE_INVALID, CHM_LINE_CLEAN, "fill"},
-	{CHM_LINE_INVALID, CHM_LINE_DIRTY, "write_full"},
-	{CHM_LINE_CLEAN, CHM_LINE_DIRTY, "write"},
-	{CHM_LINE_CLEAN, CHM_LINE_INVALID, "evict"},
-	{CHM_LINE_DIRTY, CHM_LINE_WRITING_BACK, "writeback_start"},
-	{CHM_LINE_WRITING_BACK, CHM_LINE_CLEAN, "writeback_done"},
-	{CHM_LINE_WRITING_BACK, CHM_LINE_DIRTY, "writeback_error_or_rewrite"},
+        {CHM_LINE_INVALID, CHM_LINE_CLEAN, "fill"},
+        {CHM_LINE_INVALID, CHM_LINE_DIRTY, "write_full"},
+        {CHM_LINE_CLEAN, CHM_LINE_DIRTY, "write"},
+        {CHM_LINE_CLEAN, CHM_LINE_INVALID, "evict"},
+        {CHM_LINE_DIRTY, CHM_LINE_WRITING_BACK, "writeback_start"},
+        {CHM_LINE_WRITING_BACK, CHM_LINE_CLEAN, "writeback_done"},
+        {CHM_LINE_WRITING_BACK, CHM_LINE_DIRTY, "writeback_error_or_rewrite"},
 };
 
 #define CHM_NTRANS(t) (sizeof(t) / sizeof((t)[0]))
 
-static inline bool chm_transition_legal(const struct chm_transition *t, unsigned n,
-					int from, int to)
+static inline bool chm_transition_legal(const struct chm_transition *t, unsigned n, int from,
+                                        int to)
 {
 	for (unsigned i = 0; i < n; i++)
 		if (t[i].from == from && t[i].to == to)
@@ -60,15 +60,14 @@ static inline bool chm_transition_legal(const struct chm_transition *t, unsigned
 
 /* Asserts legality (also in release builds: an illegal transition is a bug
  * that must stop the device, not corrupt it). */
-#define CHM_TRANSITION(table, statevar, to)                                          \
-	do {                                                                         \
-		if (!chm_transition_legal(table, CHM_NTRANS(table), (statevar), (to))) \
-			chm_illegal_transition(#table, (statevar), (to), __FILE__,     \
-					       __LINE__);                              \
-		(statevar) = (to);                                                   \
+#define CHM_TRANSITION(table, statevar, to)                                                        \
+	do {                                                                                       \
+		if (!chm_transition_legal(table, CHM_NTRANS(table), (statevar), (to)))             \
+			chm_illegal_transition(#table, (statevar), (to), __FILE__, __LINE__);      \
+		(statevar) = (to);                                                                 \
 	} while (0)
 
-_Noreturn void chm_illegal_transition(const char *table, int from, int to,
-				      const char *file, int line);
+_Noreturn void chm_illegal_transition(const char *table, int from, int to, const char *file,
+                                      int line);
 
 #endif /* CHM_STATES_H */

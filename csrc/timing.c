@@ -45,8 +45,8 @@
 #define MAX_CHANNELS 64u
 
 _Static_assert(sizeof(((struct chm_timing_state *)0)->chan_free_ns) ==
-		       MAX_CHANNELS * sizeof(uint64_t),
-	       "chan_free_ns holds MAX_CHANNELS channels");
+                       MAX_CHANNELS * sizeof(uint64_t),
+               "chan_free_ns holds MAX_CHANNELS channels");
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
 {
@@ -84,14 +84,12 @@ void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p)
 	memset(ts, 0, sizeof(*ts));
 	if (p)
 		ts->p = *p;
-	ts->enabled = ts->p.ssd_read_lat_ns || ts->p.ssd_write_lat_ns ||
-		      ts->p.ssd_read_bw_bps || ts->p.ssd_write_bw_bps ||
-		      ts->p.ssd_channels || ts->p.dram_bw_bps || ts->p.link_bw_bps ||
-		      ts->p.link_lat_ns;
+	ts->enabled = ts->p.ssd_read_lat_ns || ts->p.ssd_write_lat_ns || ts->p.ssd_read_bw_bps ||
+	              ts->p.ssd_write_bw_bps || ts->p.ssd_channels || ts->p.dram_bw_bps ||
+	              ts->p.link_bw_bps || ts->p.link_lat_ns;
 }
 
-uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns,
-			uint64_t len)
+uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len)
 {
 	uint64_t lat = write ? ts->p.ssd_write_lat_ns : ts->p.ssd_read_lat_ns;
 	uint64_t bw = write ? ts->p.ssd_write_bw_bps : ts->p.ssd_read_bw_bps;
@@ -144,29 +142,29 @@ static const struct {
 	const char *name;
 	struct chm_timing t;
 } presets[] = {
-	{"none", {0}},
-	{"gen5-tlc-200g",
-	 {
-		 .ssd_read_lat_ns = 60000,
-		 .ssd_write_lat_ns = 20000,
-		 .ssd_read_bw_bps = 14000000000ull,
-		 .ssd_write_bw_bps = 10000000000ull,
-		 .ssd_channels = 16,
-		 .dram_bw_bps = 50000000000ull,
-		 .link_bw_bps = 25000000000ull,
-		 .link_lat_ns = 1500,
-	 }},
-	{"fpga-cxlhm",
-	 {
-		 .ssd_read_lat_ns = 60000,
-		 .ssd_write_lat_ns = 20000,
-		 .ssd_read_bw_bps = 28000000000ull,
-		 .ssd_write_bw_bps = 20000000000ull,
-		 .ssd_channels = 32,
-		 .dram_bw_bps = 20000000000ull,
-		 .link_bw_bps = 25000000000ull,
-		 .link_lat_ns = 3000,
-	 }},
+        {"none", {0}},
+        {"gen5-tlc-200g",
+         {
+                 .ssd_read_lat_ns = 60000,
+                 .ssd_write_lat_ns = 20000,
+                 .ssd_read_bw_bps = 14000000000ull,
+                 .ssd_write_bw_bps = 10000000000ull,
+                 .ssd_channels = 16,
+                 .dram_bw_bps = 50000000000ull,
+                 .link_bw_bps = 25000000000ull,
+                 .link_lat_ns = 1500,
+         }},
+        {"fpga-cxlhm",
+         {
+                 .ssd_read_lat_ns = 60000,
+                 .ssd_write_lat_ns = 20000,
+                 .ssd_read_bw_bps = 28000000000ull,
+                 .ssd_write_bw_bps = 20000000000ull,
+                 .ssd_channels = 32,
+                 .dram_bw_bps = 20000000000ull,
+                 .link_bw_bps = 25000000000ull,
+                 .link_lat_ns = 3000,
+         }},
 };
 
 int chm_timing_preset(const char *name, struct chm_timing *out)

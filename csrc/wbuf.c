@@ -27,21 +27,21 @@
 #include "dev.h"
 #include "states.h"
 
-#define EPOCHS 64                 /* in-flight read counters, a ring */
-#define BATCH_BYTES (16u << 20)   /* largest flush batch */
+#define EPOCHS 64               /* in-flight read counters, a ring */
+#define BATCH_BYTES (16u << 20) /* largest flush batch */
 #define BATCH_ENTRIES 64
-#define RETRY_NS 10000000ull      /* back-off after a failed batch */
-#define IDLE_NS 100000000ull      /* flusher re-check period */
-#define PRESSURE_NS 1000000ull    /* re-check period while reads are busy */
+#define RETRY_NS 10000000ull   /* back-off after a failed batch */
+#define IDLE_NS 100000000ull   /* flusher re-check period */
+#define PRESSURE_NS 1000000ull /* re-check period while reads are busy */
 
 struct wb_entry {
 	uint64_t addr, len;
-	uint64_t off;        /* offset in the log region */
-	uint64_t pad;        /* log bytes skipped before off (wrap) */
+	uint64_t off; /* offset in the log region */
+	uint64_t pad; /* log bytes skipped before off (wrap) */
 	uint64_t seq;
 	uint64_t durable_epoch;
-	int state;           /* enum chm_wbuf_state */
-	bool copying;        /* space reserved, data not yet copied in */
+	int state;    /* enum chm_wbuf_state */
+	bool copying; /* space reserved, data not yet copied in */
 };
 
 struct chm_wbuf {
@@ -49,23 +49,26 @@ struct chm_wbuf {
 	uint64_t size;
 	uint64_t head_off, tail_off, used; /* log bytes */
 	struct wb_entry *ents;
-	uint32_t cap, head, count;         /* entry ring */
-	uint64_t next_seq;                 /* seq of the next reservation */
-	uint64_t admitted_max;             /* highest fully admitted seq */
-	uint64_t error_gen;                /* bumped on every failed batch */
-	uint32_t barriers;                 /* chm_flush callers waiting */
+	uint32_t cap, head, count; /* entry ring */
+	uint64_t next_seq;         /* seq of the next reservation */
+	uint64_t admitted_max;     /* highest fully admitted seq */
+	uint64_t error_gen;        /* bumped on every failed batch */
+	uint32_t barriers;         /* chm_flush callers waiting */
 	bool flushing;
-	uint64_t batch_mark;               /* bumped at batch start and end */
+	uint64_t batch_mark; /* bumped at batch start and end */
 	uint64_t epoch, lo_epoch;
 	uint32_t inflight[EPOCHS];
 	uint32_t reads_inflight;
-	uint64_t durable_model_ns;         /* modeled time of the last durable batch */
-	pthread_cond_t cond;               /* wakes the flusher */
+	uint64_t durable_model_ns; /* modeled time of the last durable batch */
+	pthread_cond_t cond;       /* wakes the flusher */
 	pthread_t thread;
 	bool stop;
 };
 
-static struct wb_entry *ent(struct chm_wbuf *w, uint32_t i) { return &w->ents[(w->head + i) % w->cap]; }
+static struct wb_entry *ent(struct chm_wbuf *w, uint32_t i)
+{
+	return &w->ents[(w->head + i) % w->cap];
+}
 
 static void ent_set(struct wb_entry *e, int to)
 {
@@ -135,7 +138,7 @@ static void patch_staged(struct chm_dev *dev, uint64_t addr, const char *src, ui
 		struct chm_slot *s = &dev->slots[i];
 		uint64_t a = addr > s->fill_start ? addr : s->fill_start;
 		uint64_t b = addr + len < s->fill_start + s->fill_len ? addr + len
-								   : s->fill_start + s->fill_len;
+		                                                      : s->fill_start + s->fill_len;
 		if (a < b)
 			memcpy(s->buf + (a - s->fill_start), src + (a - addr), b - a);
 	}
@@ -243,7 +246,7 @@ static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
 {
 	uint64_t until = chm_mono_ns() + ns;
 	struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
-			      .tv_nsec = (long)(until % 1000000000ull)};
+	                      .tv_nsec = (long)(until % 1000000000ull)};
 	pthread_cond_timedwait(c, m, &ts);
 }
 
@@ -280,7 +283,8 @@ static void *flusher_main(void *arg)
 			timed_wait(&w->cond, &dev->lock, IDLE_NS);
 			continue;
 		}
-		bool forced = w->barriers || w->used * 100 >= w->size * dev->cfg.flush_high_water_pct;
+		bool forced =
+		        w->barriers || w->used * 100 >= w->size * dev->cfg.flush_high_water_pct;
 		if (w->reads_inflight && !forced) {
 			/* reads first: wait for the read queue to drain */
 			timed_wait(&w->cond, &dev->lock, PRESSURE_NS);
@@ -378,7 +382,7 @@ int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 			pthread_cond_wait(&dev->cond, &dev->lock);
 		} else {
 			struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-					      .tv_nsec = (long)(deadline % 1000000000ull)};
+			                      .tv_nsec = (long)(deadline % 1000000000ull)};
 			pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
 		}
 	}
@@ -404,7 +408,7 @@ int chm_wbuf_init(struct chm_dev *dev)
 	uint64_t off = CHM_ALIGN_UP(dev->pool.bytes - dev->cfg.wbuf_bytes, CHM_FILL_ALIGN);
 	w->base = (char *)dev->pool.base + off;
 	w->size = dev->cfg.wbuf_bytes > dev->pool.bytes - off ? dev->pool.bytes - off
-								: dev->cfg.wbuf_bytes;
+	                                                      : dev->cfg.wbuf_bytes;
 	uint64_t cap = w->size / 4096;
 	w->cap = cap < 64 ? 64 : cap > (1u << 20) ? (1u << 20) : (uint32_t)cap;
 	w->ents = calloc(w->cap, sizeof(*w->ents));

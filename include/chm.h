@@ -118,48 +118,48 @@ enum chm_prefetch_flags {
 
 /* Timing model parameters; units are in the names. All-zero = no pacing. */
 struct chm_timing {
-	uint64_t ssd_read_lat_ns;   /* per-I/O read latency of one channel */
-	uint64_t ssd_write_lat_ns;  /* per-I/O program latency of one channel */
-	uint64_t ssd_read_bw_bps;   /* aggregate read bandwidth, bytes/s */
-	uint64_t ssd_write_bw_bps;  /* aggregate write bandwidth, bytes/s */
-	uint32_t ssd_channels;      /* internal parallelism */
+	uint64_t ssd_read_lat_ns;  /* per-I/O read latency of one channel */
+	uint64_t ssd_write_lat_ns; /* per-I/O program latency of one channel */
+	uint64_t ssd_read_bw_bps;  /* aggregate read bandwidth, bytes/s */
+	uint64_t ssd_write_bw_bps; /* aggregate write bandwidth, bytes/s */
+	uint32_t ssd_channels;     /* internal parallelism */
 	uint32_t reserved0;
-	uint64_t dram_bw_bps;       /* device DRAM bandwidth, bytes/s */
-	uint64_t link_bw_bps;       /* host link bandwidth, bytes/s */
-	uint64_t link_lat_ns;       /* host link latency per transfer */
+	uint64_t dram_bw_bps; /* device DRAM bandwidth, bytes/s */
+	uint64_t link_bw_bps; /* host link bandwidth, bytes/s */
+	uint64_t link_lat_ns; /* host link latency per transfer */
 };
 
 /* Device configuration. Fill with chm_config_init(), then set fields
  * directly or by name with chm_config_set(). */
 struct chm_config {
-	uint64_t capacity;          /* address-space bytes, multiple of stripe_unit */
-	uint32_t n_targets;         /* 1..CHM_MAX_TARGETS backing targets */
-	uint32_t create;            /* 1: create missing regular files sparse */
-	char targets[16][1024];     /* backing paths (files or block devices) */
-	uint64_t stripe_unit;       /* striping unit, multiple of 4096 */
-	int32_t backend;            /* enum chm_backend_kind */
-	int32_t mode;               /* enum chm_mode */
-	uint32_t queue_depth;       /* backend I/Os in flight */
-	uint32_t sqpoll;            /* 1: IORING_SETUP_SQPOLL */
-	uint64_t max_io;            /* largest single backend I/O, bytes */
-	uint64_t dram_bytes;        /* internal DRAM: staging + write buffer */
-	uint64_t wbuf_bytes;        /* write buffer share of dram_bytes */
-	int32_t pool_kind;          /* enum chm_pool_kind */
-	int32_t numa_node;          /* -1: no binding; else mbind to this node */
-	char pool_path[1024];       /* CHM_POOL_FILE: file or devdax path */
-	uint64_t slot_bytes;        /* largest staged object; 0 = derive */
-	uint32_t slot_count;        /* staging depth; 0 = derive from DRAM */
-	uint32_t refill_queue;      /* bounded refill queue length */
-	uint64_t lru_line_bytes;    /* LRU mode line size */
-	int32_t clock;              /* enum chm_clock_kind */
+	uint64_t capacity;             /* address-space bytes, multiple of stripe_unit */
+	uint32_t n_targets;            /* 1..CHM_MAX_TARGETS backing targets */
+	uint32_t create;               /* 1: create missing regular files sparse */
+	char targets[16][1024];        /* backing paths (files or block devices) */
+	uint64_t stripe_unit;          /* striping unit, multiple of 4096 */
+	int32_t backend;               /* enum chm_backend_kind */
+	int32_t mode;                  /* enum chm_mode */
+	uint32_t queue_depth;          /* backend I/Os in flight */
+	uint32_t sqpoll;               /* 1: IORING_SETUP_SQPOLL */
+	uint64_t max_io;               /* largest single backend I/O, bytes */
+	uint64_t dram_bytes;           /* internal DRAM: staging + write buffer */
+	uint64_t wbuf_bytes;           /* write buffer share of dram_bytes */
+	int32_t pool_kind;             /* enum chm_pool_kind */
+	int32_t numa_node;             /* -1: no binding; else mbind to this node */
+	char pool_path[1024];          /* CHM_POOL_FILE: file or devdax path */
+	uint64_t slot_bytes;           /* largest staged object, 512..1G */
+	uint32_t slot_count;           /* staging depth; 0 = derive from DRAM */
+	uint32_t refill_queue;         /* bounded refill queue length */
+	uint64_t lru_line_bytes;       /* LRU mode line size */
+	int32_t clock;                 /* enum chm_clock_kind */
 	uint32_t flush_high_water_pct; /* wbuf fill that forces flushing */
-	struct chm_timing timing;   /* zero = no pacing */
+	struct chm_timing timing;      /* zero = no pacing */
 };
 
 /* Description of one configuration option (see chm_config_option()). */
 struct chm_option_info {
 	const char *name;
-	const char *type;  /* "size", "uint", "int", "str", "enum", "path" */
+	const char *type; /* "size", "uint", "int", "str", "enum", "path" */
 	const char *defval;
 	const char *help;
 };
@@ -176,17 +176,17 @@ struct chm_view {
 struct chm_stats {
 	/* prefetch */
 	uint64_t prefetch_issued;
-	uint64_t prefetch_queued;     /* issued while no slot was free */
-	uint64_t prefetch_completed;  /* fills that reached READY */
-	uint64_t prefetch_failed;     /* fills that reached FAILED */
+	uint64_t prefetch_queued;    /* issued while no slot was free */
+	uint64_t prefetch_completed; /* fills that reached READY */
+	uint64_t prefetch_failed;    /* fills that reached FAILED */
 	uint64_t prefetch_released;
-	uint64_t prefetch_cancelled;  /* queued or in flight at close/release */
-	uint64_t prefetch_rejected;   /* -EAGAIN: refill queue full */
+	uint64_t prefetch_cancelled; /* queued or in flight at close/release */
+	uint64_t prefetch_rejected;  /* -EAGAIN: refill queue full */
 	/* reads */
-	uint64_t read_hits;           /* chm_read served from DRAM */
-	uint64_t read_misses;         /* chm_read that went to the SSD */
-	uint64_t bytes_read_ssd;      /* all SSD reads (fills, misses, LRU fills) */
-	uint64_t bytes_from_dram;     /* bytes served from DRAM to the host */
+	uint64_t read_hits;       /* chm_read served from DRAM */
+	uint64_t read_misses;     /* chm_read that went to the SSD */
+	uint64_t bytes_read_ssd;  /* all SSD reads (fills, misses, LRU fills) */
+	uint64_t bytes_from_dram; /* bytes served from DRAM to the host */
 	uint64_t bytes_written_ssd;
 	/* staging window */
 	uint32_t slots_total;
@@ -210,27 +210,27 @@ struct chm_stats {
 	uint64_t wr_skipped_bytes;
 	uint64_t wr_flushed_bytes;
 	uint64_t flush_batches;
-	uint64_t read_wait_flush_ns;  /* time reads waited behind flush or write-back I/O */
+	uint64_t read_wait_flush_ns; /* time reads waited behind flush or write-back I/O */
 	uint64_t wbuf_used_bytes;
 	uint64_t wbuf_bytes;
 	/* lru mode */
 	uint64_t lru_hits;
 	uint64_t lru_misses;
-	uint64_t lru_refills;         /* line evicted earlier, fetched again */
+	uint64_t lru_refills; /* line evicted earlier, fetched again */
 	uint64_t lru_dirty_evictions;
 	uint64_t lru_writeback_bytes;
 	uint64_t lru_lines_total;
 	uint64_t lru_lines_valid;
 	uint64_t lru_lines_dirty;
 	/* timing */
-	uint64_t clock_now_ns;        /* device clock (virtual or monotonic) */
-	uint64_t pacing_late;         /* completions later than the model */
-	uint64_t pacing_late_ns;      /* total lateness of the host vs model */
+	uint64_t clock_now_ns;   /* device clock (virtual or monotonic) */
+	uint64_t pacing_late;    /* completions later than the model */
+	uint64_t pacing_late_ns; /* total lateness of the host vs model */
 	/* what was actually obtained */
 	uint64_t pool_bytes;
 	int32_t pool_kind;
-	int32_t pool_numa_node;       /* -1 when not bound */
-	uint32_t pool_hugepages;      /* 1 when backed by huge pages */
+	int32_t pool_numa_node;  /* -1 when not bound */
+	uint32_t pool_hugepages; /* 1 when backed by huge pages */
 	int32_t backend;
 	int32_t mode;
 	uint32_t reserved1;
@@ -251,8 +251,8 @@ int chm_config_init(struct chm_config *cfg);
  * suffixes, enums their names, "targets" a comma-separated list). On failure
  * writes a one-line reason into err (if non-NULL). Returns 0, -ENOENT for an
  * unknown key, -EINVAL for a bad value. */
-int chm_config_set(struct chm_config *cfg, const char *key, const char *value,
-		   char *err, size_t errlen);
+int chm_config_set(struct chm_config *cfg, const char *key, const char *value, char *err,
+                   size_t errlen);
 
 /* Checks a whole configuration. Returns 0 or -EINVAL with a one-line reason
  * in err (if non-NULL). chm_dev_open() runs the same check. */
@@ -300,16 +300,14 @@ int chm_dev_pool_fd(chm_dev *dev);
  * unknown flags, NULL h), -EAGAIN (refill queue full, or no free slot with
  * CHM_PF_NOQUEUE), -EOPNOTSUPP (direct mode), -ECANCELED (closing). In lru
  * mode the call is a hint that fills cache lines and pins nothing. */
-int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
-			chm_handle *h);
+int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h);
 
 /* Waits up to timeout_ns (0: poll; UINT64_MAX: forever) for the object to be
  * staged; on success fills *view and the slot becomes HELD. Waiting again on
  * a HELD handle returns the same view. Returns 0, -ETIMEDOUT, -EIO (the fill
  * failed; release the handle), -ESTALE (released), -EINVAL (foreign or
  * malformed handle, NULL view), -ECANCELED (device closing). */
-int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns,
-		      struct chm_view *view);
+int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view);
 
 /* Releases a handle in any state, also while the device is closing (in lru
  * mode too, where the view is a host copy read through the cache): a queued
@@ -337,8 +335,7 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
  * through (blocking). addr and len must be multiples of CHM_IO_ALIGN (or of
  * a block-device target's logical block size, when that is larger).
  * Returns 0, CHM_WRITE_SKIPPED, -EINVAL, -EIO (direct), -ECANCELED. */
-int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
-		     uint32_t flags);
+int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len, uint32_t flags);
 
 /* Durability barrier: returns once every write admitted before the call is
  * on the backing targets and synced (fdatasync or equivalent). Blocks up to

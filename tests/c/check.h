@@ -10,22 +10,21 @@
 static int failures, checks;
 
 /* CHECK(cond) or CHECK(cond, "printf format", args...) */
-#define CHECK(cond, ...)                                                             \
-	do {                                                                         \
-		checks++;                                                            \
-		if (!(cond)) {                                                       \
-			failures++;                                                  \
-			fprintf(stderr, "FAIL %s:%d: %s", __FILE__, __LINE__, #cond); \
-			check_detail("" __VA_ARGS__);                                \
-		}                                                                    \
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		checks++;                                                                          \
+		if (!(cond)) {                                                                     \
+			failures++;                                                                \
+			fprintf(stderr, "FAIL %s:%d: %s", __FILE__, __LINE__, #cond);              \
+			check_detail("" __VA_ARGS__);                                              \
+		}                                                                                  \
 	} while (0)
 
 /* A call that must return exactly want (0, a count or -errno). */
-#define CHECK_RC(expr, want)                                                         \
-	do {                                                                         \
-		int rc_ = (expr);                                                    \
-		CHECK(rc_ == (want), "got %d (%s), want %d", rc_, chm_strerror(rc_), \
-		      (want));                                                       \
+#define CHECK_RC(expr, want)                                                                       \
+	do {                                                                                       \
+		int rc_ = (expr);                                                                  \
+		CHECK(rc_ == (want), "got %d (%s), want %d", rc_, chm_strerror(rc_), (want));      \
 	} while (0)
 
 #define check_detail(...) (fprintf(stderr, ": " __VA_ARGS__), fprintf(stderr, "\n"))

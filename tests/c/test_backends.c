@@ -28,17 +28,17 @@
 
 #include "dev.h"
 
-#define MiB	     (1024u * 1024u)
-#define TARGETS	     2
+#define MiB (1024u * 1024u)
+#define TARGETS 2
 #define TARGET_BYTES (64ull * MiB) /* sparse file size */
-#define DATA_BYTES   (16u * MiB)   /* written and verified per target */
-#define MAX_IO	     (1u * MiB)
-#define QD	     8u
-#define POOL_BYTES   (96ull * MiB) /* [0,32M) source, [32M,64M) readback, [64M,96M) random reads */
-#define NCONC	     1000u	   /* ios per concurrent submitter */
+#define DATA_BYTES (16u * MiB)     /* written and verified per target */
+#define MAX_IO (1u * MiB)
+#define QD 8u
+#define POOL_BYTES (96ull * MiB) /* [0,32M) source, [32M,64M) readback, [64M,96M) random reads */
+#define NCONC 1000u              /* ios per concurrent submitter */
 #define CONC_MAX_LEN (32u * 1024u)
-#define CHAIN_LEN    50u
-#define WAIT_S	     60
+#define CHAIN_LEN 50u
+#define WAIT_S 60
 
 static int failures;
 
@@ -104,7 +104,7 @@ static void wait_done(uint64_t target, const char *what)
 		ret = pthread_cond_timedwait(&g_cond, &g_lock, &dl);
 	if (g_done < target) {
 		fprintf(stderr, "FAIL %s: %llu of %llu completions after %d s\n", what,
-			(unsigned long long)g_done, (unsigned long long)target, WAIT_S);
+		        (unsigned long long)g_done, (unsigned long long)target, WAIT_S);
 		exit(1);
 	}
 	pthread_mutex_unlock(&g_lock);
@@ -184,7 +184,7 @@ struct env {
 	struct chm_dev *dev;
 	struct chm_backend *be;
 	bool moves_data; /* false for ghost */
-	char *bounce;	 /* CONC_MAX_LEN * NCONC bytes outside the pool */
+	char *bounce;    /* CONC_MAX_LEN * NCONC bytes outside the pool */
 };
 
 static const char *tmpdir(void)
@@ -244,7 +244,7 @@ static int dev_new(unsigned qd, bool sqpoll, struct chm_dev **out)
 	dev->pool.fd = -1;
 	dev->pool.numa_node = -1;
 	dev->pool.base =
-		mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	        mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (dev->pool.base == MAP_FAILED) {
 		dev->pool.base = NULL;
 		ret = -errno;
@@ -370,7 +370,7 @@ static void phase_rw(struct env *e)
 
 	for (unsigned i = 0; i < n; i++)
 		tio_set(&ts[i], CHM_IO_WRITE, (int)(i / per), (uint64_t)(i % per) * MAX_IO,
-			src + (uint64_t)i * MAX_IO, MAX_IO);
+		        src + (uint64_t)i * MAX_IO, MAX_IO);
 	ret = run_tios(e, ts, n, "write");
 	CHECK(!ret, "%s: write submit %d", e->name, ret);
 	CHECK(!bad_calls(ts, n), "%s: write done() not exactly once", e->name);
@@ -388,7 +388,7 @@ static void phase_rw(struct env *e)
 
 	for (unsigned i = 0; i < n; i++)
 		tio_set(&ts[i], CHM_IO_READ, (int)(i / per), (uint64_t)(i % per) * MAX_IO,
-			dst + (uint64_t)i * MAX_IO, MAX_IO);
+		        dst + (uint64_t)i * MAX_IO, MAX_IO);
 	ret = run_tios(e, ts, n, "read");
 	CHECK(!ret, "%s: read submit %d", e->name, ret);
 	CHECK(!bad_calls(ts, n), "%s: read done() not exactly once", e->name);
@@ -420,8 +420,8 @@ static void phase_rw(struct env *e)
 	      one[0].io.res);
 	if (e->moves_data) {
 		CHECK(check_pat(b, 1, 5 * MiB, 4096, 1) < 0 &&
-			      check_pat(b + 4096, 1, 5 * MiB + 4096, 8192, 2) < 0 &&
-			      check_pat(b + 12288, 1, 5 * MiB + 12288, MAX_IO - 12288, 1) < 0,
+		              check_pat(b + 4096, 1, 5 * MiB + 4096, 8192, 2) < 0 &&
+		              check_pat(b + 12288, 1, 5 * MiB + 12288, MAX_IO - 12288, 1) < 0,
 		      "%s: bounce readback differs", e->name);
 		/* restore generation 1 there for later phases */
 		fill_pat(b, 1, 5 * MiB + 4096, 8192, 1);
@@ -432,7 +432,7 @@ static void phase_rw(struct env *e)
 	printf("ok   %s: write %u x 1 MiB over %d targets, datasync, read back: %s\n", e->name, n,
 	       TARGETS,
 	       e->moves_data ? "data equal (pool and bounce buffers)"
-			     : "full lengths, buffers untouched");
+	                     : "full lengths, buffers untouched");
 }
 
 static void phase_invalid(struct env *e)
@@ -447,14 +447,14 @@ static void phase_invalid(struct env *e)
 		unsigned buf_off;
 		const char *what;
 	} bad[] = {
-		{CHM_IO_READ, 0, 0, 0, 0, "zero length"},
-		{CHM_IO_READ, 0, 100, 4096, 0, "unaligned offset"},
-		{CHM_IO_READ, 0, 0, 1000, 0, "unaligned length"},
-		{CHM_IO_READ, 0, 0, 4096, 8, "unaligned buffer"},
-		{CHM_IO_WRITE, TARGETS, 0, 4096, 0, "target out of range"},
-		{CHM_IO_READ, -1, 0, 4096, 0, "negative target"},
-		{7, 0, 0, 4096, 0, "unknown op"},
-		{CHM_IO_READ, 0, 0, 2 * MAX_IO, 0, "longer than max_io"},
+	        {CHM_IO_READ, 0, 0, 0, 0, "zero length"},
+	        {CHM_IO_READ, 0, 100, 4096, 0, "unaligned offset"},
+	        {CHM_IO_READ, 0, 0, 1000, 0, "unaligned length"},
+	        {CHM_IO_READ, 0, 0, 4096, 8, "unaligned buffer"},
+	        {CHM_IO_WRITE, TARGETS, 0, 4096, 0, "target out of range"},
+	        {CHM_IO_READ, -1, 0, 4096, 0, "negative target"},
+	        {7, 0, 0, 4096, 0, "unknown op"},
+	        {CHM_IO_READ, 0, 0, 2 * MAX_IO, 0, "longer than max_io"},
 	};
 	uint64_t base = done_count();
 	int ret;
@@ -463,7 +463,7 @@ static void phase_invalid(struct env *e)
 		/* a good io first: the batch must be refused as a whole */
 		tio_set(&t[0], CHM_IO_READ, 0, 0, buf, 4096);
 		tio_set(&t[1], bad[i].op, bad[i].target, bad[i].off, buf + bad[i].buf_off,
-			bad[i].len);
+		        bad[i].len);
 		ret = e->ops->submit(e->be, ios, 2);
 		CHECK(ret == -EINVAL, "%s: %s: submit returned %d, want -EINVAL", e->name,
 		      bad[i].what, ret);
@@ -514,7 +514,7 @@ static void phase_chain(struct env *e)
 	c->e = e;
 	for (unsigned i = 0; i < CHAIN_LEN; i++) {
 		tio_set(&c->t[i], CHM_IO_READ, (int)(i % TARGETS), (uint64_t)i * 8192,
-			pool_at(e, 64 * MiB + (uint64_t)i * 8192), 8192);
+		        pool_at(e, 64 * MiB + (uint64_t)i * 8192), 8192);
 		c->t[i].io.done = chain_done;
 		c->t[i].owner = c;
 	}
@@ -559,7 +559,7 @@ static void *conc_thread(void *arg)
 		uint64_t off = (rnd(&c->seed) % ((DATA_BYTES - len) / 512)) * 512;
 
 		tio_set(&c->t[j], CHM_IO_READ, (int)(rnd(&c->seed) % TARGETS), off,
-			c->area + (uint64_t)j * CONC_MAX_LEN, len);
+		        c->area + (uint64_t)j * CONC_MAX_LEN, len);
 	}
 	while (i < NCONC) {
 		k = 1 + rnd(&c->seed) % 16;
@@ -578,8 +578,8 @@ static void *conc_thread(void *arg)
 static void phase_concurrent(struct env *e)
 {
 	struct conc c[2] = {
-		{.e = e, .area = pool_at(e, 64 * MiB), .seed = 12345},
-		{.e = e, .area = e->bounce, .seed = 67890},
+	        {.e = e, .area = pool_at(e, 64 * MiB), .seed = 12345},
+	        {.e = e, .area = e->bounce, .seed = 67890},
 	};
 	pthread_t th[2];
 	uint64_t base = done_count();
@@ -606,7 +606,7 @@ static void phase_concurrent(struct env *e)
 			badres += io->res != (int32_t)io->len;
 			if (e->moves_data)
 				baddata +=
-					check_pat(io->buf, io->target, io->offset, io->len, 1) >= 0;
+				        check_pat(io->buf, io->target, io->offset, io->len, 1) >= 0;
 		}
 		free(c[i].t);
 	}
@@ -660,7 +660,7 @@ static void phase_faults(struct env *e)
 	r[4] = one_io(e, CHM_IO_WRITE, 0, 4096, NULL);
 	r[5] = one_io(e, CHM_IO_WRITE, 0, 4096, NULL);
 	CHECK(r[0] == 4096 && r[1] == 4096 && r[2] == 0 && r[3] == 4096 && r[4] == -EIO &&
-		      r[5] == 4096,
+	              r[5] == 4096,
 	      "%s: EIO_WRITE nth=2 gave %d %d %d %d %d %d", e->name, r[0], r[1], r[2], r[3], r[4],
 	      r[5]);
 
@@ -685,7 +685,7 @@ static void phase_faults(struct env *e)
 		/* QD ios completing together are late together, not one after another */
 		for (unsigned i = 0; i < QD; i++)
 			tio_set(&t[i], CHM_IO_READ, (int)(i % TARGETS), (uint64_t)i * 4096,
-				pool_at(e, 64 * MiB + (uint64_t)i * 4096), 4096);
+			        pool_at(e, 64 * MiB + (uint64_t)i * 4096), 4096);
 		t0 = mono_ns();
 		CHECK(!run_tios(e, t, QD, "slow batch"), "%s: slow batch submit", e->name);
 		el = mono_ns() - t0;
@@ -716,8 +716,8 @@ static void phase_shutdown_inflight(struct env *e, bool slow)
 		chm_fault_inject(e->dev, CHM_FAULT_SLOW, 0, 1000000);
 	for (unsigned i = 0; i < n; i++)
 		tio_set(&ts[i], i % 5 ? CHM_IO_READ : CHM_IO_WRITE, (int)(i % TARGETS),
-			(uint64_t)(i % 256) * 65536 + 32 * MiB,
-			pool_at(e, 64 * MiB + (uint64_t)(i % 256) * 65536), 65536);
+		        (uint64_t)(i % 256) * 65536 + 32 * MiB,
+		        pool_at(e, 64 * MiB + (uint64_t)(i % 256) * 65536), 65536);
 	ret = submit_tios(e, ts, n);
 	CHECK(!ret, "%s: submit before shutdown %d", e->name, ret);
 	e->ops->shutdown(e->be);
@@ -880,8 +880,8 @@ static void phase_quitters(struct env *e, uint64_t region)
 
 	for (unsigned i = 0; i < nth * per; i++)
 		tio_set(&ts[i], CHM_IO_WRITE, (int)(i % TARGETS),
-			region + (uint64_t)(i / TARGETS) * 65536,
-			pool_at(e, (uint64_t)(i % 64) * 65536), 65536);
+		        region + (uint64_t)(i / TARGETS) * 65536,
+		        pool_at(e, (uint64_t)(i % 64) * 65536), 65536);
 	for (unsigned i = 0; i < nth; i++) {
 		q[i] = (struct quitter){.e = e, .t = ts + i * per, .n = per};
 		pthread_create(&th[i], NULL, quitter_thread, &q[i]);

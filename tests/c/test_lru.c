@@ -31,7 +31,6 @@
 #define NLINES_CACHE 8u
 #define NLINES_DEV (CAP / LINE)
 
-
 static char path[256];
 static const char *backend;
 static uint8_t *shadow; /* what the device must hold, CAP bytes */
@@ -303,7 +302,7 @@ static void test_one_hit_wonder(void)
 		s[1] = stats(dev);
 	}
 	CHECK(s[1].lru_hits - s[0].lru_hits == NLINES_CACHE - 2 &&
-		      s[1].lru_misses == s[0].lru_misses,
+	              s[1].lru_misses == s[0].lru_misses,
 	      "fitting set: hits %llu misses %llu",
 	      (unsigned long long)(s[1].lru_hits - s[0].lru_hits),
 	      (unsigned long long)(s[1].lru_misses - s[0].lru_misses));
@@ -410,7 +409,7 @@ static void test_concurrency(void)
 	pthread_create(&pt, NULL, poller_main, dev);
 	for (unsigned i = 0; i < 2; i++) {
 		w[i] = (struct worker){
-			.dev = dev, .id = i, .ops = 600, .seed = 0xabcdef + i * 7919};
+		        .dev = dev, .id = i, .ops = 600, .seed = 0xabcdef + i * 7919};
 		pthread_create(&t[i], NULL, worker_main, &w[i]);
 	}
 	for (unsigned i = 0; i < 2; i++)
@@ -539,7 +538,7 @@ int main(void)
 		}
 		if (rc) {
 			fprintf(stderr, "FAIL: open lru device on %s: %s\n", backend,
-				chm_strerror(rc));
+			        chm_strerror(rc));
 			failures++;
 			continue;
 		}

@@ -25,7 +25,6 @@
 #include "dev.h"
 #include "check.h"
 
-
 #define MiB (UINT64_C(1) << 20)
 /* A size no other mapping of this process has, for leak checks. */
 #define ODD_SIZE (MiB + 3 * 4096)
@@ -159,8 +158,8 @@ static long smaps_huge_kb(const void *p, uint64_t len)
 		if (sscanf(line, "%lx-%lx %7s", &s, &e, perms) == 3)
 			in = s < hi && e > lo;
 		else if (in && (sscanf(line, "AnonHugePages: %ld", &kb) == 1 ||
-				sscanf(line, "ShmemPmdMapped: %ld", &kb) == 1 ||
-				sscanf(line, "FilePmdMapped: %ld", &kb) == 1))
+		                sscanf(line, "ShmemPmdMapped: %ld", &kb) == 1 ||
+		                sscanf(line, "FilePmdMapped: %ld", &kb) == 1))
 			total += kb;
 	}
 	fclose(f);
@@ -223,13 +222,13 @@ static bool bound_to(const struct chm_pool *p, int node, char *why, size_t whyle
 	}
 	for (int i = 0; i < 3; i++) {
 		if (get_mempolicy(&where, NULL, 0, (char *)p->base + offs[i],
-				  MPOL_F_NODE | MPOL_F_ADDR)) {
+		                  MPOL_F_NODE | MPOL_F_ADDR)) {
 			snprintf(why, whylen, "get_mempolicy(node): %s", strerror(errno));
 			return false;
 		}
 		if (where != node) {
 			snprintf(why, whylen, "page at +%llu on node %d",
-				 (unsigned long long)offs[i], where);
+			         (unsigned long long)offs[i], where);
 			return false;
 		}
 	}
@@ -265,8 +264,7 @@ static const char *kind_name(int k)
 }
 
 /* A refusal with the exact errno that leaks no fd and no mapping. */
-static void expect_refusal(const struct chm_config *c, uint64_t bytes, int err,
-			   const char *what)
+static void expect_refusal(const struct chm_config *c, uint64_t bytes, int err, const char *what)
 {
 	struct chm_pool p;
 	int fds = count_fds(), maps = count_marked_maps(c->pool_path[0] ? c->pool_path : NULL);
@@ -285,7 +283,7 @@ static void expect_refusal(const struct chm_config *c, uint64_t bytes, int err,
 	chm_pool_destroy(&p);
 	CHECK(count_fds() == fds, "%s: fd leaked", what);
 	CHECK(count_marked_maps(c->pool_path[0] ? c->pool_path : NULL) == maps &&
-		      count_anon_maps(bytes, bytes + 4 * MiB) == anon,
+	              count_anon_maps(bytes, bytes + 4 * MiB) == anon,
 	      "%s: mapping leaked", what);
 	if (ret == err)
 		printf("ok   refused %-44s -> %s\n", what, strerror(-err));
@@ -326,7 +324,7 @@ static void test_arguments(const char *file)
 		for (int k = 0; k < 4; k++) {
 			c = cfg_for(k, node, k == CHM_POOL_FILE ? file : NULL);
 			snprintf(what, sizeof(what), "%s, numa node %d (first absent)",
-				 kind_name(k), node);
+			         kind_name(k), node);
 			expect_refusal(&c, ODD_SIZE, -EINVAL, what);
 		}
 		break;
@@ -351,8 +349,8 @@ static void test_anon(bool numa)
 	CHECK(ret == 0, "anon create: %d", ret);
 	if (ret)
 		return;
-	CHECK(p.base && p.bytes >= want && p.bytes % sysconf(_SC_PAGESIZE) == 0,
-	      "anon size %llu", (unsigned long long)p.bytes);
+	CHECK(p.base && p.bytes >= want && p.bytes % sysconf(_SC_PAGESIZE) == 0, "anon size %llu",
+	      (unsigned long long)p.bytes);
 	CHECK(p.kind == CHM_POOL_ANON && p.fd == -1 && p.numa_node == -1, "anon fields");
 	CHECK(all_resident(&p), "anon pool not pre-faulted");
 	huge = smaps_huge_kb(p.base, p.bytes);
@@ -405,21 +403,20 @@ static void test_memfd(bool numa)
 	CHECK(fstat(fd, &st) == 0 && (uint64_t)st.st_size == p.bytes, "memfd size %lld",
 	      (long long)st.st_size);
 	seals = fcntl(fd, F_GET_SEALS);
-	CHECK(seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW), "seals %#x",
-	      seals);
+	CHECK(seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW), "seals %#x", seals);
 	errno = 0;
-	CHECK(ftruncate(fd, (off_t)p.bytes / 2) == -1 && errno == EPERM,
-	      "shrink after sealing: %s", strerror(errno));
+	CHECK(ftruncate(fd, (off_t)p.bytes / 2) == -1 && errno == EPERM, "shrink after sealing: %s",
+	      strerror(errno));
 	errno = 0;
-	CHECK(ftruncate(fd, (off_t)p.bytes * 2) == -1 && errno == EPERM,
-	      "grow after sealing: %s", strerror(errno));
+	CHECK(ftruncate(fd, (off_t)p.bytes * 2) == -1 && errno == EPERM, "grow after sealing: %s",
+	      strerror(errno));
 	CHECK(all_resident(&p), "memfd pool not pre-faulted");
 	CHECK(usable(&p, 0), "memfd pattern mismatch");
 
 	/* A client's view: the same pages through the fd. */
 	memcpy((char *)p.base + p.bytes - 64, "visible through the fd", 23);
 	CHECK(pread(fd, buf, 23, (off_t)p.bytes - 64) == 23 &&
-		      !memcmp(buf, "visible through the fd", 23),
+	              !memcmp(buf, "visible through the fd", 23),
 	      "pread through the memfd");
 	client = mmap(NULL, p.bytes, PROT_READ, MAP_SHARED, fd, 0);
 	CHECK(client != MAP_FAILED, "read-only client mapping: %s", strerror(errno));
@@ -546,8 +543,7 @@ static void test_file_enospc(void)
 		struct chm_pool p;
 		int fd, ret;
 
-		if (unshare(CLONE_NEWNS) ||
-		    mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+		if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
 		    mount("chm-test", dir, "tmpfs", 0, "size=1m")) {
 			printf("skip file -ENOSPC: cannot mount a small tmpfs: %s\n",
 			       strerror(errno));
@@ -569,8 +565,7 @@ static void test_file_enospc(void)
 	CHECK(pid > 0, "fork: %s", strerror(errno));
 	if (pid > 0) {
 		CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
-		CHECK(WIFEXITED(status) &&
-			      (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77),
+		CHECK(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77),
 		      "file -ENOSPC child: status %#x", status);
 	}
 	rmdir(dir);
@@ -603,8 +598,7 @@ static void test_hugetlb(bool numa)
 	if (overcommit == 0 && avail >= 0) {
 		char what[64];
 
-		snprintf(what, sizeof(what), "hugetlb, %ld pages but %ld free", avail + 1,
-			 avail);
+		snprintf(what, sizeof(what), "hugetlb, %ld pages but %ld free", avail + 1, avail);
 		expect_refusal(&c, (uint64_t)(avail + 1) * hps, -ENOMEM, what);
 	} else {
 		printf("skip hugetlb -ENOMEM check: nr_overcommit_hugepages=%ld\n", overcommit);

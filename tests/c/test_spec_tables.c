@@ -28,54 +28,69 @@ struct named {
 	long value;
 };
 
-#define N(x) { #x, (long)(x) }
+#define N(x)                                                                                       \
+	{                                                                                          \
+#x, (long)(x)                                                                      \
+	}
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
 static const struct named slot_states[] = {
-	N(CHM_SLOT_FREE), N(CHM_SLOT_FILLING), N(CHM_SLOT_READY),
-	N(CHM_SLOT_HELD), N(CHM_SLOT_FAILED),
+        N(CHM_SLOT_FREE), N(CHM_SLOT_FILLING), N(CHM_SLOT_READY),
+        N(CHM_SLOT_HELD), N(CHM_SLOT_FAILED),
 };
 static const struct named wbuf_states[] = {
-	N(CHM_WB_FREE), N(CHM_WB_ADMITTED), N(CHM_WB_FLUSHING),
-	N(CHM_WB_DURABLE), N(CHM_WB_SKIPPED),
+        N(CHM_WB_FREE),    N(CHM_WB_ADMITTED), N(CHM_WB_FLUSHING),
+        N(CHM_WB_DURABLE), N(CHM_WB_SKIPPED),
 };
 static const struct named line_states[] = {
-	N(CHM_LINE_INVALID), N(CHM_LINE_CLEAN), N(CHM_LINE_DIRTY),
-	N(CHM_LINE_WRITING_BACK),
+        N(CHM_LINE_INVALID),
+        N(CHM_LINE_CLEAN),
+        N(CHM_LINE_DIRTY),
+        N(CHM_LINE_WRITING_BACK),
 };
 static const struct named req_states[] = {
-	N(CHM_REQ_FREE), N(CHM_REQ_QUEUED), N(CHM_REQ_SLOTTED),
+        N(CHM_REQ_FREE),
+        N(CHM_REQ_QUEUED),
+        N(CHM_REQ_SLOTTED),
 };
 static const struct named backend_kinds[] = {
-	N(CHM_BACKEND_URING), N(CHM_BACKEND_PREAD), N(CHM_BACKEND_GHOST),
+        N(CHM_BACKEND_URING),
+        N(CHM_BACKEND_PREAD),
+        N(CHM_BACKEND_GHOST),
 };
 static const struct named modes[] = {
-	N(CHM_MODE_PREFETCH), N(CHM_MODE_LRU), N(CHM_MODE_DIRECT),
+        N(CHM_MODE_PREFETCH),
+        N(CHM_MODE_LRU),
+        N(CHM_MODE_DIRECT),
 };
 static const struct named pool_kinds[] = {
-	N(CHM_POOL_ANON), N(CHM_POOL_HUGETLB), N(CHM_POOL_MEMFD), N(CHM_POOL_FILE),
+        N(CHM_POOL_ANON),
+        N(CHM_POOL_HUGETLB),
+        N(CHM_POOL_MEMFD),
+        N(CHM_POOL_FILE),
 };
 static const struct named clock_kinds[] = {
-	N(CHM_CLOCK_REAL), N(CHM_CLOCK_VIRTUAL),
+        N(CHM_CLOCK_REAL),
+        N(CHM_CLOCK_VIRTUAL),
 };
 static const struct named prefetch_flags[] = {
-	N(CHM_PF_NOQUEUE),
+        N(CHM_PF_NOQUEUE),
 };
 static const struct named fault_kinds[] = {
-	N(CHM_FAULT_NONE), N(CHM_FAULT_EIO_READ), N(CHM_FAULT_EIO_WRITE),
-	N(CHM_FAULT_SHORT_READ), N(CHM_FAULT_SLOW),
+        N(CHM_FAULT_NONE),       N(CHM_FAULT_EIO_READ), N(CHM_FAULT_EIO_WRITE),
+        N(CHM_FAULT_SHORT_READ), N(CHM_FAULT_SLOW),
 };
 
 /* The error vocabulary of include/chm.h. */
 static const struct named errors[] = {
-	N(EINVAL), N(ENOENT), N(EAGAIN), N(ENOSPC), N(EBUSY), N(ETIMEDOUT),
-	N(EIO), N(ESTALE), N(ECANCELED), N(ENOMEM), N(EOPNOTSUPP),
+        N(EINVAL), N(ENOENT), N(EAGAIN),    N(ENOSPC), N(EBUSY),      N(ETIMEDOUT),
+        N(EIO),    N(ESTALE), N(ECANCELED), N(ENOMEM), N(EOPNOTSUPP),
 };
 
 static const struct named constants[] = {
-	N(CHM_IO_ALIGN), N(CHM_FILL_ALIGN), N(CHM_WRITE_SKIPPED), N(CHM_PF_NOQUEUE),
-	N(CHM_MAX_TARGETS), N(CHM_PATH_MAX), N(CHM_HIST_BUCKETS), N(CHM_ERRMSG_MAX),
-	N(CHM_VERSION_MAJOR), N(CHM_VERSION_MINOR), N(CHM_VERSION_PATCH),
+        N(CHM_IO_ALIGN),      N(CHM_FILL_ALIGN),    N(CHM_WRITE_SKIPPED), N(CHM_PF_NOQUEUE),
+        N(CHM_MAX_TARGETS),   N(CHM_PATH_MAX),      N(CHM_HIST_BUCKETS),  N(CHM_ERRMSG_MAX),
+        N(CHM_VERSION_MAJOR), N(CHM_VERSION_MINOR), N(CHM_VERSION_PATCH),
 };
 
 struct enum_desc {
@@ -84,19 +99,17 @@ struct enum_desc {
 	unsigned n;
 };
 
-#define ENUM(e, arr) { #e, arr, NELEM(arr) }
+#define ENUM(e, arr)                                                                               \
+	{                                                                                          \
+#e, arr, NELEM(arr)                                                                \
+	}
 
 static const struct enum_desc enums[] = {
-	ENUM(chm_slot_state, slot_states),
-	ENUM(chm_wbuf_state, wbuf_states),
-	ENUM(chm_line_state, line_states),
-	ENUM(chm_req_state, req_states),
-	ENUM(chm_backend_kind, backend_kinds),
-	ENUM(chm_mode, modes),
-	ENUM(chm_pool_kind, pool_kinds),
-	ENUM(chm_clock_kind, clock_kinds),
-	ENUM(chm_prefetch_flags, prefetch_flags),
-	ENUM(chm_fault_kind, fault_kinds),
+        ENUM(chm_slot_state, slot_states),        ENUM(chm_wbuf_state, wbuf_states),
+        ENUM(chm_line_state, line_states),        ENUM(chm_req_state, req_states),
+        ENUM(chm_backend_kind, backend_kinds),    ENUM(chm_mode, modes),
+        ENUM(chm_pool_kind, pool_kinds),          ENUM(chm_clock_kind, clock_kinds),
+        ENUM(chm_prefetch_flags, prefetch_flags), ENUM(chm_fault_kind, fault_kinds),
 };
 
 struct table_desc {
@@ -109,20 +122,19 @@ struct table_desc {
 };
 
 static const struct table_desc tables[] = {
-	{ "chm_slot_transitions", chm_slot_transitions, CHM_NTRANS(chm_slot_transitions),
-	  slot_states, NELEM(slot_states), CHM_SLOT_FREE },
-	{ "chm_wbuf_transitions", chm_wbuf_transitions, CHM_NTRANS(chm_wbuf_transitions),
-	  wbuf_states, NELEM(wbuf_states), CHM_WB_FREE },
-	{ "chm_line_transitions", chm_line_transitions, CHM_NTRANS(chm_line_transitions),
-	  line_states, NELEM(line_states), CHM_LINE_INVALID },
+        {"chm_slot_transitions", chm_slot_transitions, CHM_NTRANS(chm_slot_transitions),
+         slot_states, NELEM(slot_states), CHM_SLOT_FREE},
+        {"chm_wbuf_transitions", chm_wbuf_transitions, CHM_NTRANS(chm_wbuf_transitions),
+         wbuf_states, NELEM(wbuf_states), CHM_WB_FREE},
+        {"chm_line_transitions", chm_line_transitions, CHM_NTRANS(chm_line_transitions),
+         line_states, NELEM(line_states), CHM_LINE_INVALID},
 };
 
 static int failures;
 
 static void check(int ok, const char *what, const char *table, int from, int to)
 {
-	fprintf(stderr, "%s: %s %s (%d -> %d)\n", ok ? "ok" : "FAIL", table, what,
-		from, to);
+	fprintf(stderr, "%s: %s %s (%d -> %d)\n", ok ? "ok" : "FAIL", table, what, from, to);
 	if (!ok)
 		failures++;
 }
@@ -151,13 +163,13 @@ static void reach(const struct table_desc *td, int s, bool *seen, bool backward)
 
 static void check_table(const struct table_desc *td)
 {
-	bool fwd[16] = { false }, back[16] = { false };
+	bool fwd[16] = {false}, back[16] = {false};
 	unsigned rows_ok = 0;
 
 	for (unsigned i = 0; i < td->n; i++) {
 		const struct chm_transition *r = &td->t[i];
-		bool named = state_name(td, r->from) && state_name(td, r->to) &&
-			     r->event && r->event[0];
+		bool named =
+		        state_name(td, r->from) && state_name(td, r->to) && r->event && r->event[0];
 		bool unique = true;
 
 		for (unsigned j = 0; j < i; j++)
@@ -166,17 +178,18 @@ static void check_table(const struct table_desc *td)
 				unique = false;
 		if (!named || !unique || r->from == r->to ||
 		    !chm_transition_legal(td->t, td->n, r->from, r->to)) {
-			check(named, "row names known states and an event", td->name,
-			      r->from, r->to);
+			check(named, "row names known states and an event", td->name, r->from,
+			      r->to);
 			check(unique, "row is not repeated", td->name, r->from, r->to);
-			check(r->from != r->to, "row is not a self-loop", td->name,
-			      r->from, r->to);
+			check(r->from != r->to, "row is not a self-loop", td->name, r->from, r->to);
 		} else {
 			rows_ok++;
 		}
 	}
-	fprintf(stderr, "ok: %s: %u of %u rows name known states, are unique, "
-		"and are legal\n", td->name, rows_ok, td->n);
+	fprintf(stderr,
+	        "ok: %s: %u of %u rows name known states, are unique, "
+	        "and are legal\n",
+	        td->name, rows_ok, td->n);
 	if (rows_ok != td->n)
 		failures++;
 
@@ -188,15 +201,16 @@ static void check_table(const struct table_desc *td)
 		bool terminal = td->t == chm_wbuf_transitions && s == CHM_WB_SKIPPED;
 
 		if (!fwd[s])
-			check(0, "state reachable from the initial state", td->name,
-			      td->initial, s);
+			check(0, "state reachable from the initial state", td->name, td->initial,
+			      s);
 		if (!terminal && !back[s])
-			check(0, "initial state reachable from the state", td->name,
-			      s, td->initial);
+			check(0, "initial state reachable from the state", td->name, s,
+			      td->initial);
 	}
-	fprintf(stderr, "ok: %s: all %u states reachable from %s and (but for "
-		"terminal ones) back\n", td->name, td->nstates,
-		state_name(td, td->initial));
+	fprintf(stderr,
+	        "ok: %s: all %u states reachable from %s and (but for "
+	        "terminal ones) back\n",
+	        td->name, td->nstates, state_name(td, td->initial));
 }
 
 /* CHM_TRANSITION must stop on an illegal transition: catch it here. */
@@ -204,8 +218,8 @@ static jmp_buf illegal_jmp;
 static const char *illegal_table;
 static int illegal_from, illegal_to;
 
-_Noreturn void chm_illegal_transition(const char *table, int from, int to,
-				      const char *file, int line)
+_Noreturn void chm_illegal_transition(const char *table, int from, int to, const char *file,
+                                      int line)
 {
 	(void)file;
 	(void)line;
@@ -249,8 +263,8 @@ static void check_transition_macro(void)
 		caught = 1;
 	}
 	check(caught && illegal_table && strcmp(illegal_table, "chm_slot_transitions") == 0 &&
-	      illegal_from == CHM_SLOT_HELD && illegal_to == CHM_SLOT_FILLING &&
-	      st == CHM_SLOT_HELD,
+	              illegal_from == CHM_SLOT_HELD && illegal_to == CHM_SLOT_FILLING &&
+	              st == CHM_SLOT_HELD,
 	      "CHM_TRANSITION stops on an illegal transition", "chm_slot_transitions",
 	      CHM_SLOT_HELD, CHM_SLOT_FILLING);
 }

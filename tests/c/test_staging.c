@@ -11,7 +11,6 @@
 #include "chm.h"
 #include "check.h"
 
-
 static void set(struct chm_config *c, const char *k, const char *v)
 {
 	char err[256];
@@ -21,7 +20,10 @@ static void set(struct chm_config *c, const char *k, const char *v)
 	}
 }
 
-static uint8_t pattern(uint64_t addr) { return (uint8_t)(addr * 2654435761u >> 13); }
+static uint8_t pattern(uint64_t addr)
+{
+	return (uint8_t)(addr * 2654435761u >> 13);
+}
 
 static void test_ghost_queue_and_handles(void)
 {
@@ -77,8 +79,7 @@ static void test_ghost_queue_and_handles(void)
 	CHECK_RC(chm_prefetch_release(dev, h[1]), 0);
 	CHECK_RC(chm_prefetch_wait(dev, h[6], 0, &v), 0);
 	chm_stats(dev, &st);
-	CHECK(st.slots_free + st.slots_filling + st.slots_ready + st.slots_held +
-		      st.slots_failed ==
+	CHECK(st.slots_free + st.slots_filling + st.slots_ready + st.slots_held + st.slots_failed ==
 	      st.slots_total);
 	CHECK(st.window_bytes == 4ull * (4096 + 4096));
 	chm_dev_close(other);

@@ -15,7 +15,6 @@
 #include "dev.h"
 #include "check.h"
 
-
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint64_t rng(void)
@@ -65,9 +64,9 @@ static int param_sets(struct chm_timing *out, int max)
 	if (n + 5 > max)
 		return n;
 	out[n++] = custom(50000, 1000000000ull, 4);
-	out[n++] = custom(0, 7000000000ull, 16);     /* bandwidth only */
-	out[n++] = custom(80000, 0, 8);              /* latency only */
-	out[n++] = custom(10000, 3000000000ull, 0);  /* 0 channels = 1 */
+	out[n++] = custom(0, 7000000000ull, 16);      /* bandwidth only */
+	out[n++] = custom(80000, 0, 8);               /* latency only */
+	out[n++] = custom(10000, 3000000000ull, 0);   /* 0 channels = 1 */
 	out[n++] = custom(10000, 3000000000ull, 200); /* capped at 64 */
 	return n;
 }
@@ -88,8 +87,8 @@ static void warm(struct chm_timing_state *ts, uint64_t *now)
 
 static void test_monotonic(const struct chm_timing *sets, int nsets)
 {
-	static const uint64_t sizes[] = {0, 1, 512, 4096, 65536, 1u << 20, 16u << 20,
-					 (1ull << 30) + 7, 1ull << 40};
+	static const uint64_t sizes[] = {
+	        0, 1, 512, 4096, 65536, 1u << 20, 16u << 20, (1ull << 30) + 7, 1ull << 40};
 	const int nsizes = (int)(sizeof(sizes) / sizeof(sizes[0]));
 	int bad = 0;
 
@@ -142,10 +141,10 @@ static void test_bandwidth_bound(const struct chm_timing *sets, int nsets)
 
 			if (w == 2)
 				bw = sets[s].dram_bw_bps && sets[s].link_bw_bps
-					     ? (sets[s].dram_bw_bps < sets[s].link_bw_bps
-							? sets[s].dram_bw_bps
-							: sets[s].link_bw_bps)
-					     : (sets[s].dram_bw_bps | sets[s].link_bw_bps);
+				             ? (sets[s].dram_bw_bps < sets[s].link_bw_bps
+				                        ? sets[s].dram_bw_bps
+				                        : sets[s].link_bw_bps)
+				             : (sets[s].dram_bw_bps | sets[s].link_bw_bps);
 			else
 				bw = w ? sets[s].ssd_write_bw_bps : sets[s].ssd_read_bw_bps;
 			if (!bw)
@@ -165,7 +164,7 @@ static void test_bandwidth_bound(const struct chm_timing *sets, int nsets)
 					uint64_t at = t0 + rng() % 1000;
 
 					t = w == 2 ? chm_timing_host(&ts, at, len)
-						   : chm_timing_ssd(&ts, w, at, len);
+					           : chm_timing_ssd(&ts, w, at, len);
 					total += len;
 					if (t > last)
 						last = t;
@@ -255,8 +254,8 @@ static void test_single_transfer(void)
 	/* 1 TB read: len * C * 1e9 overflows 64 bits; the model must not */
 	chm_timing_init(&ts, &p);
 	t = chm_timing_ssd(&ts, 0, 0, 1000000000000ull);
-	CHECK(t == 60000 + ns_for(16000000000000ull, 14000000000ull),
-	      "1 TB read done at %llu ns", (unsigned long long)t);
+	CHECK(t == 60000 + ns_for(16000000000000ull, 14000000000ull), "1 TB read done at %llu ns",
+	      (unsigned long long)t);
 
 	/* absurd sizes saturate instead of wrapping */
 	p.ssd_read_bw_bps = 1;
@@ -303,7 +302,7 @@ static void test_single_transfer(void)
 		warm(&a, &now);
 		b = a;
 		CHECK(chm_timing_ssd(&a, 0, now, 12345) == chm_timing_ssd(&b, 0, now, 12345) &&
-			      memcmp(&a, &b, sizeof(a)) == 0,
+		              memcmp(&a, &b, sizeof(a)) == 0,
 		      "two copies of one state diverged");
 	}
 	printf("ok   single transfers: exact formula, 128-bit math, saturation, zero = "
@@ -322,7 +321,8 @@ static void test_none(void)
 	for (int i = 0; i < 1000; i++) {
 		uint64_t now = rng(), len = rng() >> (rng() % 64);
 
-		if (chm_timing_ssd(&ts, i & 1, now, len) != now || chm_timing_host(&ts, now, len) != now)
+		if (chm_timing_ssd(&ts, i & 1, now, len) != now ||
+		    chm_timing_host(&ts, now, len) != now)
 			bad++;
 	}
 	CHECK(bad == 0, "%d delays with the none preset", bad);
