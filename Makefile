@@ -12,6 +12,7 @@ export PYTHON VENV
 # so files that define it themselves do not trip -Werror.
 CFLAGS_BASE := -std=gnu11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE= -Iinclude -Icsrc
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+TSAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer
 LIBS := -luring -lnuma -lpthread -lm
 
 BUILD := build/c
@@ -24,6 +25,8 @@ OBJ_plain := $(patsubst csrc/%.c,$(BUILD)/plain/obj/%.o,$(CSRC))
 OBJ_san := $(patsubst csrc/%.c,$(BUILD)/san/obj/%.o,$(CSRC))
 BIN_plain := $(patsubst tests/c/%.c,$(BUILD)/plain/%,$(CTESTS))
 BIN_san := $(patsubst tests/c/%.c,$(BUILD)/san/%,$(CTESTS))
+OBJ_tsan := $(patsubst csrc/%.c,$(BUILD)/tsan/obj/%.o,$(CSRC))
+BIN_tsan := $(patsubst tests/c/%.c,$(BUILD)/tsan/%,$(CTESTS))
 
 .PHONY: all demo test setup ext c-build c-tests pytest lint lint-py lint-c format clean distclean
 
@@ -59,6 +62,17 @@ $(BUILD)/san/obj/%.o: csrc/%.c $(HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) $(SAN_FLAGS) -c $< -o $@
 
+$(BUILD)/tsan/obj/%.o: csrc/%.c $(HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) $(TSAN_FLAGS) -c $< -o $@
+
+$(BUILD)/tsan/libchm.a: $(OBJ_tsan)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tsan/test_%: tests/c/test_%.c $(BUILD)/tsan/libchm.a $(HDRS)
+	$(CC) $(CFLAGS_BASE) $(TSAN_FLAGS) $< $(BUILD)/tsan/libchm.a $(LIBS) -o $@
+
 $(BUILD)/plain/libchm.a: $(OBJ_plain)
 	@rm -f $@
 	ar rcs $@ $^
@@ -73,10 +87,10 @@ $(BUILD)/plain/test_%: tests/c/test_%.c $(BUILD)/plain/libchm.a $(HDRS)
 $(BUILD)/san/test_%: tests/c/test_%.c $(BUILD)/san/libchm.a $(HDRS)
 	$(CC) $(CFLAGS_BASE) $(SAN_FLAGS) $< $(BUILD)/san/libchm.a $(LIBS) -o $@
 
-c-build: $(BIN_plain) $(BIN_san)
+c-build: $(BIN_plain) $(BIN_san) $(BIN_tsan)
 
 c-tests: c-build
-	@scripts/run-c-tests.sh $(BIN_plain) $(BIN_san)
+	@scripts/run-c-tests.sh $(BIN_plain) $(BIN_san) $(BIN_tsan)
 
 # ---- Python tests (exit code 5, "no tests collected", counts as success)
 

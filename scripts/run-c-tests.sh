@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 LIMIT=${CHM_CTEST_TIMEOUT:-600}
 
 pass=0 fail=0 skip=0
