@@ -401,6 +401,8 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 	if (cfg->flush_high_water_pct < 1 || cfg->flush_high_water_pct > 100)
 		return fail(err, errlen, "flush_high_water_pct: %u not in 1..100",
 		            cfg->flush_high_water_pct);
+	if (cfg->refill_queue >= (1u << 23))
+		return fail(err, errlen, "refill_queue: %u is not below 2^23", cfg->refill_queue);
 	if (cfg->mode == CHM_MODE_DIRECT)
 		return 0;
 	if (cfg->dram_bytes == 0)

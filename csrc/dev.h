@@ -186,6 +186,7 @@ struct chm_dev {
 	struct chm_req *reqs;
 	uint32_t nreqs;          /* nslots + refill_queue */
 	uint32_t req_free_head;  /* index+1 */
+	uint32_t req_free_tail;  /* index+1: the free list is a FIFO */
 	uint32_t q_head, q_tail; /* refill FIFO (index+1) */
 	uint32_t q_len;
 	uint32_t max_ios;     /* ios per slot */
@@ -238,13 +239,12 @@ int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *
 /* Upper bound of ios for a transfer of len bytes. */
 unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len);
 
-/* Modeled completion of an SSD transfer of len bytes issued at now_ns, split
- * into max_io pieces the way the backend issues them. Lock held. */
-uint64_t chm_timing_span(struct chm_dev *dev, int write, uint64_t now_ns, uint64_t len);
-
 /* Synchronous SSD transfer through the backend (blocks the caller). buf must
- * be CHM_IO_ALIGN-aligned, addr/len too. Returns 0 or -errno. */
-int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len);
+ * be CHM_IO_ALIGN-aligned, addr/len too. Each I/O is charged to the timing
+ * model at submission; *done_ns (may be NULL) gets the latest modeled
+ * completion, fault delays included. Returns 0 or -errno. */
+int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
+                    uint64_t *done_ns);
 
 /* fdatasync of every target through the backend (blocks). */
 int chm_ssd_sync_all(struct chm_dev *dev);

@@ -100,29 +100,21 @@ void chm_leave(struct chm_dev *dev)
 		pthread_cond_broadcast(&dev->idle_cond);
 }
 
-uint64_t chm_timing_span(struct chm_dev *dev, int write, uint64_t now_ns, uint64_t len)
-{
-	uint64_t done = now_ns;
-	if (!dev->timing.enabled)
-		return now_ns;
-	while (len) {
-		uint64_t n = len < dev->cfg.max_io ? len : dev->cfg.max_io;
-		uint64_t t = chm_timing_ssd(&dev->timing, write, now_ns, n);
-		if (t > done)
-			done = t;
-		len -= n;
-	}
-	return done;
-}
-
 /* ---- address mapping ---- */
 
 unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len)
 {
-	uint64_t unit = cfg->max_io;
-	if (cfg->n_targets > 1 && cfg->stripe_unit < unit)
-		unit = cfg->stripe_unit;
-	return (unsigned)(len / unit + 2);
+	uint64_t n;
+	if (cfg->n_targets <= 1) {
+		/* contiguous: max_io pieces, one more for an unaligned start */
+		n = len / cfg->max_io + 2;
+	} else {
+		/* every stripe touched (one more at each end) splits into
+		 * max_io pieces from wherever the range enters it */
+		uint64_t per_stripe = (cfg->stripe_unit + cfg->max_io - 1) / cfg->max_io;
+		n = (len / cfg->stripe_unit + 2) * per_stripe;
+	}
+	return n > UINT32_MAX ? UINT32_MAX : (unsigned)n;
 }
 
 int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
@@ -174,6 +166,7 @@ struct sync_wait {
 	unsigned pending;
 	int err;
 	uint64_t bytes;
+	uint64_t model_done_ns; /* latest modeled completion (fault delays included) */
 };
 
 static void sync_io_done(struct chm_io *io)
@@ -186,16 +179,21 @@ static void sync_io_done(struct chm_io *io)
 		w->err = -EIO;
 	if (io->res > 0)
 		w->bytes += (uint64_t)io->res;
+	if (io->model_done_ns > w->model_done_ns)
+		w->model_done_ns = io->model_done_ns;
 	if (--w->pending == 0)
 		pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 }
 
-/* Runs n ios to completion. */
-static int run_ios(struct chm_dev *dev, struct chm_io *ios, unsigned n, uint64_t *bytes)
+/* Runs n ios to completion; *done_ns gets their latest modeled completion. */
+static int run_ios(struct chm_dev *dev, struct chm_io *ios, unsigned n, uint64_t *bytes,
+                   uint64_t *done_ns)
 {
 	struct sync_wait w = {.pending = n};
-	struct chm_io *ptrs[64];
+	struct chm_io **ptrs = malloc(n * sizeof(*ptrs));
+	if (!ptrs)
+		return -ENOMEM;
 	pthread_mutex_init(&w.lock, NULL);
 	pthread_cond_init(&w.cond, NULL);
 	for (unsigned i = 0; i < n; i++) {
@@ -212,41 +210,54 @@ static int run_ios(struct chm_dev *dev, struct chm_io *ios, unsigned n, uint64_t
 	pthread_mutex_unlock(&w.lock);
 	pthread_mutex_destroy(&w.lock);
 	pthread_cond_destroy(&w.cond);
+	free(ptrs);
 	if (bytes)
 		*bytes = w.bytes;
+	if (done_ns)
+		*done_ns = w.model_done_ns;
 	return rc < 0 ? rc : w.err;
 }
 
-int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len)
+int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
+                    uint64_t *done_ns)
 {
-	struct chm_io ios[64];
+	const uint64_t round_max = 32ull << 20;
+	unsigned max = chm_map_max_ios(&dev->cfg, len < round_max ? len : round_max);
+	struct chm_io *ios = calloc(max, sizeof(*ios));
+	if (!ios)
+		return -ENOMEM;
 	char *p = buf;
-	uint64_t moved;
-	while (len) {
-		/* at most 32 ios per round: stays within ios[] for any striping */
-		uint64_t unit = dev->cfg.max_io;
-		if (dev->cfg.n_targets > 1 && dev->cfg.stripe_unit < unit)
-			unit = dev->cfg.stripe_unit;
-		uint64_t round = unit * 32;
-		if (round > len)
-			round = len;
-		int n = chm_map_ios(dev, op, addr, round, p, ios, 64);
-		if (n < 0)
-			return n;
-		int rc = run_ios(dev, ios, (unsigned)n, &moved);
+	uint64_t moved, done, latest = 0;
+	int rc = 0;
+	while (len && !rc) {
+		uint64_t round = len < round_max ? len : round_max;
+		int n = chm_map_ios(dev, op, addr, round, p, ios, max);
+		if (n < 0) {
+			rc = n;
+			break;
+		}
+		pthread_mutex_lock(&dev->lock);
+		uint64_t now = chm_now_ns(dev);
+		for (int i = 0; i < n; i++)
+			ios[i].model_done_ns =
+			        chm_timing_ssd(&dev->timing, op == CHM_IO_WRITE, now, ios[i].len);
+		pthread_mutex_unlock(&dev->lock);
+		rc = run_ios(dev, ios, (unsigned)n, &moved, &done);
 		pthread_mutex_lock(&dev->lock);
 		if (op == CHM_IO_READ)
 			dev->st.bytes_read_ssd += moved;
 		else
 			dev->st.bytes_written_ssd += moved;
 		pthread_mutex_unlock(&dev->lock);
-		if (rc)
-			return rc;
+		latest = done > latest ? done : latest;
 		addr += round;
 		p += round;
 		len -= round;
 	}
-	return 0;
+	free(ios);
+	if (done_ns)
+		*done_ns = latest;
+	return rc;
 }
 
 /* fdatasync every target through the backend. */
@@ -259,7 +270,7 @@ int chm_ssd_sync_all(struct chm_dev *dev)
 		ios[i].op = CHM_IO_SYNC;
 		ios[i].target = (int)i;
 	}
-	return run_ios(dev, ios, n, NULL);
+	return run_ios(dev, ios, n, NULL, NULL);
 }
 
 /* ---- open / close ---- */
@@ -331,6 +342,25 @@ err_errno:;
 	return e;
 }
 
+/* Two targets that are the same file (a path listed twice, a hard link, a
+ * symlink) would share offsets and overwrite each other's stripes. */
+static int check_distinct_targets(struct chm_dev *dev)
+{
+	struct stat st[CHM_MAX_TARGETS];
+	for (unsigned i = 0; i < dev->cfg.n_targets; i++) {
+		if (fstat(dev->fds[i], &st[i]) < 0)
+			return -errno;
+		for (unsigned j = 0; j < i; j++) {
+			bool same = S_ISBLK(st[i].st_mode) ? st[i].st_rdev == st[j].st_rdev
+			                                   : st[i].st_dev == st[j].st_dev &&
+			                                             st[i].st_ino == st[j].st_ino;
+			if (same)
+				return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 static uint64_t pool_bytes_needed(const struct chm_config *c)
 {
 	if (c->mode == CHM_MODE_DIRECT)
@@ -375,6 +405,9 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 			if (rc)
 				goto err_targets;
 		}
+		rc = check_distinct_targets(dev);
+		if (rc)
+			goto err_targets;
 	}
 	uint64_t pb = pool_bytes_needed(&dev->cfg);
 	if (pb) {
@@ -510,11 +543,11 @@ static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len
 		if (a1 > dev->cfg.capacity)
 			a1 = dev->cfg.capacity;
 		struct chm_read_tok tok;
+		uint64_t done;
 		pthread_mutex_lock(&dev->lock);
-		uint64_t done = chm_timing_span(dev, 0, chm_now_ns(dev), a1 - a0);
 		chm_wbuf_read_begin(dev, &tok);
 		pthread_mutex_unlock(&dev->lock);
-		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0);
+		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0, &done);
 		pthread_mutex_lock(&dev->lock);
 		chm_wbuf_read_end(dev, &tok);
 		if (!rc) {
@@ -582,10 +615,8 @@ static int write_through(struct chm_dev *dev, uint64_t addr, const void *buf, ui
 	while (len && !rc) {
 		uint64_t n = len < chunk_max ? len : chunk_max;
 		memcpy(bounce, p, n);
-		pthread_mutex_lock(&dev->lock);
-		uint64_t done = chm_timing_span(dev, 1, chm_now_ns(dev), n);
-		pthread_mutex_unlock(&dev->lock);
-		rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, addr, bounce, n);
+		uint64_t done;
+		rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, addr, bounce, n, &done);
 		pthread_mutex_lock(&dev->lock);
 		chm_pace(dev, done);
 		pthread_mutex_unlock(&dev->lock);

@@ -77,13 +77,20 @@ static void staged_unlink(struct chm_dev *dev, struct chm_slot *s)
 	s->sprev = s->snext = -1;
 }
 
+/* Free request records form a FIFO: the least recently freed is reused
+ * first, so a generation comes back only after 2^24 reuses of every record. */
 static void req_free(struct chm_dev *dev, struct chm_req *r)
 {
+	uint32_t ri = (uint32_t)(r - dev->reqs) + 1;
 	r->state = CHM_REQ_FREE;
 	r->gen = (r->gen + 1) & HANDLE_GEN_MASK;
 	r->slot = -1;
-	r->fnext = dev->req_free_head;
-	dev->req_free_head = (uint32_t)(r - dev->reqs) + 1;
+	r->fnext = 0;
+	if (dev->req_free_tail)
+		dev->reqs[dev->req_free_tail - 1].fnext = ri;
+	else
+		dev->req_free_head = ri;
+	dev->req_free_tail = ri;
 }
 
 static struct chm_req *req_alloc(struct chm_dev *dev)
@@ -92,6 +99,8 @@ static struct chm_req *req_alloc(struct chm_dev *dev)
 		return NULL;
 	struct chm_req *r = &dev->reqs[dev->req_free_head - 1];
 	dev->req_free_head = r->fnext;
+	if (!dev->req_free_head)
+		dev->req_free_tail = 0;
 	r->fnext = 0;
 	return r;
 }
@@ -200,6 +209,8 @@ static void fill_io_done(struct chm_io *io)
 		s->err = s->err ? s->err : -EIO; /* short transfer */
 	if (io->res > 0 && dev->cfg.mode == CHM_MODE_PREFETCH)
 		dev->st.bytes_read_ssd += (uint64_t)io->res;
+	if (io->model_done_ns > s->ready_ns) /* a fault delayed it in the model */
+		s->ready_ns = io->model_done_ns;
 	if (--s->ios_pending == 0) {
 		uint64_t now = chm_now_ns(dev);
 		if (dev->cfg.mode == CHM_MODE_PREFETCH)
@@ -339,6 +350,7 @@ int chm_staging_init(struct chm_dev *dev)
 		dev->reqs[i].fnext = i + 1 < dev->nreqs ? i + 2 : 0;
 	}
 	dev->req_free_head = dev->nreqs ? 1 : 0;
+	dev->req_free_tail = dev->nreqs;
 	if (dev->cfg.mode == CHM_MODE_LRU) {
 		dev->lq = calloc(dev->nslots, sizeof(*dev->lq));
 		if (!dev->lq)
@@ -574,7 +586,9 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 	view->data = s->buf + (r->addr - s->fill_start);
 	view->len = r->len;
 	view->dev_addr = r->addr;
-	view->pool_offset = (uint64_t)((char *)view->data - (char *)dev->pool.base);
+	/* lru-mode views are host copies, outside the pool */
+	view->pool_offset = dev->view_mem ? UINT64_MAX
+	                                  : (uint64_t)((char *)view->data - (char *)dev->pool.base);
 	rc = 0;
 out_leave:
 	chm_leave(dev);

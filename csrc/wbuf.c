@@ -131,8 +131,11 @@ static bool log_alloc(struct chm_wbuf *w, uint64_t len, uint64_t *off, uint64_t 
 	return false;
 }
 
-/* Patches staged copies that overlap a newly admitted object. */
-static void patch_staged(struct chm_dev *dev, uint64_t addr, const char *src, uint64_t len)
+/* Brings staged copies that overlap a newly admitted object up to date. The
+ * whole overlap is re-overlaid from the log, oldest entry first, rather than
+ * patched with this object alone: an older overlapping write whose copy
+ * finished later must not end up on top of a newer one. */
+static void patch_staged(struct chm_dev *dev, uint64_t addr, uint64_t len)
 {
 	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
 		struct chm_slot *s = &dev->slots[i];
@@ -140,7 +143,7 @@ static void patch_staged(struct chm_dev *dev, uint64_t addr, const char *src, ui
 		uint64_t b = addr + len < s->fill_start + s->fill_len ? addr + len
 		                                                      : s->fill_start + s->fill_len;
 		if (a < b)
-			memcpy(s->buf + (a - s->fill_start), src + (a - addr), b - a);
+			chm_wbuf_overlay(dev, a, s->buf + (a - s->fill_start), b - a);
 	}
 }
 
@@ -184,7 +187,7 @@ int chm_wbuf_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t
 	dev->st.wr_admitted++;
 	dev->st.wr_admitted_bytes += len;
 	if (dev->slots)
-		patch_staged(dev, addr, w->base + off, len);
+		patch_staged(dev, addr, len);
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&dev->lock);
 	return 0;
@@ -299,19 +302,17 @@ static void *flusher_main(void *arg)
 		}
 		w->flushing = true;
 		w->batch_mark++;
-		uint64_t done = chm_now_ns(dev);
-		for (uint32_t i = 0; i < n; i++) {
-			uint64_t t = chm_timing_span(dev, 1, chm_now_ns(dev), batch[i]->len);
-			done = t > done ? t : done;
-		}
 		pthread_mutex_unlock(&dev->lock);
 
 		/* entries in FLUSHING are neither moved nor reclaimed: safe to
 		 * read their descriptors and data without the lock */
 		int rc = 0;
+		uint64_t done = 0, t;
 		for (uint32_t i = 0; i < n && !rc; i++) {
 			struct wb_entry *e = batch[i];
-			rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, e->addr, w->base + e->off, e->len);
+			rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, e->addr, w->base + e->off, e->len,
+			                     &t);
+			done = t > done ? t : done;
 		}
 		if (!rc)
 			rc = chm_ssd_sync_all(dev);
@@ -439,15 +440,26 @@ void chm_wbuf_fini(struct chm_dev *dev)
 	struct chm_wbuf *w = dev->wbuf;
 	if (!w)
 		return;
-	/* best effort: everything admitted goes to the SSD before close */
-	chm_wbuf_flush(dev, 10ull * 1000000000ull);
+	/* best effort: everything admitted goes to the SSD before close. A
+	 * failed batch is retried by the flusher; keep asking until the budget
+	 * is spent, so one transient error does not drop the writes behind it */
+	const uint64_t budget = 10ull * 1000000000ull;
+	uint64_t start = chm_mono_ns();
+	for (;;) {
+		uint64_t spent = chm_mono_ns() - start;
+		if (spent >= budget || chm_wbuf_flush(dev, budget - spent) != -EIO)
+			break;
+	}
 	pthread_mutex_lock(&dev->lock);
 	w->stop = true;
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&dev->lock);
 	pthread_join(w->thread, NULL);
+	/* fills still in flight look at dev->wbuf under the lock */
+	pthread_mutex_lock(&dev->lock);
+	dev->wbuf = NULL;
+	pthread_mutex_unlock(&dev->lock);
 	pthread_cond_destroy(&w->cond);
 	free(w->ents);
 	free(w);
-	dev->wbuf = NULL;
 }

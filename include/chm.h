@@ -169,7 +169,8 @@ struct chm_view {
 	const void *data;     /* first byte of the object */
 	uint64_t len;         /* object length */
 	uint64_t dev_addr;    /* device address of data[0] */
-	uint64_t pool_offset; /* offset of data[0] in the DRAM pool */
+	uint64_t pool_offset; /* offset of data[0] in the DRAM pool; UINT64_MAX
+	                       * for lru-mode views (host copies) */
 };
 
 /* Device counters. A snapshot, consistent under the device lock. */
@@ -199,7 +200,8 @@ struct chm_stats {
 	uint32_t queue_cap;
 	uint64_t slot_bytes;
 	uint64_t window_bytes;
-	/* refill latency: bucket i counts fills of [2^i, 2^(i+1)) microseconds */
+	/* refill latency: bucket i counts fills of [2^i, 2^(i+1)) microseconds;
+	 * bucket 0 also counts fills under 1 us */
 	uint64_t refill_lat_hist[32];
 	uint64_t refill_lat_count;
 	uint64_t refill_lat_sum_ns;
@@ -271,7 +273,8 @@ int chm_timing_preset(const char *name, struct chm_timing *out);
 /* Opens a device: validates cfg, opens (and with cfg->create, creates sparse)
  * the backing targets, allocates the DRAM pool, starts completion threads.
  * Blocks for setup only. On success *out owns everything; cfg is copied.
- * Returns 0, -EINVAL (bad config; reason via chm_config_validate), -ENOENT
+ * Returns 0, -EINVAL (bad config, reason via chm_config_validate; or two
+ * targets that are the same file or device), -ENOENT
  * (target missing), -ENOSPC (target smaller than needed), -ENOMEM (pool),
  * -EOPNOTSUPP (backend or pool kind unavailable on this host, no O_DIRECT
  * on the target's filesystem, logical blocks above 4 KiB), -EBUSY, or
@@ -280,7 +283,10 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out);
 
 /* Closes a device. Outstanding prefetches are cancelled: blocked waiters
  * return -ECANCELED, in-flight I/O is drained, the write buffer is flushed
- * (best effort; counted). Blocks until all of that is done. Accepts NULL. */
+ * (best effort: failed batches are retried for up to 10 s; writes that are
+ * still not durable then are lost, as on a power cut without chm_flush()).
+ * Blocks until all of that is done. Accepts NULL. No other call on dev may
+ * start once close has begun (release included). */
 void chm_dev_close(chm_dev *dev);
 
 /* Copies the device's effective configuration. Returns 0 or -EINVAL. */
@@ -309,9 +315,8 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
  * malformed handle, NULL view), -ECANCELED (device closing). */
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view);
 
-/* Releases a handle in any state, also while the device is closing (in lru
- * mode too, where the view is a host copy read through the cache): a queued
- * request is dropped, a filling
+/* Releases a handle in any state (in lru mode too, where the view is a host
+ * copy read through the cache): a queued request is dropped, a filling
  * slot is freed when its I/O completes, a READY/HELD/FAILED slot is freed
  * now (and the next queued request starts). The handle and any view from it
  * are dead afterwards. Returns 0, -ESTALE (already released or never

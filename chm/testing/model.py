@@ -33,12 +33,14 @@ __all__ = [
     "StagingModel",
     "fill_range",
     "initial_image",
+    "NOT_IN_POOL",
     "read_backing",
     "write_backing",
 ]
 
 IO_ALIGN = 512  # CHM_IO_ALIGN: writes are aligned to it
 FILL_ALIGN = 4096  # CHM_FILL_ALIGN: staged fills are widened to it
+NOT_IN_POOL = 2**64 - 1  # chm_view.pool_offset of a view outside the DRAM pool (lru mode)
 
 KiB = 1024
 MiB = 1024 * KiB

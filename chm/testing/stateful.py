@@ -64,6 +64,7 @@ from chm.stats import Stats
 from chm.testing.model import (
     FILL_ALIGN,
     IO_ALIGN,
+    NOT_IN_POOL,
     Counters,
     Geometry,
     ModelRequest,
@@ -757,6 +758,12 @@ class DeviceMachine(RuleBasedStateMachine):
                     f"S1: held view of {req} changed "
                     + (_first_diff(got, bytes(req.snapshot), req.addr))
                 )
+            if self.mode == "lru":
+                # lru-mode views are host copies: no pool memory to share
+                assert req.pool_offset == NOT_IN_POOL, (
+                    f"S1: lru view of {req} claims pool offset {req.pool_offset:#x}"
+                )
+                continue
             spans.append((req.pool_offset, req.pool_offset + req.length, req))
         spans.sort(key=lambda t: t[0])
         for (_, end, r1), (start, _, r2) in itertools.pairwise(spans):

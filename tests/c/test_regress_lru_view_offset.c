@@ -1,0 +1,92 @@
+/* test_regress_lru_view_offset.c - chm_view.pool_offset is "the offset of
+ * data[0] in the DRAM pool" (what a daemon client maps through the pool
+ * memfd). In lru mode the view lives in a separate host mapping, and
+ * pool_offset is the difference of two unrelated pointers. Checks, on a
+ * memfd pool, that pool_offset either names bytes inside the pool that
+ * hold the object or is UINT64_MAX ("not in the pool"; the header would
+ * have to say so). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "chm.h"
+#include "check.h"
+
+static void set(struct chm_config *c, const char *k, const char *v)
+{
+	char err[256];
+	if (chm_config_set(c, k, v, err, sizeof(err))) {
+		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
+		exit(1);
+	}
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/chm_regress_XXXXXX";
+	if (!mkdtemp(dir))
+		return 77;
+	char t[1100];
+	snprintf(t, sizeof(t), "%s/t0", dir);
+	struct chm_config c;
+	chm_config_init(&c);
+	set(&c, "backend", "pread");
+	set(&c, "targets", t);
+	set(&c, "mode", "lru");
+	set(&c, "pool", "memfd");
+	set(&c, "capacity", "16M");
+	set(&c, "dram", "1M");
+	set(&c, "lru_line", "64K");
+	set(&c, "slot_size", "4K");
+	set(&c, "slots", "4");
+	chm_dev *dev;
+	int rc = chm_dev_open(&c, &dev);
+	if (rc == -EOPNOTSUPP) {
+		printf("SKIP: no O_DIRECT or memfd here\n");
+		unlink(t);
+		rmdir(dir);
+		return 77;
+	}
+	CHECK_RC(rc, 0);
+	if (rc)
+		return check_summary();
+	static char pat[4096] __attribute__((aligned(4096)));
+	memset(pat, 0x5a, sizeof(pat));
+	CHECK_RC(chm_write_object(dev, 8192, pat, sizeof(pat), 0), 0);
+	chm_handle h;
+	struct chm_view v;
+	CHECK_RC(chm_prefetch_object(dev, 8192, 4096, 0, &h), 0);
+	CHECK_RC(chm_prefetch_wait(dev, h, UINT64_MAX, &v), 0);
+	struct chm_stats st;
+	chm_stats(dev, &st);
+	int fd = chm_dev_pool_fd(dev);
+	CHECK(fd >= 0, "memfd pool fd %d", fd);
+	CHECK(memcmp(v.data, pat, 4096) == 0, "view data is the object");
+	if (v.pool_offset == UINT64_MAX) {
+		printf("lru mode: view says it is not in the pool (UINT64_MAX): fine\n");
+		goto out;
+	}
+	CHECK(v.pool_offset <= st.pool_bytes && v.len <= st.pool_bytes - v.pool_offset,
+	      "lru view pool_offset %#llx + len %llu is outside the %llu-byte pool",
+	      (unsigned long long)v.pool_offset, (unsigned long long)v.len,
+	      (unsigned long long)st.pool_bytes);
+	if (fd >= 0 && v.pool_offset <= st.pool_bytes && v.len <= st.pool_bytes - v.pool_offset) {
+		char *p = mmap(NULL, st.pool_bytes, PROT_READ, MAP_SHARED, fd, 0);
+		CHECK(p != MAP_FAILED);
+		if (p != MAP_FAILED) {
+			CHECK(memcmp(p + v.pool_offset, pat, 4096) == 0,
+			      "pool bytes at pool_offset are not the object");
+			munmap(p, st.pool_bytes);
+		}
+	}
+out:
+	CHECK_RC(chm_prefetch_release(dev, h), 0);
+	chm_dev_close(dev);
+	unlink(t);
+	rmdir(dir);
+	printf("lru mode: view pool_offset checked against the memfd pool\n");
+	return check_summary();
+}
