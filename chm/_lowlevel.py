@@ -284,8 +284,17 @@ def dev_open(cfg: CData) -> CData:
 
 
 def dev_close(dev: CData) -> None:
-    """chm_dev_close(): blocks until the device is drained and freed."""
+    """chm_dev_close(): shuts down and frees now. Only for a pointer no other
+    thread can still be using; chm.Device uses dev_shutdown() instead."""
     ffi.release(dev)
+
+
+def dev_shutdown(dev: CData) -> None:
+    """chm_dev_shutdown(): cancels, drains and frees everything but the device
+    struct, on which later calls answer -ECANCELED. The struct itself is freed
+    by the pointer's destructor once nothing references it (views included),
+    so a thread that read the pointer just before can never use freed memory."""
+    lib.chm_dev_shutdown(dev)
 
 
 def dev_config(dev: CData) -> CData:
@@ -307,6 +316,17 @@ _prefetch_c = lib.chm_prefetch_object
 _wait_c = lib.chm_prefetch_wait
 _release_c = lib.chm_prefetch_release
 _buffer = ffi.buffer
+_gc = ffi.gc
+_cast = ffi.cast
+
+
+def _view_buffer(dev: CData, data: CData, n: int) -> Buffer:
+    """A zero-copy buffer over a staged object that keeps the device pointer
+    (and so the mapped DRAM pool) alive for as long as anything exports it:
+    the buffer references its cdata, whose destructor references ``dev``."""
+    return _buffer(_gc(_cast("char *", data), lambda _p, _keep=dev: None), n)
+
+
 _alloc_raw = ffi.new_allocator(should_clear_after_alloc=False)
 
 
@@ -355,7 +375,7 @@ def prefetch_wait(dev: CData, h: int, timeout_ns: int) -> ViewInfo:
     """chm_prefetch_wait(): the staged object (zero-copy buffer) and its place."""
     vp = _wait(dev, h, timeout_ns)
     n = int(vp.len)
-    return ViewInfo(_buffer(vp.data, n), n, int(vp.dev_addr), int(vp.pool_offset))
+    return ViewInfo(_view_buffer(dev, vp.data, n), n, int(vp.dev_addr), int(vp.pool_offset))
 
 
 def prefetch_wait_buffer(dev: CData, h: int, timeout_ns: int) -> Buffer:
@@ -370,7 +390,7 @@ def prefetch_wait_buffer(dev: CData, h: int, timeout_ns: int) -> Buffer:
         raise _arg_error("chm_prefetch_wait", f"handle={h}, timeout_ns={timeout_ns}", exc) from None
     if rc < 0:
         _check(rc, "chm_prefetch_wait", f"handle={h:#x}, timeout_ns={timeout_ns}")
-    return _buffer(vp.data, vp.len)
+    return _view_buffer(dev, vp.data, vp.len)
 
 
 def prefetch_release(dev: CData, h: int) -> None:
@@ -404,7 +424,7 @@ def read_into(dev: CData, addr: int, out: Any) -> int:
     """chm_read() into a writable buffer; returns the byte count."""
     try:
         cbuf = ffi.from_buffer("char[]", out, require_writable=True)
-    except (TypeError, BufferError) as exc:
+    except (TypeError, BufferError, ValueError) as exc:  # not a writable contiguous buffer
         raise _arg_error("chm_read", f"addr={addr}, buf=...", exc) from None
     n = len(cbuf)
     try:
@@ -420,7 +440,7 @@ def write_object(dev: CData, addr: int, data: Any, flags: int = 0) -> int:
     """chm_write_object(): 0 admitted, WRITE_SKIPPED skipped."""
     try:
         cbuf = ffi.from_buffer("char[]", data)
-    except TypeError as exc:
+    except (TypeError, BufferError, ValueError) as exc:  # not a contiguous buffer
         raise _arg_error("chm_write_object", f"addr={addr}, buf=...", exc) from None
     n = len(cbuf)
     try:
@@ -487,6 +507,7 @@ __all__ = [
     "config_to_dict",
     "config_validate",
     "dev_close",
+    "dev_shutdown",
     "dev_config",
     "dev_open",
     "dev_pool_fd",

@@ -9,6 +9,7 @@ ints or strings such as ``"64G"``; enums by name (``backend="ghost"``);
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -73,26 +74,72 @@ def _name_of(table: Mapping[str, int], value: int) -> str | int:
     return value
 
 
+def _bad_value(key: str, value: Any, why: str) -> InvalidArgument:
+    return InvalidArgument(
+        None, f"option {key}={value!r}: {why}", call="chm_config_set", detail=why
+    )
+
+
+def _path_text(key: str, value: Any) -> str:
+    """One path as text: no NUL (C would cut the string there)."""
+    text = value if isinstance(value, str) else os.fsdecode(value)
+    if "\0" in text:
+        raise _bad_value(key, value, "contains a NUL byte")
+    return text
+
+
+def _targets_text(key: str, value: Any) -> str:
+    """The comma-separated list the C core splits; each path must survive it."""
+    if isinstance(value, str):
+        return _path_text(key, value)  # already the C list form
+    items = [value] if isinstance(value, (bytes, os.PathLike)) else value
+    if not isinstance(items, (list, tuple)):
+        raise _bad_value(key, value, "expected a path or a list of paths")
+    paths: list[str] = []
+    for item in items:
+        if not isinstance(item, (str, bytes, os.PathLike)):
+            raise _bad_value(key, value, f"each target must be a path, got {type(item).__name__}")
+        path = _path_text(key, item)
+        if not path:
+            raise _bad_value(key, value, "empty path in list")
+        if "," in path:
+            raise _bad_value(
+                key,
+                value,
+                f"path {path!r} contains ',', which separates targets; "
+                "use a name (or a symlink) without one",
+            )
+        paths.append(path)
+    return ",".join(paths)
+
+
 def _to_text(key: str, value: Any, kind: str | None) -> str:
     """The text form chm_config_set() parses."""
+    if kind == "targets":
+        return _targets_text(key, value)
     if isinstance(value, bool):
+        if kind != "uint":
+            raise _bad_value(key, value, f"a bool is not a valid {kind or 'value'}")
         return "1" if value else "0"
     if isinstance(value, (str, bytes, os.PathLike)):
-        text = value if isinstance(value, str) else os.fsdecode(value)
+        text = _path_text(key, value)
         if kind == "size":
             try:
                 return str(parse_size(text))
             except InvalidArgument:
                 return text  # the device gives its own reason
         return text
-    if isinstance(value, (list, tuple)):
-        return ",".join(
-            os.fsdecode(v) if isinstance(v, (bytes, os.PathLike)) else str(v) for v in value
-        )
     if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if kind == "size" and isinstance(value, numbers.Integral):
+        try:
+            return str(parse_size(value))
+        except InvalidArgument as exc:
+            raise _bad_value(key, value, str(exc.strerror)) from None
+    if isinstance(value, numbers.Integral):
         return str(int(value))
-    if isinstance(value, (int, float)):
-        return str(value)
+    if isinstance(value, float):
+        return str(value)  # the device gives its own reason
     raise InvalidArgument(
         None,
         f"option {key}: unsupported value type {type(value).__name__}",
@@ -124,15 +171,28 @@ class Config:
     def from_toml(cls, path: str | os.PathLike[str], /, **overrides: Any) -> Config:
         """Reads options from a TOML file.
 
-        Keys may sit at the top level or in a ``[device]`` table; a nested
-        table ``[t]`` with key ``k`` is passed as option ``t.k``. Keyword
-        arguments override the file.
+        Keys may sit at the top level, in a ``[device]`` table, or both; an
+        option given in both places raises InvalidArgument. A nested table
+        ``[t]`` with key ``k`` is passed as option ``t.k``. Keyword arguments
+        override the file.
         """
         with open(path, "rb") as f:
             data = tomllib.load(f)
-        if isinstance(data.get("device"), dict):
-            data = data["device"]
-        cfg = cls(dict(_flatten(data)))
+        device = data.pop("device", None) if isinstance(data.get("device"), dict) else None
+        items = dict(_flatten(data))
+        if device is not None:
+            seen = {_canonical(k): k for k in items}
+            for key, value in _flatten(device):
+                if _canonical(key) in seen:
+                    raise InvalidArgument(
+                        None,
+                        f"{os.fspath(path)}: option {key!r} is set both at the top level "
+                        f"({seen[_canonical(key)]!r}) and in [device]",
+                        call="Config.from_toml",
+                        detail=f"option {key!r} set twice",
+                    )
+                items[key] = value
+        cfg = cls(items)
         if overrides:
             cfg.update(overrides)
         return cfg
@@ -153,10 +213,17 @@ class Config:
 
     def set(self, key: str, value: Any) -> Config:
         """Sets one option by name; returns self."""
+        if not isinstance(key, str):
+            raise InvalidArgument(
+                None,
+                f"option names are strings, got {key!r} ({type(key).__name__})",
+                call="chm_config_set",
+                detail=f"option name {key!r} is not a string",
+            )
         if value is None:
             return self
         types = _option_types()
-        name = key if key in types else key.replace("-", "_")
+        name = key if key in types else _canonical(key)
         if name not in types:
             raise InvalidArgument(
                 None,
@@ -271,6 +338,10 @@ class Config:
         keys = ("capacity", "targets", "backend", "mode", "dram_bytes", "slot_bytes")
         inner = ", ".join(f"{k}={d[k]!r}" for k in keys if k in d)
         return f"Config({inner})"
+
+
+def _canonical(key: str) -> str:
+    return key.replace("-", "_")
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

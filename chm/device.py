@@ -17,6 +17,9 @@ held, so memory that is still viewed is never reused. Timeouts are seconds
 
 from __future__ import annotations
 
+import contextlib
+import numbers
+import operator
 import os
 import shutil
 import sys
@@ -50,11 +53,15 @@ def timeout_ns(timeout: float | None) -> int:
     """Seconds (``None`` = forever, 0 = poll) to the C API's nanoseconds."""
     if timeout is None:
         return _FOREVER
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    t: object = timeout  # numpy numbers too; bools are not seconds
+    if isinstance(t, bool) or not isinstance(t, numbers.Real):
         raise InvalidArgument(None, f"timeout must be seconds or None, not {timeout!r}")
-    if timeout != timeout or timeout < 0:  # NaN or negative
+    seconds = float(t)
+    if seconds != seconds or seconds < 0:  # NaN or negative
         raise InvalidArgument(None, f"timeout must be >= 0, not {timeout!r}")
-    ns = int(timeout * 1e9)
+    if seconds >= _FOREVER / 1e9:  # includes inf: as good as forever
+        return _FOREVER
+    ns = int(seconds * 1e9)
     return ns if ns < _FOREVER else _FOREVER - 1
 
 
@@ -106,8 +113,15 @@ class Handle:
             if ptr is None:
                 raise _closed_error("chm_prefetch_wait")
             tns = _FOREVER if timeout is None else timeout_ns(timeout)
-            self._buf = _wait_buffer(ptr, self.token, tns)
-            dev._views[self.token] = self
+            buf = _wait_buffer(ptr, self.token, tns)
+            # Registering is atomic with close()'s check: a view is either
+            # known to close() (which then refuses) or never handed out.
+            with dev._lock:
+                if dev._ptr is None:
+                    raise _closed_error("chm_prefetch_wait")
+                if self._buf is None:  # else another thread's wait won
+                    self._buf = buf
+                    dev._views.add(self)
         mv = self._mv = memoryview(self._buf).toreadonly()
         return mv
 
@@ -138,6 +152,15 @@ class Handle:
     def _buf_refs(self) -> int:
         return _getrefcount(self._buf)
 
+    def _exported(self) -> bool:
+        """True while something other than this handle's own memoryview
+        (a slice, a numpy array, another memoryview) still uses the view."""
+        if self._buf is None:
+            return False
+        mv = self._mv
+        extra = 1 if mv is not None and mv is not False else 0
+        return _getrefcount(self._buf) > _BUF_BASE_REFS + extra
+
     def _in_use(self) -> ViewInUse:
         return ViewInUse(
             None,
@@ -157,10 +180,10 @@ class Handle:
             except BufferError:
                 raise self._in_use() from None
             self._mv = None
-        if _getrefcount(self._buf) > _BUF_BASE_REFS:
+        if self._exported():
             raise self._in_use()
         self._buf = None
-        del self._dev._views[self.token]
+        self._dev._views.discard(self)
 
     def release(self) -> None:
         """Releases the slot. A second call is a no-op.
@@ -185,11 +208,12 @@ class Handle:
             if _getrefcount(self._buf) > _BUF_BASE_REFS:
                 raise self._in_use()
             self._buf = None
-            del self._dev._views[self.token]
+            self._dev._views.discard(self)
         self._mv = False
         ptr = self._dev._ptr
         if ptr is not None:  # else closing the device released everything
-            _release(ptr, self.token)
+            with contextlib.suppress(Cancelled):  # close() raced us: all released
+                _release(ptr, self.token)
 
     close = release
 
@@ -242,7 +266,7 @@ class Device:
 
     def __init__(self, config: Config | None = None, /, **options: Any) -> None:
         self._ptr: Any = None
-        self._views: dict[int, Handle] = {}
+        self._views: set[Handle] = set()  # handles holding a view
         self._tmpdir: str | None = None
         self._cleanup: weakref.finalize[Any, Any] | None = None
         self._lock = threading.Lock()
@@ -308,10 +332,18 @@ class Device:
             ptr = self._ptr
             if ptr is None:
                 return
-            for h in list(self._views.values()):
+            held = list(self._views)
+            for h in held:  # all or nothing: refuse before ending any view
+                if h._exported():
+                    raise h._in_use()
+            for h in held:
                 h._end_view()
             self._ptr = None
-        _ll.dev_close(ptr)
+        # Shut down, don't free: a thread that read the pointer just before
+        # gets -ECANCELED from the still-valid struct, which the pointer's
+        # destructor frees once the last reference is gone.
+        _ll.dev_shutdown(ptr)
+        del ptr
         if self._cleanup is not None:
             self._cleanup()
 
@@ -350,13 +382,23 @@ class Device:
 
         Nothing is checked here; the device validates the token on use.
         """
-        return Handle(self, int(token))
+        try:
+            value = operator.index(token)
+        except TypeError:
+            raise InvalidArgument(None, f"a handle token is an int, not {token!r}") from None
+        return Handle(self, value)
 
     # -- data path
 
     def read(self, addr: int, length: int) -> bytes:
         """Reads ``length`` bytes at ``addr`` (DRAM hit when staged, else SSD)."""
-        return _ll.read(self._p("chm_read"), addr, length)
+        ptr = self._p("chm_read")
+        n: object = length  # any integer type; others fail in the C call
+        if isinstance(n, numbers.Integral) and int(n) > self._capacity:
+            # refuse before allocating a host buffer for it
+            what = f"chm_read(addr={addr}, len={length}): longer than the device"
+            raise InvalidArgument(None, what, call="chm_read")
+        return _ll.read(ptr, addr, length)
 
     def read_into(self, addr: int, buf: Any) -> int:
         """Reads ``len(buf)`` bytes at ``addr`` into a writable buffer."""
@@ -420,7 +462,12 @@ class Device:
                     None, f"unknown fault {kind!r}; valid: {', '.join(_ll.FAULTS)}"
                 ) from None
         else:
-            code = int(kind)
+            try:
+                code = operator.index(kind)
+            except TypeError:
+                raise InvalidArgument(
+                    None, f"a fault kind is a name or an int, not {kind!r}"
+                ) from None
         _ll.fault_inject(self._p("chm_fault_inject"), code, nth, arg)
 
     def __repr__(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 import re
+from typing import SupportsIndex
 
 from chm.errors import InvalidArgument
 
@@ -38,10 +39,11 @@ def _bad(value: object, why: str) -> InvalidArgument:
     return InvalidArgument(None, f"invalid size {value!r}: {why}", call="parse_size")
 
 
-def parse_size(value: int | str) -> int:
+def parse_size(value: SupportsIndex | str) -> int:
     """Returns the number of bytes that ``value`` names.
 
-    Ints pass through (negative ones are rejected). Strings are a number
+    Integers of any type (numpy's too) and whole floats pass through
+    (negative ones are rejected; bools are not sizes). Strings are a number
     (decimals allowed when the result is a whole number of bytes) followed
     by an optional unit: K, M, G, T, P, each optionally followed by ``B`` or
     ``iB``. A plain ``B`` suffix means bytes. Raises InvalidArgument for

@@ -466,11 +466,15 @@ err_targets:
 	return rc;
 }
 
-void chm_dev_close(chm_dev *dev)
+void chm_dev_shutdown(chm_dev *dev)
 {
 	if (!dev)
 		return;
 	pthread_mutex_lock(&dev->lock);
+	if (dev->shut) {
+		pthread_mutex_unlock(&dev->lock);
+		return;
+	}
 	dev->closing = true;
 	if (dev->slots)
 		chm_staging_cancel_all(dev);
@@ -487,13 +491,29 @@ void chm_dev_close(chm_dev *dev)
 		chm_lru_fini(dev);
 	/* in-flight fills drain here; their done() still takes the lock */
 	dev->be_ops->shutdown(dev->be);
+	dev->be = NULL;
+	pthread_mutex_lock(&dev->lock);
+	/* from here on every call answers -ECANCELED without touching what
+	 * is freed below; only the struct and its lock stay until close */
+	dev->shut = true;
+	pthread_mutex_unlock(&dev->lock);
 	if (dev->slots)
 		chm_staging_fini(dev);
 	if (dev->pool.base)
 		chm_pool_destroy(&dev->pool);
-	for (unsigned i = 0; i < CHM_MAX_TARGETS; i++)
+	dev->pool.base = NULL;
+	for (unsigned i = 0; i < CHM_MAX_TARGETS; i++) {
 		if (dev->fds[i] >= 0)
 			close(dev->fds[i]);
+		dev->fds[i] = -1;
+	}
+}
+
+void chm_dev_close(chm_dev *dev)
+{
+	if (!dev)
+		return;
+	chm_dev_shutdown(dev);
 	pthread_mutex_destroy(&dev->faults.lock);
 	pthread_cond_destroy(&dev->idle_cond);
 	pthread_cond_destroy(&dev->cond);
@@ -513,6 +533,11 @@ int chm_dev_pool_fd(chm_dev *dev)
 {
 	if (!dev)
 		return -EINVAL;
+	pthread_mutex_lock(&dev->lock);
+	bool shut = dev->shut;
+	pthread_mutex_unlock(&dev->lock);
+	if (shut)
+		return -ECANCELED;
 	if (dev->pool.kind != CHM_POOL_MEMFD || dev->pool.fd < 0 || !dev->pool.base)
 		return -ENOENT;
 	return dev->pool.fd;

@@ -604,8 +604,9 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 	uint32_t start = 0;
 	struct chm_req *r;
 	pthread_mutex_lock(&dev->lock);
-	/* release works while closing too: it only returns resources */
-	int rc = handle_lookup(dev, h, &r);
+	/* release works while closing too (it only returns resources), but not
+	 * after shutdown freed the request table */
+	int rc = dev->shut ? -ECANCELED : handle_lookup(dev, h, &r);
 	if (rc)
 		goto out_unlock;
 	dev->st.prefetch_released++;

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 import chm
-from chm.errors import ChmError, NotSupported
+from chm.errors import ChmError, InvalidArgument, NotSupported
 from chm.sizes import format_size, parse_size
 
 console = Console(highlight=False)
@@ -95,11 +95,15 @@ def _populate(path: Path, capacity: int, objs: list[_Obj]) -> None:
         os.close(fd)
 
 
+def _demo_dram(obj_bytes: int, slots: int) -> int:
+    # each slot carries a little alignment slack; the write buffer takes 32M
+    return (obj_bytes + parse_size("64K")) * slots + parse_size("32M")
+
+
 def _open_demo_device(
     path: Path, capacity: int, obj_bytes: int, slots: int, backend: str, timing: str
 ) -> chm.Device:
-    # each slot carries a little alignment slack; the write buffer takes 32M
-    dram = (obj_bytes + parse_size("64K")) * slots + parse_size("32M")
+    dram = _demo_dram(obj_bytes, slots)
     kw: dict[str, Any] = dict(
         targets=[path],
         capacity=capacity,
@@ -147,6 +151,32 @@ def _stats_table(st: chm.Stats) -> Table:
     return t
 
 
+def _object_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """A byte size ("16M", "64K") that is a positive multiple of 4K."""
+    try:
+        n = parse_size(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(exc.detail or str(exc.strerror), ctx, param) from None
+    if n <= 0 or n % 4096:
+        raise click.BadParameter(f"{value!r}: must be a positive multiple of 4K", ctx, param)
+    return n
+
+
+def _check_timing(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        chm.Config(timing=value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(exc.detail or str(exc.strerror), ctx, param) from None
+    return value
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
 @main.command()
 @click.option(
     "--backend",
@@ -155,16 +185,37 @@ def _stats_table(st: chm.Stats) -> Table:
     show_default=True,
     help="I/O backend; auto tries io_uring and falls back to pread.",
 )
-@click.option("--objects", "n_objects", default=8, show_default=True, help="Objects to stage.")
-@click.option("--object-size", default="16M", show_default=True, help="Bytes per object.")
-@click.option("--slots", default=6, show_default=True, help="Staging slots in device DRAM.")
+@click.option(
+    "--objects",
+    "n_objects",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Objects to stage.",
+)
+@click.option(
+    "--object-size",
+    "obj_bytes",
+    default="16M",
+    callback=_object_size,
+    show_default=True,
+    help="Bytes per object, a multiple of 4K.",
+)
+@click.option(
+    "--slots",
+    type=click.IntRange(min=1),
+    default=6,
+    show_default=True,
+    help="Staging slots in device DRAM.",
+)
 @click.option(
     "--timing",
     default="none",
     show_default=True,
+    callback=_check_timing,
     help="Timing preset to pace the device to (none, gen5-tlc-200g, fpga-cxlhm).",
 )
-def demo(backend: str, n_objects: int, object_size: str, slots: int, timing: str) -> None:
+def demo(backend: str, n_objects: int, obj_bytes: int, slots: int, timing: str) -> None:
     """Stage a few objects from a sparse backing file and show what the device did.
 
     Runs an embedded device over a temporary sparse file: writes recognisable
@@ -172,11 +223,15 @@ def demo(backend: str, n_objects: int, object_size: str, slots: int, timing: str
     wait in the refill queue), checks every staged byte, reads a DRAM hit and
     an SSD miss, releases everything and prints the counters.
     """
-    obj_bytes = parse_size(object_size)
-    if obj_bytes <= 0 or obj_bytes % 4096:
-        raise click.BadParameter("must be a positive multiple of 4K", param_hint="--object-size")
-    if n_objects < 1 or slots < 1:
-        raise click.BadParameter("--objects and --slots must be >= 1")
+    # the staged slots and the copies the checks make all live in host memory
+    need = _demo_dram(obj_bytes, slots) + 3 * obj_bytes
+    host = _host_memory()
+    if host is not None and need > host // 2:
+        raise click.UsageError(
+            f"--object-size {format_size(obj_bytes)} with --slots {slots} needs about "
+            f"{format_size(need, exact=False)} of memory; this host has "
+            f"{format_size(host, exact=False)} (the demo uses at most half)"
+        )
     spacing = max(obj_bytes * 4, parse_size("64M"))
     capacity = spacing * (n_objects + 2)
     objs = [_Obj(i, (i + 1) * spacing, obj_bytes) for i in range(n_objects)]
@@ -186,12 +241,18 @@ def demo(backend: str, n_objects: int, object_size: str, slots: int, timing: str
     try:
         target = tmp / "ssd0.img"
         t0 = time.perf_counter()
-        _populate(target, capacity, objs)
-        fd = os.open(target, os.O_WRONLY)
         try:
-            os.pwrite(fd, _expected_bytes(99, 65536), miss_addr)
-        finally:
-            os.close(fd)
+            _populate(target, capacity, objs)
+            fd = os.open(target, os.O_WRONLY)
+            try:
+                os.pwrite(fd, _expected_bytes(99, 65536), miss_addr)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise click.ClickException(
+                f"could not write the backing file {target} "
+                f"({format_size(capacity, exact=False)} sparse): {exc.strerror}"
+            ) from exc
         console.print(
             f"[bold]backing file[/] {target}: {format_size(capacity, exact=False)} sparse, "
             f"{n_objects} objects of {format_size(obj_bytes, exact=False)} written "

@@ -289,12 +289,19 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out);
  * start once close has begun (release included). */
 void chm_dev_close(chm_dev *dev);
 
+/* The first half of chm_dev_close: cancels and drains exactly as close does
+ * and frees the pool, targets and threads, but keeps dev itself valid, so a
+ * multi-threaded host can stop the device while its own threads may still
+ * be about to call it: from then on every call returns -ECANCELED (stats
+ * and config still answer). Idempotent. chm_dev_close frees dev. */
+void chm_dev_shutdown(chm_dev *dev);
+
 /* Copies the device's effective configuration. Returns 0 or -EINVAL. */
 int chm_dev_config(chm_dev *dev, struct chm_config *out);
 
 /* Returns the DRAM pool's memfd (CHM_POOL_MEMFD) for sharing, -ENOENT for
- * other pool kinds, -EINVAL for a NULL device. The fd stays owned by the
- * device. */
+ * other pool kinds, -EINVAL for a NULL device, -ECANCELED after
+ * chm_dev_shutdown. The fd stays owned by the device. */
 int chm_dev_pool_fd(chm_dev *dev);
 
 /* ---- prefetch: issue - wait - release ---- */
@@ -316,11 +323,12 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view);
 
 /* Releases a handle in any state (in lru mode too, where the view is a host
- * copy read through the cache): a queued request is dropped, a filling
+ * copy read through the cache; -ECANCELED after chm_dev_shutdown, which
+ * released everything): a queued request is dropped, a filling
  * slot is freed when its I/O completes, a READY/HELD/FAILED slot is freed
  * now (and the next queued request starts). The handle and any view from it
  * are dead afterwards. Returns 0, -ESTALE (already released or never
- * issued), -EINVAL (foreign or malformed). */
+ * issued), -EINVAL (foreign or malformed), -ECANCELED (shut down). */
 int chm_prefetch_release(chm_dev *dev, chm_handle h);
 
 /* ---- data path ---- */
