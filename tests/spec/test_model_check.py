@@ -11,15 +11,13 @@ Trails are printed: on failure always, on success with -v (or -rP).
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import os
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING
 
+import check_model
 import pytest
+import specdata
 
 ROOT = Path(__file__).resolve().parents[2]
 FW = ROOT / "fw_spec"
@@ -27,22 +25,6 @@ MODEL = FW / "staging.pml"
 BROKEN = sorted((FW / "broken").glob("*.pml"))
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-if TYPE_CHECKING:  # mypy finds fw_spec/ on its mypy_path (pyproject.toml)
-    import check_model
-    import specdata
-else:
-    check_model = _load("chm_fw_check_model", FW / "check_model.py")
-    specdata = _load("chm_fw_specdata", FW / "specdata.py")
 SPEC = specdata.load()
 
 MISSING = check_model.tools_missing()

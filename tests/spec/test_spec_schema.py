@@ -3,33 +3,16 @@ carries exactly the yaml's tables."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING
 
 import pytest
+import specdata
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "fw_spec" / "README.md"
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-if TYPE_CHECKING:  # mypy finds fw_spec/ on its mypy_path (pyproject.toml)
-    import specdata
-else:
-    specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
 SPEC = specdata.load()
 TABLES = specdata.markdown_tables(SPEC)
 

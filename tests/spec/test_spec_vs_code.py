@@ -5,17 +5,15 @@ the comment of each call. Every comparison is exact, in both directions."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
+import specdata
 
 ROOT = Path(__file__).resolve().parents[2]
 CHM_H = ROOT / "include" / "chm.h"
@@ -23,20 +21,6 @@ DEV_H = ROOT / "csrc" / "dev.h"
 STATES_H = ROOT / "csrc" / "states.h"
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-if TYPE_CHECKING:  # mypy finds fw_spec/ on its mypy_path (pyproject.toml)
-    import specdata
-else:
-    specdata = _load("chm_fw_specdata", ROOT / "fw_spec" / "specdata.py")
 SPEC = specdata.load()
 MACHINES = specdata.machines(SPEC)
 COMMANDS = {c["function"]: c for c in SPEC["commands"]["commands"]}
