@@ -175,7 +175,7 @@ struct chm_dev {
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;  /* broadcast on any completion / release */
 	bool closing;
-	bool shut;                 /* chm_dev_shutdown finished: resources freed */
+	bool shut;                /* chm_dev_shutdown finished: resources freed */
 	uint32_t active_calls;    /* callers inside the device */
 	pthread_cond_t idle_cond; /* signalled when active_calls drops to 0 */
 

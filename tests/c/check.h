@@ -4,6 +4,7 @@
 #define CHM_TEST_CHECK_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "chm.h"
 
@@ -28,6 +29,17 @@ static int failures, checks;
 	} while (0)
 
 #define check_detail(...) (fprintf(stderr, ": " __VA_ARGS__), fprintf(stderr, "\n"))
+
+/* Sets a configuration option, or exits 1 with the reason (a broken test
+ * setup, not a device failure). */
+static inline void cfg_set(struct chm_config *c, const char *key, const char *value)
+{
+	char err[256];
+	if (chm_config_set(c, key, value, err, sizeof(err))) {
+		fprintf(stderr, "config %s=%s: %s\n", key, value, err);
+		exit(1);
+	}
+}
 
 /* Prints the tally; returns the exit status. */
 static inline int check_summary(void)

@@ -85,36 +85,27 @@ static void read_file(uint8_t *out)
 	close(fd);
 }
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 /* Opens the lru device over path. slow_writes: every SSD write is modelled
  * to take 200 ms (write-back is paced), 16 channels. */
 static int open_dev(chm_dev **out, int slow_writes)
 {
 	struct chm_config c;
 	chm_config_init(&c);
-	set(&c, "targets", path);
-	set(&c, "create", "0");
-	set(&c, "backend", backend);
-	set(&c, "mode", "lru");
-	set(&c, "capacity", "4M");
-	set(&c, "stripe_unit", "1M");
-	set(&c, "dram", "512K"); /* NLINES_CACHE lines */
-	set(&c, "wbuf", "0");
-	set(&c, "lru_line", "64K");
-	set(&c, "slot_size", "256K");
-	set(&c, "slots", "2");
-	set(&c, "queue_depth", "32");
+	cfg_set(&c, "targets", path);
+	cfg_set(&c, "create", "0");
+	cfg_set(&c, "backend", backend);
+	cfg_set(&c, "mode", "lru");
+	cfg_set(&c, "capacity", "4M");
+	cfg_set(&c, "stripe_unit", "1M");
+	cfg_set(&c, "dram", "512K"); /* NLINES_CACHE lines */
+	cfg_set(&c, "wbuf", "0");
+	cfg_set(&c, "lru_line", "64K");
+	cfg_set(&c, "slot_size", "256K");
+	cfg_set(&c, "slots", "2");
+	cfg_set(&c, "queue_depth", "32");
 	if (slow_writes) {
-		set(&c, "ssd_write_lat_ns", "200000000");
-		set(&c, "ssd_channels", "16");
+		cfg_set(&c, "ssd_write_lat_ns", "200000000");
+		cfg_set(&c, "ssd_channels", "16");
 	}
 	return chm_dev_open(&c, out);
 }
@@ -461,16 +452,16 @@ static uint64_t ghost_run(int with_writes, struct chm_stats *st)
 	const uint64_t mb = 1u << 20;
 	uint8_t *buf = malloc(mb);
 	chm_config_init(&c);
-	set(&c, "backend", "ghost");
-	set(&c, "clock", "virtual");
-	set(&c, "timing", "gen5-tlc-200g");
-	set(&c, "mode", "lru");
-	set(&c, "capacity", "1T");
-	set(&c, "dram", "64M");
-	set(&c, "wbuf", "0");
-	set(&c, "lru_line", "1M");
-	set(&c, "slot_size", "1M");
-	set(&c, "slots", "2");
+	cfg_set(&c, "backend", "ghost");
+	cfg_set(&c, "clock", "virtual");
+	cfg_set(&c, "timing", "gen5-tlc-200g");
+	cfg_set(&c, "mode", "lru");
+	cfg_set(&c, "capacity", "1T");
+	cfg_set(&c, "dram", "64M");
+	cfg_set(&c, "wbuf", "0");
+	cfg_set(&c, "lru_line", "1M");
+	cfg_set(&c, "slot_size", "1M");
+	cfg_set(&c, "slots", "2");
 	int rc = chm_dev_open(&c, &dev);
 	CHECK(rc == 0, "ghost open: %s", chm_strerror(rc));
 	if (rc) {

@@ -15,15 +15,6 @@
 #include "chm.h"
 #include "check.h"
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 #define LEN 65536
 
 int main(void)
@@ -35,13 +26,13 @@ int main(void)
 	snprintf(t, sizeof(t), "%s/t0", dir);
 	struct chm_config c;
 	chm_config_init(&c);
-	set(&c, "backend", "pread");
-	set(&c, "targets", t);
-	set(&c, "capacity", "16M");
-	set(&c, "dram", "4M");
-	set(&c, "wbuf", "2M");
-	set(&c, "slot_size", "64K");
-	set(&c, "slots", "4");
+	cfg_set(&c, "backend", "pread");
+	cfg_set(&c, "targets", t);
+	cfg_set(&c, "capacity", "16M");
+	cfg_set(&c, "dram", "4M");
+	cfg_set(&c, "wbuf", "2M");
+	cfg_set(&c, "slot_size", "64K");
+	cfg_set(&c, "slots", "4");
 	chm_dev *dev;
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {
@@ -69,7 +60,7 @@ int main(void)
 	CHECK_RC(chm_fault_inject(dev, CHM_FAULT_EIO_WRITE, 1, 0), 0);
 	chm_dev_close(dev); /* best-effort flush: the one EIO should be retried */
 
-	set(&c, "mode", "direct");
+	cfg_set(&c, "mode", "direct");
 	CHECK_RC(chm_dev_open(&c, &dev), 0);
 	static char got[LEN];
 	const char *want[3] = {e1, e2, e3};

@@ -14,15 +14,6 @@
 #include "chm.h"
 #include "check.h"
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 int main(void)
 {
 	char dir[] = "/tmp/chm_regress_XXXXXX";
@@ -32,13 +23,13 @@ int main(void)
 	snprintf(t, sizeof(t), "%s/t0", dir);
 	struct chm_config c;
 	chm_config_init(&c);
-	set(&c, "backend", "pread");
-	set(&c, "targets", t);
-	set(&c, "capacity", "16M");
-	set(&c, "dram", "2M");
-	set(&c, "wbuf", "512K");
-	set(&c, "slot_size", "64K");
-	set(&c, "slots", "4");
+	cfg_set(&c, "backend", "pread");
+	cfg_set(&c, "targets", t);
+	cfg_set(&c, "capacity", "16M");
+	cfg_set(&c, "dram", "2M");
+	cfg_set(&c, "wbuf", "512K");
+	cfg_set(&c, "slot_size", "64K");
+	cfg_set(&c, "slots", "4");
 	chm_dev *dev;
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {

@@ -11,24 +11,15 @@
 #include "chm.h"
 #include "check.h"
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 static void try_targets(const char *what, const char *targets)
 {
 	struct chm_config c;
 	chm_config_init(&c);
-	set(&c, "backend", "pread");
-	set(&c, "mode", "direct");
-	set(&c, "targets", targets);
-	set(&c, "stripe_unit", "64K");
-	set(&c, "capacity", "1M");
+	cfg_set(&c, "backend", "pread");
+	cfg_set(&c, "mode", "direct");
+	cfg_set(&c, "targets", targets);
+	cfg_set(&c, "stripe_unit", "64K");
+	cfg_set(&c, "capacity", "1M");
 	chm_dev *dev;
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {

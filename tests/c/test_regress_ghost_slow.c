@@ -12,28 +12,19 @@
 #include "chm.h"
 #include "check.h"
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 int main(void)
 {
 	const uint64_t slow = 5000000; /* 5 ms */
 	struct chm_config c;
 	chm_config_init(&c);
-	set(&c, "backend", "ghost");
-	set(&c, "clock", "virtual");
-	set(&c, "capacity", "1G");
-	set(&c, "dram", "1M");
-	set(&c, "wbuf", "64K");
-	set(&c, "slot_size", "4K");
-	set(&c, "slots", "4");
-	set(&c, "timing", "gen5-tlc-200g");
+	cfg_set(&c, "backend", "ghost");
+	cfg_set(&c, "clock", "virtual");
+	cfg_set(&c, "capacity", "1G");
+	cfg_set(&c, "dram", "1M");
+	cfg_set(&c, "wbuf", "64K");
+	cfg_set(&c, "slot_size", "4K");
+	cfg_set(&c, "slots", "4");
+	cfg_set(&c, "timing", "gen5-tlc-200g");
 	chm_dev *dev;
 	CHECK_RC(chm_dev_open(&c, &dev), 0);
 	struct chm_stats st;

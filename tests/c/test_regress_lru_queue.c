@@ -12,27 +12,18 @@
 #include "chm.h"
 #include "check.h"
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 static void try_queue(const char *qlen)
 {
 	struct chm_config c;
 	chm_config_init(&c);
-	set(&c, "backend", "ghost");
-	set(&c, "mode", "lru");
-	set(&c, "capacity", "64M");
-	set(&c, "dram", "1M");
-	set(&c, "lru_line", "64K");
-	set(&c, "slot_size", "4K");
-	set(&c, "slots", "8");
-	set(&c, "refill_queue", qlen);
+	cfg_set(&c, "backend", "ghost");
+	cfg_set(&c, "mode", "lru");
+	cfg_set(&c, "capacity", "64M");
+	cfg_set(&c, "dram", "1M");
+	cfg_set(&c, "lru_line", "64K");
+	cfg_set(&c, "slot_size", "4K");
+	cfg_set(&c, "slots", "8");
+	cfg_set(&c, "refill_queue", qlen);
 	if (chm_config_validate(&c, NULL, 0)) {
 		printf("refill_queue=%s: refused at validation\n", qlen);
 		return;

@@ -14,25 +14,16 @@
 #include "chm.h"
 #include "check.h"
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 static void base_cfg(struct chm_config *c)
 {
 	chm_config_init(c);
-	set(c, "stripe_unit", "12K");
-	set(c, "max_io", "8K");
-	set(c, "capacity", "12M"); /* 1024 stripes of 12K */
-	set(c, "dram", "4M");
-	set(c, "wbuf", "1M");
-	set(c, "slot_size", "128K");
-	set(c, "slots", "4");
+	cfg_set(c, "stripe_unit", "12K");
+	cfg_set(c, "max_io", "8K");
+	cfg_set(c, "capacity", "12M"); /* 1024 stripes of 12K */
+	cfg_set(c, "dram", "4M");
+	cfg_set(c, "wbuf", "1M");
+	cfg_set(c, "slot_size", "128K");
+	cfg_set(c, "slots", "4");
 }
 
 /* prefetch mode, ghost backend: issue + wait a 128 KiB object in a child. */
@@ -40,8 +31,8 @@ static void test_prefetch_fill(void)
 {
 	struct chm_config c;
 	base_cfg(&c);
-	set(&c, "backend", "ghost");
-	set(&c, "targets", "g0,g1");
+	cfg_set(&c, "backend", "ghost");
+	cfg_set(&c, "targets", "g0,g1");
 	if (chm_config_validate(&c, NULL, 0)) {
 		printf("prefetch: config refused at validation (acceptable)\n");
 		return;
@@ -83,9 +74,9 @@ static void test_lru_data(void)
 	snprintf(tl, sizeof(tl), "%s/t0,%s/t1", dir, dir);
 	struct chm_config c;
 	base_cfg(&c);
-	set(&c, "backend", "pread");
-	set(&c, "targets", tl);
-	set(&c, "lru_line", "64K");
+	cfg_set(&c, "backend", "pread");
+	cfg_set(&c, "targets", tl);
+	cfg_set(&c, "lru_line", "64K");
 	const uint64_t len = 256 << 10;
 	char *pat = malloc(len), *got = malloc(len);
 	for (uint64_t i = 0; i < len; i++)
@@ -93,7 +84,7 @@ static void test_lru_data(void)
 
 	chm_dev *dev;
 	/* 1: direct-mode write, lru-mode read */
-	set(&c, "mode", "direct");
+	cfg_set(&c, "mode", "direct");
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {
 		printf("SKIP: no O_DIRECT in /tmp\n");
@@ -103,7 +94,7 @@ static void test_lru_data(void)
 	CHECK_RC(chm_write_object(dev, 0, pat, len, 0), 0);
 	CHECK_RC(chm_flush(dev, UINT64_MAX), 0);
 	chm_dev_close(dev);
-	set(&c, "mode", "lru");
+	cfg_set(&c, "mode", "lru");
 	if (chm_config_validate(&c, NULL, 0) == 0) {
 		CHECK_RC(chm_dev_open(&c, &dev), 0);
 		memset(got, 0, len);
@@ -116,7 +107,7 @@ static void test_lru_data(void)
 		CHECK_RC(chm_write_object(dev, 512 << 10, pat, len, 0), 0);
 		CHECK_RC(chm_flush(dev, UINT64_MAX), 0);
 		chm_dev_close(dev);
-		set(&c, "mode", "direct");
+		cfg_set(&c, "mode", "direct");
 		CHECK_RC(chm_dev_open(&c, &dev), 0);
 		memset(got, 0, len);
 		CHECK_RC(chm_read(dev, 512 << 10, got, len), 0);

@@ -29,15 +29,6 @@ static char *slow_src; /* W1's source: PROT_NONE until W2 is admitted */
 static volatile sig_atomic_t in_handler, go;
 static int w1_rc = -1;
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 static void on_segv(int sig, siginfo_t *si, void *uc)
 {
 	(void)sig;
@@ -71,13 +62,13 @@ int main(void)
 	snprintf(t, sizeof(t), "%s/t0", dir);
 	struct chm_config c;
 	chm_config_init(&c);
-	set(&c, "backend", "pread");
-	set(&c, "targets", t);
-	set(&c, "capacity", "16M");
-	set(&c, "dram", "2M");
-	set(&c, "wbuf", "512K");
-	set(&c, "slot_size", "4K");
-	set(&c, "slots", "4");
+	cfg_set(&c, "backend", "pread");
+	cfg_set(&c, "targets", t);
+	cfg_set(&c, "capacity", "16M");
+	cfg_set(&c, "dram", "2M");
+	cfg_set(&c, "wbuf", "512K");
+	cfg_set(&c, "slot_size", "4K");
+	cfg_set(&c, "slots", "4");
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {
 		printf("SKIP: no O_DIRECT in /tmp\n");

@@ -11,15 +11,6 @@
 #include "chm.h"
 #include "check.h"
 
-static void set(struct chm_config *c, const char *k, const char *v)
-{
-	char err[256];
-	if (chm_config_set(c, k, v, err, sizeof(err))) {
-		fprintf(stderr, "config %s=%s: %s\n", k, v, err);
-		exit(1);
-	}
-}
-
 static uint8_t pattern(uint64_t addr)
 {
 	return (uint8_t)(addr * 2654435761u >> 13);
@@ -30,13 +21,13 @@ static void test_ghost_queue_and_handles(void)
 	struct chm_config c;
 	chm_dev *dev, *other;
 	chm_config_init(&c);
-	set(&c, "backend", "ghost");
-	set(&c, "capacity", "1G");
-	set(&c, "slot_size", "4K");
-	set(&c, "slots", "4");
-	set(&c, "refill_queue", "4");
-	set(&c, "dram", "1M");
-	set(&c, "wbuf", "64K");
+	cfg_set(&c, "backend", "ghost");
+	cfg_set(&c, "capacity", "1G");
+	cfg_set(&c, "slot_size", "4K");
+	cfg_set(&c, "slots", "4");
+	cfg_set(&c, "refill_queue", "4");
+	cfg_set(&c, "dram", "1M");
+	cfg_set(&c, "wbuf", "64K");
 	CHECK_RC(chm_dev_open(&c, &dev), 0);
 	CHECK_RC(chm_dev_open(&c, &other), 0);
 	chm_handle h[9], oh;
@@ -119,12 +110,12 @@ static void test_backend(const char *backend, const char *dir)
 	struct chm_config c;
 	chm_dev *dev;
 	chm_config_init(&c);
-	set(&c, "backend", backend);
-	set(&c, "targets", path);
-	set(&c, "capacity", "64M");
-	set(&c, "slot_size", "4M");
-	set(&c, "dram", "40M");
-	set(&c, "wbuf", "4M");
+	cfg_set(&c, "backend", backend);
+	cfg_set(&c, "targets", path);
+	cfg_set(&c, "capacity", "64M");
+	cfg_set(&c, "slot_size", "4M");
+	cfg_set(&c, "dram", "40M");
+	cfg_set(&c, "wbuf", "4M");
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {
 		printf("skip %s: not available on this host\n", backend);
@@ -194,7 +185,7 @@ static void test_backend(const char *backend, const char *dir)
 	CHECK(memcmp(rb, pat, 4096) == 0); /* a skipped write changes nothing */
 	free(big);
 	/* a waiter blocked at close returns -ECANCELED */
-	set(&c, "slots", "1");
+	cfg_set(&c, "slots", "1");
 	chm_dev_close(dev);
 	fd = open(path, O_RDONLY);
 	CHECK(pread(fd, rb, 8192, 8192) == 8192 && rb[0] == 0xab && rb[8191] == 0xab);
