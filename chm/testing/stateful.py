@@ -405,6 +405,9 @@ class DeviceMachine(RuleBasedStateMachine):
                 self.c.add("lru_lookups", _lines(addr, length, self.geometry.lru_line))
         if not admitted:
             if self.data:
+                # the model knows hit from miss only with no fill in flight
+                # (write_during_fill races one on purpose)
+                self._settle()
                 self._read(addr, length, "W2: a skipped write changed the device")
             return False
         self.image[addr : addr + length] = data
