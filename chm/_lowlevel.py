@@ -380,16 +380,7 @@ def prefetch_wait(dev: CData, h: int, timeout_ns: int) -> ViewInfo:
 
 def prefetch_wait_buffer(dev: CData, h: int, timeout_ns: int) -> Buffer:
     """chm_prefetch_wait() returning only the zero-copy buffer (hot path)."""
-    try:
-        vp = _tls.v
-    except AttributeError:
-        vp = _scratch_view()
-    try:
-        rc = _wait_c(dev, h, timeout_ns, vp)
-    except OverflowError as exc:
-        raise _arg_error("chm_prefetch_wait", f"handle={h}, timeout_ns={timeout_ns}", exc) from None
-    if rc < 0:
-        _check(rc, "chm_prefetch_wait", f"handle={h:#x}, timeout_ns={timeout_ns}")
+    vp = _wait(dev, h, timeout_ns)
     return _view_buffer(dev, vp.data, vp.len)
 
 

@@ -3,8 +3,11 @@
 #ifndef CHM_TEST_CHECK_H
 #define CHM_TEST_CHECK_H
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "chm.h"
 
@@ -46,6 +49,48 @@ static inline int check_summary(void)
 {
 	printf("%s: %d checks, %d failures\n", failures ? "FAIL" : "PASS", checks, failures);
 	return failures ? 1 : 0;
+}
+
+/* A scratch backing file, path, in a fresh directory under /tmp. */
+struct scratch {
+	char dir[64];
+	char path[96];
+};
+
+/* Makes the directory; false when /tmp cannot hold one (skip the test). */
+static inline bool scratch_make(struct scratch *sc)
+{
+	snprintf(sc->dir, sizeof(sc->dir), "/tmp/chm_test_XXXXXX");
+	if (!mkdtemp(sc->dir))
+		return false;
+	snprintf(sc->path, sizeof(sc->path), "%s/t0", sc->dir);
+	return true;
+}
+
+static inline void scratch_remove(struct scratch *sc)
+{
+	unlink(sc->path);
+	rmdir(sc->dir);
+}
+
+/* Opens a device on c (whose target is sc->path). Returns 0, or the status
+ * main() should exit with: 77 after printing why when this host lacks what
+ * c needs (-EOPNOTSUPP), the tally when the open failed otherwise. */
+static inline int scratch_open(struct scratch *sc, const struct chm_config *c, chm_dev **dev,
+                               const char *lacking)
+{
+	int rc = chm_dev_open(c, dev);
+	if (rc == -EOPNOTSUPP) {
+		printf("SKIP: %s\n", lacking);
+		scratch_remove(sc);
+		return 77;
+	}
+	CHECK_RC(rc, 0);
+	if (rc) {
+		scratch_remove(sc);
+		return check_summary();
+	}
+	return 0;
 }
 
 #endif /* CHM_TEST_CHECK_H */

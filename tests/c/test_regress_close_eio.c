@@ -19,31 +19,22 @@
 
 int main(void)
 {
-	char dir[] = "/tmp/chm_regress_XXXXXX";
-	if (!mkdtemp(dir))
+	struct scratch sc;
+	if (!scratch_make(&sc))
 		return 77;
-	char t[1100];
-	snprintf(t, sizeof(t), "%s/t0", dir);
 	struct chm_config c;
 	chm_config_init(&c);
 	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", t);
+	cfg_set(&c, "targets", sc.path);
 	cfg_set(&c, "capacity", "16M");
 	cfg_set(&c, "dram", "4M");
 	cfg_set(&c, "wbuf", "2M");
 	cfg_set(&c, "slot_size", "64K");
 	cfg_set(&c, "slots", "4");
 	chm_dev *dev;
-	int rc = chm_dev_open(&c, &dev);
-	if (rc == -EOPNOTSUPP) {
-		printf("SKIP: no O_DIRECT in /tmp\n");
-		unlink(t);
-		rmdir(dir);
-		return 77;
-	}
-	CHECK_RC(rc, 0);
-	if (rc)
-		return check_summary();
+	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT in /tmp");
+	if (status)
+		return status;
 	static char e1[LEN] __attribute__((aligned(4096)));
 	static char e2[LEN] __attribute__((aligned(4096)));
 	static char e3[LEN] __attribute__((aligned(4096)));
@@ -72,8 +63,7 @@ int main(void)
 		      (unsigned char)got[0], (unsigned char)want[i][0]);
 	}
 	chm_dev_close(dev);
-	unlink(t);
-	rmdir(dir);
+	scratch_remove(&sc);
 	printf("close after one transient write error: every admitted write durable checked\n");
 	return check_summary();
 }

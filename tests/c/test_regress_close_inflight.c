@@ -16,31 +16,22 @@
 
 int main(void)
 {
-	char dir[] = "/tmp/chm_regress_XXXXXX";
-	if (!mkdtemp(dir))
+	struct scratch sc;
+	if (!scratch_make(&sc))
 		return 77;
-	char t[1100];
-	snprintf(t, sizeof(t), "%s/t0", dir);
 	struct chm_config c;
 	chm_config_init(&c);
 	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", t);
+	cfg_set(&c, "targets", sc.path);
 	cfg_set(&c, "capacity", "16M");
 	cfg_set(&c, "dram", "2M");
 	cfg_set(&c, "wbuf", "512K");
 	cfg_set(&c, "slot_size", "64K");
 	cfg_set(&c, "slots", "4");
 	chm_dev *dev;
-	int rc = chm_dev_open(&c, &dev);
-	if (rc == -EOPNOTSUPP) {
-		printf("SKIP: no O_DIRECT in /tmp\n");
-		unlink(t);
-		rmdir(dir);
-		return 77;
-	}
-	CHECK_RC(rc, 0);
-	if (rc)
-		return check_summary();
+	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT in /tmp");
+	if (status)
+		return status;
 	/* every backend I/O completes 300 ms late: the fill is in flight at close */
 	CHECK_RC(chm_fault_inject(dev, CHM_FAULT_SLOW, 0, 300ull * 1000 * 1000), 0);
 	chm_handle h;
@@ -50,7 +41,6 @@ int main(void)
 	CHECK(st.slots_filling == 1, "fill in flight before close (filling=%u)", st.slots_filling);
 	chm_dev_close(dev);
 	printf("close with a fill in flight returned\n");
-	unlink(t);
-	rmdir(dir);
+	scratch_remove(&sc);
 	return check_summary();
 }

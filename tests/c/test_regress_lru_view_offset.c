@@ -17,15 +17,13 @@
 
 int main(void)
 {
-	char dir[] = "/tmp/chm_regress_XXXXXX";
-	if (!mkdtemp(dir))
+	struct scratch sc;
+	if (!scratch_make(&sc))
 		return 77;
-	char t[1100];
-	snprintf(t, sizeof(t), "%s/t0", dir);
 	struct chm_config c;
 	chm_config_init(&c);
 	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", t);
+	cfg_set(&c, "targets", sc.path);
 	cfg_set(&c, "mode", "lru");
 	cfg_set(&c, "pool", "memfd");
 	cfg_set(&c, "capacity", "16M");
@@ -34,16 +32,9 @@ int main(void)
 	cfg_set(&c, "slot_size", "4K");
 	cfg_set(&c, "slots", "4");
 	chm_dev *dev;
-	int rc = chm_dev_open(&c, &dev);
-	if (rc == -EOPNOTSUPP) {
-		printf("SKIP: no O_DIRECT or memfd here\n");
-		unlink(t);
-		rmdir(dir);
-		return 77;
-	}
-	CHECK_RC(rc, 0);
-	if (rc)
-		return check_summary();
+	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT or memfd here");
+	if (status)
+		return status;
 	static char pat[4096] __attribute__((aligned(4096)));
 	memset(pat, 0x5a, sizeof(pat));
 	CHECK_RC(chm_write_object(dev, 8192, pat, sizeof(pat), 0), 0);
@@ -76,8 +67,7 @@ int main(void)
 out:
 	CHECK_RC(chm_prefetch_release(dev, h), 0);
 	chm_dev_close(dev);
-	unlink(t);
-	rmdir(dir);
+	scratch_remove(&sc);
 	printf("lru mode: view pool_offset checked against the memfd pool\n");
 	return check_summary();
 }

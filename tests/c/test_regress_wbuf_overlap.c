@@ -55,30 +55,21 @@ int main(void)
 	printf("SKIP: uses a SIGSEGV handler to hold a copy, not under sanitizers\n");
 	return 77;
 #endif
-	char dir[] = "/tmp/chm_regress_XXXXXX";
-	if (!mkdtemp(dir))
+	struct scratch sc;
+	if (!scratch_make(&sc))
 		return 77;
-	char t[1100];
-	snprintf(t, sizeof(t), "%s/t0", dir);
 	struct chm_config c;
 	chm_config_init(&c);
 	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", t);
+	cfg_set(&c, "targets", sc.path);
 	cfg_set(&c, "capacity", "16M");
 	cfg_set(&c, "dram", "2M");
 	cfg_set(&c, "wbuf", "512K");
 	cfg_set(&c, "slot_size", "4K");
 	cfg_set(&c, "slots", "4");
-	int rc = chm_dev_open(&c, &dev);
-	if (rc == -EOPNOTSUPP) {
-		printf("SKIP: no O_DIRECT in /tmp\n");
-		unlink(t);
-		rmdir(dir);
-		return 77;
-	}
-	CHECK_RC(rc, 0);
-	if (rc)
-		return check_summary();
+	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT in /tmp");
+	if (status)
+		return status;
 
 	chm_handle h;
 	struct chm_view v;
@@ -119,7 +110,6 @@ int main(void)
 	      (unsigned char)hit[0], (unsigned char)after[0]);
 	CHECK(memcmp(v.data, after, LEN) == 0, "the held view disagrees with durable data");
 	chm_dev_close(dev);
-	unlink(t);
-	rmdir(dir);
+	scratch_remove(&sc);
 	return check_summary();
 }
