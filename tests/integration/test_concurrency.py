@@ -299,7 +299,7 @@ _CLOSE_SCRIPT = textwrap.dedent(
         frames = sys._current_frames()
         inside = sum(
             1 for t in threads
-            if t.ident in frames and frames[t.ident].f_code.co_name == "prefetch_wait_buffer"
+            if t.ident in frames and frames[t.ident].f_code.co_name == "_wait"
         )
         if inside == len(threads):
             break
