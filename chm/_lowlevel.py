@@ -177,6 +177,8 @@ def config_set(cfg: CData, key: str, value: str) -> None:
     Raises NotFound for an unknown key, InvalidArgument for a bad value (the
     device's one-line reason is in the message and in ``.detail``).
     """
+    if "\0" in key or "\0" in value:  # C would see the text up to the NUL only
+        raise _arg_error("chm_config_set", f"{key!r}, {value!r}", ValueError("contains a NUL byte"))
     err = _errbuf()
     try:
         rc = lib.chm_config_set(cfg, key.encode(), value.encode(), err, ERRMSG_MAX)

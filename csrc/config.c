@@ -1,7 +1,9 @@
 /* config.c - every configuration option declared once (name, type, default,
  * help), parsed from text, and validated in one function. */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -122,68 +124,100 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
 	return -EINVAL;
 }
 
-/* Parses "123", "64K", "1.5G", "4KiB", "16MB" (binary multiples). */
+/* Parses "123", "64K", "1.5G", "4KiB", "16MB" (binary multiples): digits with
+ * an optional fraction of at most 19 significant digits, then an optional
+ * unit; the result must be a whole number of bytes below 2^64. Nothing else:
+ * no whitespace, sign, exponent or hex float (all of which strtod accepts).
+ * Exact integer arithmetic, so every byte count is represented. */
 static int parse_size(const char *s, uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	if (!*s || *s == '-')
+	unsigned __int128 whole = 0, frac = 0, scale = 1;
+	const char *p = s;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		whole = whole * 10 + (unsigned)(*p - '0');
+		if (whole > UINT64_MAX)
+			return -EINVAL;
+	}
+	if (p == s)
 		return -EINVAL;
-	double v = strtod(s, &end);
-	if (errno || end == s || v < 0)
-		return -EINVAL;
+	if (*p == '.') {
+		const char *f = ++p, *last = p; /* last: one past the last non-zero digit */
+		for (; *p >= '0' && *p <= '9'; p++)
+			if (*p != '0')
+				last = p + 1;
+		if (last - f > 19)
+			return -EINVAL;
+		for (; f < last; f++) {
+			frac = frac * 10 + (unsigned)(*f - '0');
+			scale *= 10;
+		}
+	}
 	uint64_t mult = 1;
-	switch (*end) {
+	switch (*p) {
 	case 'k':
-	case 'K':
-		mult = 1ull << 10;
-		end++;
-		break;
+	case 'K': mult = 1ull << 10; break;
 	case 'm':
-	case 'M':
-		mult = 1ull << 20;
-		end++;
-		break;
+	case 'M': mult = 1ull << 20; break;
 	case 'g':
-	case 'G':
-		mult = 1ull << 30;
-		end++;
-		break;
+	case 'G': mult = 1ull << 30; break;
 	case 't':
-	case 'T':
-		mult = 1ull << 40;
-		end++;
-		break;
+	case 'T': mult = 1ull << 40; break;
 	case 'p':
-	case 'P':
-		mult = 1ull << 50;
-		end++;
-		break;
+	case 'P': mult = 1ull << 50; break;
 	default: break;
 	}
-	if (mult > 1 && (!strcasecmp(end, "iB") || !strcasecmp(end, "B")))
-		end += strlen(end);
-	else if (mult == 1 && !strcasecmp(end, "B"))
-		end++;
-	if (*end)
+	if (mult > 1)
+		p++;
+	if (mult > 1 && (!strcasecmp(p, "iB") || !strcasecmp(p, "B")))
+		p += strlen(p);
+	else if (mult == 1 && !strcasecmp(p, "B"))
+		p++;
+	if (*p)
 		return -EINVAL;
-	long double bytes = (long double)v * (long double)mult;
-	if (bytes > (long double)UINT64_MAX || bytes != (long double)(uint64_t)bytes)
+	if (frac * mult % scale)
+		return -EINVAL; /* not a whole number of bytes */
+	unsigned __int128 bytes = whole * mult + frac * mult / scale;
+	if (bytes > UINT64_MAX)
 		return -EINVAL;
 	*out = (uint64_t)bytes;
 	return 0;
 }
 
+/* "0", a decimal without leading zeros, or "0x" + hex digits; nothing around
+ * them. strtoull alone would also take leading whitespace, a sign (" -1" is
+ * 2^64-1) and octal after a leading 0. */
 static int parse_uint(const char *s, uint64_t *out)
 {
+	const char *digits = s;
+	int base = 10;
+	if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+		base = 16;
+		digits = s + 2;
+	} else if (s[0] == '0' && s[1]) {
+		return -EINVAL;
+	}
+	if (!*digits)
+		return -EINVAL;
+	for (const char *p = digits; *p; p++)
+		if (base == 10 ? !(*p >= '0' && *p <= '9') : !isxdigit((unsigned char)*p))
+			return -EINVAL;
 	char *end;
 	errno = 0;
-	if (!*s || *s == '-')
-		return -EINVAL;
-	unsigned long long v = strtoull(s, &end, 0);
+	unsigned long long v = strtoull(digits, &end, base);
 	if (errno || *end)
 		return -EINVAL;
 	*out = v;
+	return 0;
+}
+
+/* The unsigned grammar after an optional '-', within int32. */
+static int parse_int32(const char *s, int32_t *out)
+{
+	bool neg = s[0] == '-';
+	uint64_t v;
+	if (parse_uint(neg ? s + 1 : s, &v) || v > (neg ? 2147483648ull : 2147483647ull))
+		return -EINVAL;
+	*out = neg ? (int32_t)(-(int64_t)v) : (int32_t)v;
 	return 0;
 }
 
@@ -236,22 +270,28 @@ static int opt_set(struct chm_config *cfg, const struct opt *o, const char *valu
 			return fail(err, errlen, "%s: '%s' is not a size (e.g. 4096, 64K, 16M, 2T)",
 			            o->name, value);
 		if (o->width == 4 && v > UINT32_MAX)
-			return fail(err, errlen, "%s: %s is too large", o->name, value);
+			return fail(err, errlen, "%s: '%s' is too large (at most 4294967295)",
+			            o->name, value);
 		store_uint(cfg, o, v);
 		return 0;
 	case OPT_UINT:
 		if (parse_uint(value, &v) || (o->width == 4 && v > UINT32_MAX))
-			return fail(err, errlen, "%s: '%s' is not a non-negative integer", o->name,
-			            value);
+			return fail(
+			        err, errlen,
+			        "%s: '%s' is not an unsigned integer in 0..%llu (decimal, or hex "
+			        "after 0x; no spaces, sign or leading zeros)",
+			        o->name, value,
+			        o->width == 4 ? 4294967295ull : 18446744073709551615ull);
 		store_uint(cfg, o, v);
 		return 0;
 	case OPT_INT: {
-		char *end;
-		errno = 0;
-		long l = strtol(value, &end, 0);
-		if (!*value || errno || *end || l < INT32_MIN || l > INT32_MAX)
-			return fail(err, errlen, "%s: '%s' is not an integer", o->name, value);
-		int32_t i = (int32_t)l;
+		int32_t i;
+		if (parse_int32(value, &i))
+			return fail(
+			        err, errlen,
+			        "%s: '%s' is not an integer in -2147483648..2147483647 (decimal, or "
+			        "hex after 0x; no spaces, '+' or leading zeros)",
+			        o->name, value);
 		memcpy((char *)cfg + o->off, &i, 4);
 		return 0;
 	}

@@ -249,8 +249,11 @@ const char *chm_strerror(int err);
 /* Fills *cfg with defaults. Returns 0, or -EINVAL when cfg is NULL. */
 int chm_config_init(struct chm_config *cfg);
 
-/* Sets option `key` from its text form `value` (sizes accept K/M/G/T
- * suffixes, enums their names, "targets" a comma-separated list). On failure
+/* Sets option `key` from its text form `value` (sizes accept K/M/G/T/P
+ * suffixes and a fraction that makes whole bytes, enums their names,
+ * "targets" a comma-separated list; integers are decimal or 0x-hex, with no
+ * whitespace, no sign but the '-' of a signed option, no leading zero). The
+ * reason names the option and quotes the value. On failure
  * writes a one-line reason into err (if non-NULL). Returns 0, -ENOENT for an
  * unknown key, -EINVAL for a bad value. */
 int chm_config_set(struct chm_config *cfg, const char *key, const char *value, char *err,
