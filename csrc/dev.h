@@ -127,7 +127,7 @@ enum chm_req_state {
 };
 
 struct chm_req {
-	uint32_t gen;  /* bumped on every free; part of the handle */
+	uint64_t gen;  /* bumped on every free; part of the handle; 1.. */
 	uint8_t state; /* enum chm_req_state */
 	int32_t slot;  /* CHM_REQ_SLOTTED: slot index */
 	uint64_t addr, len;
@@ -185,10 +185,14 @@ struct chm_dev {
 	uint32_t slot_free_head; /* index+1 */
 	uint32_t slot_count_by_state[5];
 	struct chm_req *reqs;
-	uint32_t nreqs;          /* nslots + refill_queue */
-	uint32_t req_free_head;  /* index+1 */
-	uint32_t req_free_tail;  /* index+1: the free list is a FIFO */
-	uint32_t q_head, q_tail; /* refill FIFO (index+1) */
+	uint32_t nreqs;           /* nslots + refill_queue */
+	uint32_t req_free_head;   /* index+1 */
+	uint32_t req_free_tail;   /* index+1: the free list is a FIFO */
+	uint32_t reqs_live;       /* QUEUED or SLOTTED records */
+	uint32_t reqs_retired;    /* FREE records off the free list for good */
+	uint32_t handle_idx_bits; /* derived: bit length of nreqs */
+	uint64_t handle_gen_last; /* derived: largest generation a handle carries */
+	uint32_t q_head, q_tail;  /* refill FIFO (index+1) */
 	uint32_t q_len;
 	uint32_t max_ios;     /* ios per slot */
 	uint64_t staging_off; /* offset of the window in the pool */
@@ -258,6 +262,12 @@ void chm_staging_fini(struct chm_dev *dev);
  * wait already paid for one pass over its object, which reads consume. */
 bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len,
                           uint64_t *link_bytes);
+/* Test-only hooks (tests/c/test_regress_handle_wrap.c), not part of the API:
+ * set the generation of FREE request record idx to gen (1..last), so a test
+ * reaches the last generation without 2^47 prefetches; returns 0, -EINVAL or
+ * -EBUSY (record in use). Take dev->lock themselves. */
+int chm_staging_test_set_generation(struct chm_dev *dev, uint32_t idx, uint64_t gen);
+uint64_t chm_staging_last_generation(struct chm_dev *dev);
 /* Stops lru-mode filler threads after draining their queue (close). */
 void chm_staging_stop_fillers(struct chm_dev *dev);
 /* Cancels queued requests (close). Lock held. */

@@ -23,25 +23,28 @@
 #include "dev.h"
 #include "states.h"
 
-#define HANDLE_IDX_BITS 24
-#define HANDLE_GEN_BITS 24
-#define HANDLE_IDX_MASK ((1u << HANDLE_IDX_BITS) - 1)
-#define HANDLE_GEN_MASK ((1u << HANDLE_GEN_BITS) - 1)
+/* Handle layout (fw_spec/README.md 4.1): the device tag in bits 63..48, then
+ * the request record's generation, then its index in the low idx_bits, the
+ * fewest bits that hold nreqs itself (so index nreqs is always malformed).
+ * A small device thus gets a wide generation: 47 bits with one record. */
+#define HANDLE_TAG_SHIFT 48
+#define HANDLE_LOW_MASK ((UINT64_C(1) << HANDLE_TAG_SHIFT) - 1)
 
-static chm_handle handle_make(const struct chm_dev *dev, uint32_t idx, uint32_t gen)
+static chm_handle handle_make(const struct chm_dev *dev, uint32_t idx, uint64_t gen)
 {
-	return ((uint64_t)dev->tag << 48) | ((uint64_t)(gen & HANDLE_GEN_MASK) << 24) | idx;
+	return ((uint64_t)dev->tag << HANDLE_TAG_SHIFT) | (gen << dev->handle_idx_bits) | idx;
 }
 
 /* Returns the request named by h, -EINVAL (foreign/malformed) or -ESTALE. */
 static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out)
 {
-	uint32_t idx = (uint32_t)(h & HANDLE_IDX_MASK);
-	uint32_t gen = (uint32_t)((h >> 24) & HANDLE_GEN_MASK);
-	if ((uint16_t)(h >> 48) != dev->tag || idx >= dev->nreqs)
+	uint64_t low = h & HANDLE_LOW_MASK;
+	uint32_t idx = (uint32_t)(low & ((UINT64_C(1) << dev->handle_idx_bits) - 1));
+	uint64_t gen = low >> dev->handle_idx_bits;
+	if ((uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag || idx >= dev->nreqs)
 		return -EINVAL;
 	struct chm_req *r = &dev->reqs[idx];
-	if (r->state == CHM_REQ_FREE || (r->gen & HANDLE_GEN_MASK) != gen)
+	if (r->state == CHM_REQ_FREE || r->gen != gen)
 		return -ESTALE;
 	*out = r;
 	return 0;
@@ -78,14 +81,22 @@ static void staged_unlink(struct chm_dev *dev, struct chm_slot *s)
 }
 
 /* Free request records form a FIFO: the least recently freed is reused
- * first, so a generation comes back only after 2^24 reuses of every record. */
+ * first. A record whose generation is the last one the handle can carry is
+ * retired instead (FREE, but never on the free list again), so no handle is
+ * ever issued twice: a device issues at least 2^47 handles before its first
+ * record retires (2^(48 - idx_bits) generations of each of nreqs records). */
 static void req_free(struct chm_dev *dev, struct chm_req *r)
 {
 	uint32_t ri = (uint32_t)(r - dev->reqs) + 1;
 	r->state = CHM_REQ_FREE;
-	r->gen = (r->gen + 1) & HANDLE_GEN_MASK;
 	r->slot = -1;
 	r->fnext = 0;
+	dev->reqs_live--;
+	if (r->gen == dev->handle_gen_last) {
+		dev->reqs_retired++;
+		return;
+	}
+	r->gen++;
 	if (dev->req_free_tail)
 		dev->reqs[dev->req_free_tail - 1].fnext = ri;
 	else
@@ -102,7 +113,27 @@ static struct chm_req *req_alloc(struct chm_dev *dev)
 	if (!dev->req_free_head)
 		dev->req_free_tail = 0;
 	r->fnext = 0;
+	dev->reqs_live++;
 	return r;
+}
+
+int chm_staging_test_set_generation(struct chm_dev *dev, uint32_t idx, uint64_t gen)
+{
+	int rc = 0;
+	pthread_mutex_lock(&dev->lock);
+	if (!dev->reqs || idx >= dev->nreqs || gen == 0 || gen > dev->handle_gen_last)
+		rc = -EINVAL;
+	else if (dev->reqs[idx].state != CHM_REQ_FREE)
+		rc = -EBUSY;
+	else
+		dev->reqs[idx].gen = gen;
+	pthread_mutex_unlock(&dev->lock);
+	return rc;
+}
+
+uint64_t chm_staging_last_generation(struct chm_dev *dev)
+{
+	return dev->handle_gen_last;
 }
 
 static void fill_io_done(struct chm_io *io);
@@ -306,6 +337,10 @@ int chm_staging_init(struct chm_dev *dev)
 	dev->nslots = c->slot_count;
 	dev->slot_stride = CHM_ALIGN_UP(c->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
 	dev->nreqs = dev->nslots + c->refill_queue;
+	dev->handle_idx_bits = 1;
+	while (dev->nreqs >> dev->handle_idx_bits)
+		dev->handle_idx_bits++;
+	dev->handle_gen_last = (UINT64_C(1) << (HANDLE_TAG_SHIFT - dev->handle_idx_bits)) - 1;
 	dev->max_ios = chm_map_max_ios(c, dev->slot_stride);
 	dev->staged_head = -1;
 	char *mem = (char *)dev->pool.base + dev->staging_off;
@@ -476,7 +511,15 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 		rc = -EAGAIN;
 		goto out_leave;
 	}
-	struct chm_req *r = req_alloc(dev); /* nreqs = slots + queue: cannot fail */
+	/* nreqs = slots + queue, so a record is free here unless some retired
+	 * (after 2^47 handles or more): then -EAGAIN while a release can still
+	 * free one, -ENOSPC once every record is retired */
+	struct chm_req *r = req_alloc(dev);
+	if (!r) {
+		dev->st.prefetch_rejected++;
+		rc = dev->reqs_live ? -EAGAIN : -ENOSPC;
+		goto out_leave;
+	}
 	r->addr = addr;
 	r->len = len;
 	r->issue_ns = chm_now_ns(dev);

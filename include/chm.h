@@ -57,7 +57,9 @@ extern "C" {
 typedef struct chm_dev chm_dev;
 
 /* An opaque prefetch token: device tag, generation and request index. A
- * released, foreign or never-issued handle is rejected, never reused. */
+ * released, foreign or never-issued handle is rejected, never reused: a
+ * request record whose generation would wrap is retired instead (after at
+ * least 2^47 prefetches of the device, see chm_prefetch_object's -ENOSPC). */
 typedef uint64_t chm_handle;
 
 enum chm_backend_kind {
@@ -314,7 +316,10 @@ int chm_dev_pool_fd(chm_dev *dev);
  * refill queue (FIFO; started as slots are released). Returns 0 and a
  * handle in *h; -EINVAL (len 0, len > slot_bytes, range beyond capacity,
  * unknown flags, NULL h), -EAGAIN (refill queue full, or no free slot with
- * CHM_PF_NOQUEUE), -EOPNOTSUPP (direct mode), -ECANCELED (closing). In lru
+ * CHM_PF_NOQUEUE, or no free request record while some are in use),
+ * -ENOSPC (every request record is retired: the device has issued all the
+ * handles it can without reusing one, 2^47 or more; reopen it),
+ * -EOPNOTSUPP (direct mode), -ECANCELED (closing). In lru
  * mode the call is a hint that fills cache lines and pins nothing. */
 int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h);
 

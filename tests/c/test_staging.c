@@ -55,7 +55,10 @@ static void test_ghost_queue_and_handles(void)
 	CHECK_RC(chm_prefetch_release(dev, oh), -EINVAL);
 	CHECK_RC(chm_prefetch_wait(dev, oh, 0, &v), -EINVAL);
 	CHECK_RC(chm_prefetch_release(dev, 0), -EINVAL);
-	CHECK_RC(chm_prefetch_release(dev, h[1] + (1ull << 23)), -EINVAL); /* index */
+	/* the index is the low bits, as few as hold nreqs (8: 4 bits); all ones
+	 * is always beyond the last record */
+	CHECK_RC(chm_prefetch_release(dev, h[1] | 0xF), -EINVAL); /* index */
+	CHECK_RC(chm_prefetch_release(dev, h[1] | 0xFFFFFF), -EINVAL);
 	CHECK_RC(chm_prefetch_release(dev, h[1] + (1ull << 24)), -ESTALE); /* generation */
 	/* bad arguments */
 	CHECK_RC(chm_prefetch_object(dev, 0, 0, 0, &oh), -EINVAL);

@@ -186,15 +186,26 @@ def test_constants_match(code: dict[str, Any]) -> None:
 
 
 def test_handle_layout(code: dict[str, Any]) -> None:
+    """The fields tile the 64 bits for every index width k (1..24, the bit
+    length of the number of request entries), leaving the generation at least
+    24 bits."""
     fields = SPEC["commands"]["handle"]["fields"]
     assert SPEC["commands"]["handle"]["bits"] == code["handle_bits"] == 64
-    top = 63
-    for f in fields:
-        hi, lo = (int(x) for x in f["bits"].split(".."))
-        assert hi == top and lo <= hi, f"handle field {f['name']} is not contiguous"
-        top = lo - 1
-    assert top == -1, "handle fields do not cover 64 bits"
     assert [f["name"] for f in fields] == ["tag", "generation", "index"]
+
+    def bit(expr: str, k: int) -> int:
+        return int(eval(expr, {"__builtins__": {}}, {"k": k}))  # e.g. "k-1"
+
+    for k in range(1, 25):
+        top = 63
+        for f in fields:
+            hi, lo = (bit(x, k) for x in f["bits"].split(".."))
+            assert hi == top and lo <= hi, f"handle field {f['name']} is not contiguous at k={k}"
+            top = lo - 1
+        assert top == -1, f"handle fields do not cover 64 bits at k={k}"
+        gen = next(f for f in fields if f["name"] == "generation")
+        hi, lo = (bit(x, k) for x in gen["bits"].split(".."))
+        assert hi - lo + 1 >= 24
 
 
 # ---- commands against the comments of include/chm.h ----
