@@ -428,6 +428,10 @@ static int uring_init(struct chm_dev *dev, struct chm_backend **out)
 err_mutex:
 	pthread_mutex_destroy(&ub->lock);
 err_ring:
+	if (ub->fixed_files)
+		io_uring_unregister_files(&ub->ring);
+	if (ub->nbufs)
+		io_uring_unregister_buffers(&ub->ring);
 	io_uring_queue_exit(&ub->ring);
 err_free:
 	free(ub);
@@ -486,6 +490,16 @@ static void uring_shutdown(struct chm_backend *be)
 	pthread_mutex_unlock(&ub->lock);
 
 	pthread_join(ub->reaper, NULL);
+	/* Why unregister before the exit: closing the ring fd leaves its
+	 * teardown to a kernel worker, whose fput of the registered targets is
+	 * deferred again; until then a block-device target stays claimed
+	 * (O_EXCL reopen -EBUSY, losetup -d only deferred). Unregistering here,
+	 * with nothing in flight, drops those references in this task before
+	 * the syscall returns, so close() returns with the targets released. */
+	if (ub->fixed_files)
+		io_uring_unregister_files(&ub->ring);
+	if (ub->nbufs)
+		io_uring_unregister_buffers(&ub->ring);
 	io_uring_queue_exit(&ub->ring);
 	pthread_mutex_destroy(&ub->lock);
 	free(ub);

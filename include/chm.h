@@ -290,8 +290,10 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out);
  * return -ECANCELED, in-flight I/O is drained, the write buffer is flushed
  * (best effort: failed batches are retried for up to 10 s; writes that are
  * still not durable then are lost, as on a power cut without chm_flush()).
- * Blocks until all of that is done. Accepts NULL. No other call on dev may
- * start once close has begun (release included). */
+ * Blocks until all of that is done and every target is closed (the io_uring
+ * ring's registered files included), so a block-device target can be opened
+ * exclusively (or detached) as soon as close returns. Accepts NULL. No other
+ * call on dev may start once close has begun (release included). */
 void chm_dev_close(chm_dev *dev);
 
 /* The first half of chm_dev_close: cancels and drains exactly as close does
