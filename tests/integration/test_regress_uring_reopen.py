@@ -101,9 +101,11 @@ def test_losetup_detach_right_after_close(tmp_path: Path, backend: str) -> None:
         f.truncate(SIZE)
     dev = _attach(image)
     try:
-        with chm.Device.open(targets=[dev], backend=backend, **OPTIONS) as d:
-            with d.prefetch(0, 4096) as h:
-                h.wait(10)
+        with (
+            chm.Device.open(targets=[dev], backend=backend, **OPTIONS) as d,
+            d.prefetch(0, 4096) as h,
+        ):
+            h.wait(10)
         proc = subprocess.run(["losetup", "-d", dev], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         # with the drive still open, the kernel only marks it for autoclear
