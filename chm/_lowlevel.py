@@ -271,18 +271,20 @@ def struct_fields(cname: str) -> list[str]:
 # ---------------------------------------------------------------- lifecycle
 
 
-def dev_open(cfg: CData) -> CData:
-    """chm_dev_open(): returns the device pointer (with a leak-net destructor)."""
+def dev_open_err(cfg: CData) -> CData:
+    """chm_dev_open_err(): returns the device pointer (with a leak-net
+    destructor); a failure carries the device's one-line reason (the option,
+    path and sizes involved) in the message and in ``.detail``."""
     out = ffi.new("chm_dev **")
-    rc = lib.chm_dev_open(cfg, out)
+    err = _errbuf()
+    rc = lib.chm_dev_open_err(cfg, out, err, ERRMSG_MAX)
     if rc < 0:
-        detail = None
-        if rc == -InvalidArgument.default_errno:
-            err = _errbuf()
-            if lib.chm_config_validate(cfg, err, ERRMSG_MAX) < 0:
-                detail = _errtext(err)
-        _check(rc, "chm_dev_open", "", detail)
+        _check(rc, "chm_dev_open", "", _errtext(err))
     return ffi.gc(out[0], lib.chm_dev_close)
+
+
+# chm_dev_open() is chm_dev_open_err() without the reason: one wrapper for both.
+dev_open = dev_open_err
 
 
 def dev_close(dev: CData) -> None:
@@ -503,6 +505,7 @@ __all__ = [
     "dev_shutdown",
     "dev_config",
     "dev_open",
+    "dev_open_err",
     "dev_pool_fd",
     "fault_inject",
     "flush",

@@ -305,8 +305,10 @@ class Device:
     ) -> Device:
         """Opens a device from keywords (any option of :func:`chm.config.options`).
 
-        ``targets`` is a path or a list of paths (files are created sparse
-        when missing); ``None`` uses a temporary directory.
+        ``targets`` is a path or a list of paths, used as they are: with
+        ``create=True`` a missing file is created (mode 0600, sparse) and a
+        short one extended, else that is NotFound / NoSpace naming the path
+        and sizes. ``None`` uses a file created in a temporary directory.
         """
         cfg = Config(capacity=capacity, backend=backend, mode=mode)
         if dram is not None:  # else the device default (chm-emu options)

@@ -49,8 +49,10 @@ static const struct opt opts[] = {
          "address-space size in bytes (K/M/G/T suffixes), a multiple of stripe_unit", NULL},
         {"targets", OPT_TARGETS, F(targets), "",
          "comma-separated backing files or block devices (1..16), striped", NULL},
-        {"create", OPT_UINT, F(create), "1",
-         "1: create missing backing files, sparse, at the size they need", NULL},
+        {"create", OPT_UINT, F(create), "0",
+         "1: create missing backing files (mode 0600, sparse) and extend short ones to the "
+         "size they need; 0: use them only as they are",
+         NULL},
         {"stripe_unit", OPT_SIZE, F(stripe_unit), "1M",
          "bytes per stripe on each target, a multiple of 4096", NULL},
         {"backend", OPT_ENUM, F(backend), "uring",
@@ -243,8 +245,8 @@ static int set_targets(struct chm_config *cfg, const char *value, char *err, siz
 		if (len == 0)
 			return fail(err, errlen, "targets: empty path in list");
 		if (len >= CHM_PATH_MAX)
-			return fail(err, errlen, "targets: path longer than %d bytes",
-			            CHM_PATH_MAX - 1);
+			return fail(err, errlen, "targets: path '%.48s...' is longer than %d bytes",
+			            p, CHM_PATH_MAX - 1);
 		if (n == CHM_MAX_TARGETS)
 			return fail(err, errlen, "targets: more than %d targets", CHM_MAX_TARGETS);
 		memcpy(tmp[n], p, len);
@@ -311,8 +313,8 @@ static int opt_set(struct chm_config *cfg, const struct opt *o, const char *valu
 	case OPT_PATH:
 	case OPT_STR:
 		if (strlen(value) >= o->width)
-			return fail(err, errlen, "%s: longer than %zu bytes", o->name,
-			            o->width - 1);
+			return fail(err, errlen, "%s: '%.48s...' is longer than %zu bytes", o->name,
+			            value, o->width - 1);
 		memset((char *)cfg + o->off, 0, o->width);
 		memcpy((char *)cfg + o->off, value, strlen(value));
 		return 0;
@@ -412,7 +414,8 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 		return fail(err, errlen, "targets: need 1..%d backing targets, got %u",
 		            CHM_MAX_TARGETS, cfg->n_targets);
 	if (cfg->n_targets > CHM_MAX_TARGETS)
-		return fail(err, errlen, "targets: more than %d", CHM_MAX_TARGETS);
+		return fail(err, errlen, "targets: %u is more than %d", cfg->n_targets,
+		            CHM_MAX_TARGETS);
 	for (uint32_t i = 0; i < cfg->n_targets; i++)
 		if (!memchr(cfg->targets[i], 0, CHM_PATH_MAX) || !cfg->targets[i][0])
 			return fail(err, errlen, "targets: target %u is empty or unterminated", i);
@@ -426,7 +429,8 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 		            (unsigned long long)cfg->capacity,
 		            (unsigned long long)cfg->stripe_unit);
 	if (cfg->capacity > (1ull << 56))
-		return fail(err, errlen, "capacity: larger than 64 PiB");
+		return fail(err, errlen, "capacity: %llu is larger than 64 PiB (2^56)",
+		            (unsigned long long)cfg->capacity);
 	if (cfg->queue_depth < 1 || cfg->queue_depth > 4096)
 		return fail(err, errlen, "queue_depth: %u not in 1..4096", cfg->queue_depth);
 	if (cfg->max_io < 4096 || cfg->max_io > (64u << 20) || cfg->max_io % 4096)
@@ -453,12 +457,16 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 			return fail(err, errlen, "lru_line: %llu is not a power of two in 4K..64M",
 			            (unsigned long long)cfg->lru_line_bytes);
 		if (cfg->dram_bytes < cfg->lru_line_bytes)
-			return fail(err, errlen, "dram: smaller than one lru_line");
+			return fail(err, errlen, "dram: %llu is smaller than one lru_line (%llu)",
+			            (unsigned long long)cfg->dram_bytes,
+			            (unsigned long long)cfg->lru_line_bytes);
 		if (cfg->slot_bytes < 512 || cfg->slot_bytes > (1ull << 30))
 			return fail(err, errlen, "slot_size: %llu not in 512..1G",
 			            (unsigned long long)cfg->slot_bytes);
 		if (cfg->slot_count > 4096)
-			return fail(err, errlen, "slots: at most 4096 prefetch views in lru mode");
+			return fail(err, errlen,
+			            "slots: %u is above 4096 prefetch views in lru mode",
+			            cfg->slot_count);
 		return 0;
 	}
 	/* prefetch */
@@ -488,6 +496,8 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 	uint64_t nslots =
 	        cfg->slot_count ? cfg->slot_count : (fits > (1u << 20) ? (1u << 20) : fits);
 	if (nslots + cfg->refill_queue >= (1u << 24))
-		return fail(err, errlen, "slots + refill_queue must stay below 2^24");
+		return fail(err, errlen,
+		            "slots + refill_queue: %llu + %u must stay below 2^24 (16777216)",
+		            (unsigned long long)nslots, cfg->refill_queue);
 	return 0;
 }

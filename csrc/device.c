@@ -2,6 +2,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/loop.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,7 +286,34 @@ static uint64_t target_need(const struct chm_config *c, unsigned i)
 	return mine * c->stripe_unit;
 }
 
-static int open_target(struct chm_dev *dev, unsigned i)
+/* A one-line reason for a failed open, returned as rc. */
+static int open_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+static int open_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return rc;
+}
+
+/* What the open path did to target i, so a failed open can undo it. */
+struct target_undo {
+	bool created;        /* the file did not exist: remove it */
+	bool grown;          /* the file was extended: truncate it back */
+	uint64_t orig_bytes; /* its size before */
+	dev_t st_dev;        /* identity, checked before undoing anything */
+	ino_t st_ino;
+};
+
+/* Opens target i O_DIRECT (block devices exclusively). A missing regular file
+ * is created (mode 0600, sparse) and a short one extended only with
+ * cfg.create; otherwise -ENOENT / -ENOSPC naming the path and the sizes. */
+static int open_target(struct chm_dev *dev, unsigned i, struct target_undo *undo, char *err,
+                       size_t errlen)
 {
 	const struct chm_config *c = &dev->cfg;
 	const char *path = c->targets[i];
@@ -291,19 +321,42 @@ static int open_target(struct chm_dev *dev, unsigned i)
 	struct stat st;
 	int flags = O_RDWR | O_DIRECT | O_CLOEXEC;
 	if (stat(path, &st) < 0) {
-		if (errno != ENOENT || !c->create)
-			return -errno;
-		flags |= O_CREAT;
+		int e = errno;
+		if (e != ENOENT)
+			return open_fail(err, errlen, -e, "target %u: %s: %s", i, path,
+			                 strerror(e));
+		if (!c->create)
+			return open_fail(
+			        err, errlen, -ENOENT,
+			        "target %u: %s does not exist (create=1 creates it, sparse, "
+			        "at %llu bytes)",
+			        i, path, (unsigned long long)need);
+		flags |= O_CREAT | O_EXCL; /* so we know the file is ours to remove */
 	} else if (S_ISBLK(st.st_mode)) {
 		flags |= O_EXCL; /* a mounted or otherwise claimed drive: -EBUSY */
 	} else if (!S_ISREG(st.st_mode)) {
-		return -EINVAL;
+		return open_fail(err, errlen, -EINVAL,
+		                 "target %u: %s is neither a regular file nor a block device", i,
+		                 path);
 	}
-	int fd = open(path, flags, 0644);
-	if (fd < 0)
-		return errno == EINVAL ? -EOPNOTSUPP : -errno; /* no O_DIRECT here */
+	int fd = open(path, flags, 0600);
+	if (fd < 0) {
+		int e = errno;
+		if (e == EINVAL)
+			return open_fail(err, errlen, -EOPNOTSUPP,
+			                 "target %u: %s: no O_DIRECT on its filesystem", i, path);
+		if (e == EBUSY)
+			return open_fail(err, errlen, -EBUSY,
+			                 "target %u: %s is in use (mounted, or opened exclusively "
+			                 "elsewhere)",
+			                 i, path);
+		return open_fail(err, errlen, -e, "target %u: %s: %s", i, path, strerror(e));
+	}
+	undo->created = flags & O_CREAT;
 	if (fstat(fd, &st) < 0)
 		goto err_errno;
+	undo->st_dev = st.st_dev;
+	undo->st_ino = st.st_ino;
 	uint64_t have;
 	if (S_ISBLK(st.st_mode)) {
 		if (ioctl(fd, BLKGETSIZE64, &have) < 0)
@@ -313,23 +366,36 @@ static int open_target(struct chm_dev *dev, unsigned i)
 			goto err_errno;
 		if (lbs > 4096) { /* staging fills are widened to 4 KiB only */
 			close(fd);
-			return -EOPNOTSUPP;
+			return open_fail(err, errlen, -EOPNOTSUPP,
+			                 "target %u: %s has %d-byte logical blocks (at most 4096)",
+			                 i, path, lbs);
 		}
 		if ((uint32_t)lbs > dev->write_align)
 			dev->write_align = (uint32_t)lbs;
 		if (have < need) {
 			close(fd);
-			return -ENOSPC;
+			return open_fail(
+			        err, errlen, -ENOSPC,
+			        "target %u: %s has %llu bytes, its share of capacity needs "
+			        "%llu",
+			        i, path, (unsigned long long)have, (unsigned long long)need);
 		}
 	} else {
 		have = (uint64_t)st.st_size;
 		if (have < need) {
 			if (!c->create) {
 				close(fd);
-				return -ENOSPC;
+				return open_fail(
+				        err, errlen, -ENOSPC,
+				        "target %u: %s is %llu bytes, smaller than its share "
+				        "of capacity (%llu bytes); create=1 extends it",
+				        i, path, (unsigned long long)have,
+				        (unsigned long long)need);
 			}
 			if (ftruncate(fd, (off_t)need) < 0) /* sparse */
 				goto err_errno;
+			undo->grown = !undo->created;
+			undo->orig_bytes = have;
 			have = need;
 		}
 	}
@@ -337,27 +403,122 @@ static int open_target(struct chm_dev *dev, unsigned i)
 	dev->target_bytes[i] = have;
 	return 0;
 err_errno:;
-	int e = -errno;
+	int e = errno;
 	close(fd);
-	return e;
+	if (undo->created)
+		unlink(path);
+	undo->created = false;
+	return open_fail(err, errlen, -e, "target %u: %s: %s", i, path, strerror(e));
+}
+
+/* Undoes what open_target did to the targets of a failed open: removes the
+ * files it created and truncates back the ones it extended, and only those
+ * (the path must still name the same file). */
+static void undo_targets(struct chm_dev *dev, const struct target_undo *undo)
+{
+	for (unsigned i = 0; i < dev->cfg.n_targets; i++) {
+		struct stat st;
+		const char *path = dev->cfg.targets[i];
+		if (!undo[i].created && !undo[i].grown)
+			continue;
+		if (stat(path, &st) < 0 || st.st_dev != undo[i].st_dev ||
+		    st.st_ino != undo[i].st_ino)
+			continue;
+		if (undo[i].created)
+			unlink(path);
+		else if (dev->fds[i] >= 0 && ftruncate(dev->fds[i], (off_t)undo[i].orig_bytes))
+			continue; /* best effort */
+	}
+}
+
+/* The identities of an open target or pool file: device and inode of a
+ * regular file, the device number of a block device and, for a loop device,
+ * its backing file. Two objects overlap when any identities match. (A
+ * partition of a target drive needs no check here: the kernel refuses the
+ * second exclusive open of overlapping block devices with -EBUSY, and a
+ * mounted filesystem claims its drive the same way.) */
+struct ident {
+	int n;
+	struct {
+		bool blk;
+		dev_t dev;
+		ino_t ino;
+	} id[2];
+};
+
+static int ident_of(int fd, const char *path, struct ident *out)
+{
+	struct stat st;
+	if (fd >= 0 ? fstat(fd, &st) : stat(path, &st))
+		return -errno;
+	out->n = 1;
+	if (S_ISBLK(st.st_mode)) {
+		out->id[0].blk = true;
+		out->id[0].dev = st.st_rdev;
+		out->id[0].ino = 0;
+		struct loop_info64 li;
+		if (fd >= 0 && ioctl(fd, LOOP_GET_STATUS64, &li) == 0) {
+			out->id[1].blk = false;
+			out->id[1].dev = (dev_t)li.lo_device;
+			out->id[1].ino = (ino_t)li.lo_inode;
+			out->n = 2;
+		}
+	} else {
+		out->id[0].blk = false;
+		out->id[0].dev = st.st_dev;
+		out->id[0].ino = st.st_ino;
+	}
+	return 0;
+}
+
+static bool ident_overlap(const struct ident *a, const struct ident *b)
+{
+	for (int i = 0; i < a->n; i++)
+		for (int j = 0; j < b->n; j++)
+			if (a->id[i].blk == b->id[j].blk && a->id[i].dev == b->id[j].dev &&
+			    a->id[i].ino == b->id[j].ino)
+				return true;
+	return false;
 }
 
 /* Two targets that are the same file (a path listed twice, a hard link, a
- * symlink) would share offsets and overwrite each other's stripes. */
-static int check_distinct_targets(struct chm_dev *dev)
+ * symlink, a loop device over the other) would share offsets and overwrite
+ * each other's stripes. */
+static int check_distinct_targets(struct chm_dev *dev, struct ident *ids, char *err, size_t errlen)
 {
-	struct stat st[CHM_MAX_TARGETS];
 	for (unsigned i = 0; i < dev->cfg.n_targets; i++) {
-		if (fstat(dev->fds[i], &st[i]) < 0)
-			return -errno;
-		for (unsigned j = 0; j < i; j++) {
-			bool same = S_ISBLK(st[i].st_mode) ? st[i].st_rdev == st[j].st_rdev
-			                                   : st[i].st_dev == st[j].st_dev &&
-			                                             st[i].st_ino == st[j].st_ino;
-			if (same)
-				return -EINVAL;
-		}
+		int rc = ident_of(dev->fds[i], NULL, &ids[i]);
+		if (rc)
+			return open_fail(err, errlen, rc, "target %u: %s: %s", i,
+			                 dev->cfg.targets[i], strerror(-rc));
+		for (unsigned j = 0; j < i; j++)
+			if (ident_overlap(&ids[i], &ids[j]))
+				return open_fail(err, errlen, -EINVAL,
+				                 "targets %u (%s) and %u (%s) are the same file or "
+				                 "device",
+				                 j, dev->cfg.targets[j], i, dev->cfg.targets[i]);
 	}
+	return 0;
+}
+
+/* A pool=file pool that is (or is backed by) a target would have the DRAM
+ * contents and the SSD contents overwrite each other. fd < 0: check the
+ * path (following symlinks) before the pool is opened; else the open pool. */
+static int check_pool_not_target(struct chm_dev *dev, const struct ident *ids, int fd, char *err,
+                                 size_t errlen)
+{
+	if (dev->cfg.pool_kind != CHM_POOL_FILE || dev->cfg.backend == CHM_BACKEND_GHOST)
+		return 0;
+	struct ident pool;
+	if (ident_of(fd, dev->cfg.pool_path, &pool))
+		return 0; /* missing: the pool's own open reports it */
+	for (unsigned i = 0; i < dev->cfg.n_targets; i++)
+		if (ident_overlap(&pool, &ids[i]))
+			return open_fail(
+			        err, errlen, -EINVAL,
+			        "pool_path %s is target %u (%s), or backs it: the DRAM pool "
+			        "and the SSD would overwrite each other",
+			        dev->cfg.pool_path, i, dev->cfg.targets[i]);
 	return 0;
 }
 
@@ -370,14 +531,23 @@ static uint64_t pool_bytes_needed(const struct chm_config *c)
 
 int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 {
+	return chm_dev_open_err(cfg, out, NULL, 0);
+}
+
+int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, size_t errlen)
+{
+	if (err && errlen)
+		err[0] = '\0';
 	if (!cfg || !out)
-		return -EINVAL;
-	int rc = chm_config_validate(cfg, NULL, 0);
+		return open_fail(err, errlen, -EINVAL, "cfg or out is NULL");
+	int rc = chm_config_validate(cfg, err, errlen);
 	if (rc)
 		return rc;
+	struct target_undo undo[CHM_MAX_TARGETS] = {0};
+	struct ident ids[CHM_MAX_TARGETS];
 	struct chm_dev *dev = calloc(1, sizeof(*dev));
 	if (!dev)
-		return -ENOMEM;
+		return open_fail(err, errlen, -ENOMEM, "no host memory for the device");
 	dev->cfg = *cfg;
 	chm_config_derive(&dev->cfg);
 	while (!dev->tag) {
@@ -401,19 +571,33 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 
 	if (dev->cfg.backend != CHM_BACKEND_GHOST) {
 		for (unsigned i = 0; i < dev->cfg.n_targets; i++) {
-			rc = open_target(dev, i);
+			rc = open_target(dev, i, &undo[i], err, errlen);
 			if (rc)
 				goto err_targets;
 		}
-		rc = check_distinct_targets(dev);
+		rc = check_distinct_targets(dev, ids, err, errlen);
 		if (rc)
 			goto err_targets;
 	}
 	uint64_t pb = pool_bytes_needed(&dev->cfg);
 	if (pb) {
-		rc = chm_pool_create(&dev->pool, &dev->cfg, pb);
+		rc = check_pool_not_target(dev, ids, -1, err, errlen);
 		if (rc)
 			goto err_targets;
+		rc = chm_pool_create(&dev->pool, &dev->cfg, pb);
+		if (rc) {
+			static const char *const kinds[] = {"anon", "hugetlb", "memfd", "file"};
+			open_fail(err, errlen, rc, "pool=%s of %llu bytes%s%s: %s",
+			          kinds[dev->cfg.pool_kind], (unsigned long long)pb,
+			          dev->cfg.pool_kind == CHM_POOL_FILE ? " at " : "",
+			          dev->cfg.pool_kind == CHM_POOL_FILE ? dev->cfg.pool_path : "",
+			          strerror(-rc));
+			goto err_targets;
+		}
+		/* again on the open pool: the path may have changed meanwhile */
+		rc = check_pool_not_target(dev, ids, dev->pool.fd, err, errlen);
+		if (rc)
+			goto err_pool;
 	} else {
 		dev->pool.fd = -1;
 		dev->pool.numa_node = -1;
@@ -424,8 +608,10 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 	default: dev->be_ops = &chm_backend_ghost_ops; break;
 	}
 	rc = dev->be_ops->init(dev, &dev->be);
-	if (rc)
+	if (rc) {
+		open_fail(err, errlen, rc, "backend %s: %s", dev->be_ops->name, chm_strerror(rc));
 		goto err_pool;
+	}
 	if (dev->cfg.mode == CHM_MODE_PREFETCH) {
 		dev->staging_off = 0;
 		rc = chm_wbuf_init(dev);
@@ -455,6 +641,7 @@ err_pool:
 	if (pb)
 		chm_pool_destroy(&dev->pool);
 err_targets:
+	undo_targets(dev, undo);
 	for (unsigned i = 0; i < CHM_MAX_TARGETS; i++)
 		if (dev->fds[i] >= 0)
 			close(dev->fds[i]);
@@ -463,6 +650,8 @@ err_targets:
 	pthread_cond_destroy(&dev->cond);
 	pthread_mutex_destroy(&dev->lock);
 	free(dev);
+	if (err && errlen && !err[0])
+		open_fail(err, errlen, rc, "%s", chm_strerror(rc));
 	return rc;
 }
 

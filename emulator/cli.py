@@ -106,6 +106,7 @@ def _open_demo_device(
     dram = _demo_dram(obj_bytes, slots)
     kw: dict[str, Any] = dict(
         targets=[path],
+        create=True,  # the demo's own scratch file
         capacity=capacity,
         dram=dram,
         mode="prefetch",

@@ -136,7 +136,7 @@ struct chm_timing {
 struct chm_config {
 	uint64_t capacity;             /* address-space bytes, multiple of stripe_unit */
 	uint32_t n_targets;            /* 1..CHM_MAX_TARGETS backing targets */
-	uint32_t create;               /* 1: create missing regular files sparse */
+	uint32_t create;               /* 1: create missing / extend short files */
 	char targets[16][1024];        /* backing paths (files or block devices) */
 	uint64_t stripe_unit;          /* striping unit, multiple of 4096 */
 	int32_t backend;               /* enum chm_backend_kind */
@@ -275,16 +275,27 @@ int chm_timing_preset(const char *name, struct chm_timing *out);
 
 /* ---- device lifecycle ---- */
 
-/* Opens a device: validates cfg, opens (and with cfg->create, creates sparse)
- * the backing targets, allocates the DRAM pool, starts completion threads.
- * Blocks for setup only. On success *out owns everything; cfg is copied.
- * Returns 0, -EINVAL (bad config, reason via chm_config_validate; or two
- * targets that are the same file or device), -ENOENT
- * (target missing), -ENOSPC (target smaller than needed), -ENOMEM (pool),
- * -EOPNOTSUPP (backend or pool kind unavailable on this host, no O_DIRECT
- * on the target's filesystem, logical blocks above 4 KiB), -EBUSY, or
- * another -errno from open/mmap/io_uring_queue_init. */
+/* Opens a device: validates cfg, opens the backing targets, allocates the
+ * DRAM pool, starts completion threads. Blocks for setup only. A missing
+ * regular-file target is created (mode 0600, sparse) and one shorter than
+ * its share of capacity extended only with cfg->create; a failed open
+ * removes the files it created and truncates back the ones it extended, and
+ * touches no other. On success *out owns everything; cfg is copied.
+ * Returns 0, -EINVAL (bad config, reason via chm_config_validate; two
+ * targets that are the same file or device; a pool=file pool_path that is a
+ * target, or backs a loop-device target), -ENOENT (target missing without
+ * create), -ENOSPC (target smaller than needed, without create for a file),
+ * -ENOMEM (pool), -EOPNOTSUPP (backend or pool kind unavailable on this
+ * host, no O_DIRECT on the target's filesystem, logical blocks above
+ * 4 KiB), -EBUSY (a block device in use), or another -errno from
+ * open/mmap/io_uring_queue_init. */
 int chm_dev_open(const struct chm_config *cfg, chm_dev **out);
+
+/* chm_dev_open that also writes a one-line reason into err (if non-NULL) on
+ * failure, naming the option, path and sizes involved. Returns the same
+ * values: 0, -EINVAL, -ENOENT, -ENOSPC, -ENOMEM, -EOPNOTSUPP, -EBUSY, or
+ * another -errno from open/mmap/io_uring_queue_init. */
+int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, size_t errlen);
 
 /* Closes a device. Outstanding prefetches are cancelled: blocked waiters
  * return -ECANCELED, in-flight I/O is drained, the write buffer is flushed

@@ -61,7 +61,9 @@ def backend_unavailable(name: str) -> str | None:
     reason: str | None = None
     with tempfile.TemporaryDirectory(prefix="chm-probe-", dir=_tmp_parent()) as tmp:
         try:
-            chm.Device.open(targets=[Path(tmp) / "probe.img"], backend=name, **SMALL).close()
+            chm.Device.open(
+                targets=[Path(tmp) / "probe.img"], backend=name, create=True, **SMALL
+            ).close()
         except NotSupported as exc:
             reason = f"{name} backend unavailable here: {exc.strerror}"
         except ChmError as exc:
@@ -133,6 +135,7 @@ def make_device(tmp_backing: Path) -> Iterator[Callable[..., chm.Device]]:
         kw.update(options)
         if "targets" not in kw:
             kw["targets"] = [tmp_backing / f"dev{next(counter)}.img"]
+            kw.setdefault("create", True)
         dev = chm.Device.open(backend=backend, **kw)
         opened.append(dev)
         return dev

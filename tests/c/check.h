@@ -73,13 +73,16 @@ static inline void scratch_remove(struct scratch *sc)
 	rmdir(sc->dir);
 }
 
-/* Opens a device on c (whose target is sc->path). Returns 0, or the status
- * main() should exit with: 77 after printing why when this host lacks what
- * c needs (-EOPNOTSUPP), the tally when the open failed otherwise. */
+/* Opens a device on c (whose target is sc->path, created here: create=1).
+ * Returns 0, or the status main() should exit with: 77 after printing why
+ * when this host lacks what c needs (-EOPNOTSUPP), the tally when the open
+ * failed otherwise. */
 static inline int scratch_open(struct scratch *sc, const struct chm_config *c, chm_dev **dev,
                                const char *lacking)
 {
-	int rc = chm_dev_open(c, dev);
+	struct chm_config cc = *c;
+	cc.create = 1;
+	int rc = chm_dev_open(&cc, dev);
 	if (rc == -EOPNOTSUPP) {
 		printf("SKIP: %s\n", lacking);
 		scratch_remove(sc);

@@ -3,6 +3,7 @@
  * then land on the same file offsets and overwrite each other. Checks that
  * such a device is refused at open or keeps every stripe's data. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@ static void try_targets(const char *what, const char *targets)
 	cfg_set(&c, "backend", "pread");
 	cfg_set(&c, "mode", "direct");
 	cfg_set(&c, "targets", targets);
+	cfg_set(&c, "create", "1");
 	cfg_set(&c, "stripe_unit", "64K");
 	cfg_set(&c, "capacity", "1M");
 	chm_dev *dev;
@@ -55,7 +57,13 @@ int main(void)
 	snprintf(f0, sizeof(f0), "%s/t0", dir);
 	snprintf(f1, sizeof(f1), "%s/t1", dir);
 	snprintf(t, sizeof(t), "%s,%s", f0, f0);
+	/* an existing file: a refused open removes only the files it created */
+	int fd = open(f0, O_RDWR | O_CREAT, 0600);
+	if (fd < 0)
+		return 77;
+	close(fd);
 	try_targets("same path twice", t);
+	CHECK(access(f0, F_OK) == 0, "a refused open removed %s, which it did not create", f0);
 	if (link(f0, f1) == 0) {
 		snprintf(t, sizeof(t), "%s,%s", f0, f1);
 		try_targets("path and a hard link to it", t);

@@ -76,6 +76,7 @@ static void test_lru_data(void)
 	base_cfg(&c);
 	cfg_set(&c, "backend", "pread");
 	cfg_set(&c, "targets", tl);
+	cfg_set(&c, "create", "1");
 	cfg_set(&c, "lru_line", "64K");
 	const uint64_t len = 256 << 10;
 	char *pat = malloc(len), *got = malloc(len);

@@ -263,7 +263,7 @@ _CLOSE_SCRIPT = textwrap.dedent(
     KiB = 1024
     dev = chm.Device.open(targets=[path], backend=backend, capacity="16M",
                           dram=2 * 68 * KiB + 64 * KiB, wbuf="64K", slot_size="64K",
-                          slots=2, refill_queue=4)
+                          slots=2, refill_queue=4, create=True)
     held = [dev.prefetch(i * 65536, 65536) for i in range(2)]
     views = [h.wait(10) for h in held]
     if scenario == "queued":

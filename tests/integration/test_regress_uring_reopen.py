@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.skipif(
 MiB = 1 << 20
 SIZE = 32 * MiB
 ROUNDS = 50
-OPTIONS = {"capacity": SIZE, "dram": "8M", "wbuf": "1M", "slot_size": "1M"}
+OPTIONS: dict[str, Any] = {"capacity": SIZE, "dram": "8M", "wbuf": "1M", "slot_size": "1M"}
 
 
 def _attach(image: Path) -> str:

@@ -85,6 +85,7 @@ def test_device_from_config(backend: str, tmp_backing: Path) -> None:
         slot_size="1M",
         backend=backend,
         targets=[tmp_backing / "c.img"],
+        create=True,
     )
     with chm.Device(cfg) as dev:
         eff = dev.config
