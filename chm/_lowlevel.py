@@ -10,6 +10,10 @@ as a leak safety net only; :func:`dev_close` runs it explicitly.
 
 The hot-path wrappers (prefetch/wait/release) keep their out-parameters in
 per-thread scratch structs so they allocate nothing per call.
+
+A staged view is exported through :class:`chm._robuf.ReadOnlyBuffer`, never
+as a cffi buffer: cffi buffers are writable, and a memoryview's ``.obj`` (the
+base of every numpy array made from it) hands its exporter to anyone.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from chm._ffi import ffi, lib
+from chm._robuf import ReadOnlyBuffer
 from chm.errors import ChmError, InvalidArgument, error_for
 
 # Opaque cffi objects (struct pointers) handed to the layers above.
 CData = Any
-Buffer = Any  # a cffi buffer object (supports the buffer protocol)
+Buffer = ReadOnlyBuffer  # a view of device DRAM (read-only buffer protocol)
 
 UINT64_MAX: int = 2**64 - 1
 WRITE_SKIPPED: int = int(lib.CHM_WRITE_SKIPPED)
@@ -316,15 +321,15 @@ _prefetch_c = lib.chm_prefetch_object
 _wait_c = lib.chm_prefetch_wait
 _release_c = lib.chm_prefetch_release
 _buffer = ffi.buffer
-_gc = ffi.gc
 _cast = ffi.cast
 
 
-def _view_buffer(dev: CData, data: CData, n: int) -> Buffer:
-    """A zero-copy buffer over a staged object that keeps the device pointer
-    (and so the mapped DRAM pool) alive for as long as anything exports it:
-    the buffer references its cdata, whose destructor references ``dev``."""
-    return _buffer(_gc(_cast("char *", data), lambda _p, _keep=dev: None), n)
+def _view_buffer(data: CData, n: int, owner: object) -> Buffer:
+    """A read-only zero-copy buffer over a staged object. It keeps ``owner``
+    alive for as long as it exists or anything exports it: the device pointer
+    (so the mapped DRAM pool stays mapped), or a chm.Handle, which keeps its
+    device and so the pointer."""
+    return ReadOnlyBuffer(_buffer(_cast("char *", data), n), owner)
 
 
 _alloc_raw = ffi.new_allocator(should_clear_after_alloc=False)
@@ -372,16 +377,18 @@ def _wait(dev: CData, h: int, timeout_ns: int) -> CData:
 
 
 def prefetch_wait(dev: CData, h: int, timeout_ns: int) -> ViewInfo:
-    """chm_prefetch_wait(): the staged object (zero-copy buffer) and its place."""
+    """chm_prefetch_wait(): the staged object (read-only zero-copy buffer,
+    which keeps ``dev`` alive) and its place."""
     vp = _wait(dev, h, timeout_ns)
     n = int(vp.len)
-    return ViewInfo(_view_buffer(dev, vp.data, n), n, int(vp.dev_addr), int(vp.pool_offset))
+    return ViewInfo(_view_buffer(vp.data, n, dev), n, int(vp.dev_addr), int(vp.pool_offset))
 
 
-def prefetch_wait_buffer(dev: CData, h: int, timeout_ns: int) -> Buffer:
-    """chm_prefetch_wait() returning only the zero-copy buffer (hot path)."""
+def prefetch_wait_buffer(dev: CData, h: int, timeout_ns: int, owner: object = None) -> Buffer:
+    """chm_prefetch_wait() returning only the read-only zero-copy buffer (hot
+    path); it keeps ``owner`` alive, ``dev`` when None."""
     vp = _wait(dev, h, timeout_ns)
-    return _view_buffer(dev, vp.data, vp.len)
+    return _view_buffer(vp.data, vp.len, dev if owner is None else owner)
 
 
 def prefetch_release(dev: CData, h: int) -> None:
@@ -488,6 +495,7 @@ __all__ = [
     "WRITE_SKIPPED",
     "ChmError",
     "OptionInfo",
+    "ReadOnlyBuffer",
     "ViewInfo",
     "config_copy",
     "config_init",
