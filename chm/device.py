@@ -29,8 +29,6 @@ import contextlib
 import numbers
 import operator
 import os
-import shutil
-import tempfile
 import threading
 import warnings
 import weakref
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chm import _lowlevel as _ll
+from chm._scratch import ScratchDir
 from chm.config import Config
 from chm.errors import Cancelled, ChmError, InvalidArgument, StaleHandle, ViewInUse
 from chm.stats import Stats
@@ -330,9 +329,11 @@ class Device:
     ``Device(config)`` opens a device from a :class:`chm.Config`;
     :meth:`Device.open` builds the config from keywords. When the config names
     no targets, a sparse backing file is created in a fresh temporary
-    directory that is deleted when the device closes (the ghost backend needs
-    none). Every method is thread-safe; none may be called once ``close()``
-    has begun.
+    directory (``chm-<pid>-*`` under ``CHM_TMPDIR`` or the system temporary
+    directory) that is deleted when the device closes; opening one first
+    removes those left by processes that died without closing (see
+    :mod:`chm._scratch`). The ghost backend needs none. Every method is
+    thread-safe; none may be called once ``close()`` has begun.
     """
 
     def __init__(self, config: Config | None = None, /, **options: Any) -> None:
@@ -348,11 +349,11 @@ class Device:
         if options:
             cfg.update(options)
         if int(cfg.cdata.n_targets) == 0 and cfg.backend != "ghost":
-            tmp = tempfile.mkdtemp(prefix="chm-", dir=_default_tmp_parent())
-            self._tmpdir = tmp
-            self._cleanup = weakref.finalize(self, shutil.rmtree, tmp, ignore_errors=True)
+            scratch = ScratchDir(_default_tmp_parent())
+            self._tmpdir = scratch.path
+            self._cleanup = weakref.finalize(self, scratch.remove)
             try:
-                cfg.set("targets", [str(Path(tmp) / "target0.img")])
+                cfg.set("targets", [str(Path(scratch.path) / "target0.img")])
                 cfg.set("create", True)
             except BaseException:
                 self._cleanup()
