@@ -11,6 +11,10 @@ as a leak safety net only; :func:`dev_close` runs it explicitly.
 The hot-path wrappers (prefetch/wait/release) keep their out-parameters in
 per-thread scratch structs so they allocate nothing per call.
 
+Integer arguments: a value of another type is a TypeError naming the call
+and its arguments; a bool (an int to Python, but never an address, a length
+or a count) or a value out of range is InvalidArgument.
+
 A staged view is exported through :class:`chm._robuf.ReadOnlyBuffer`, never
 as a cffi buffer: cffi buffers are writable, and a memoryview's ``.obj`` (the
 base of every numpy array made from it) hands its exporter to anyone.
@@ -18,6 +22,9 @@ base of every numpy array made from it) hands its exporter to anyone.
 
 from __future__ import annotations
 
+import errno
+import operator
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -120,8 +127,18 @@ def strerror(err: int) -> str:
     return str(ffi.string(lib.chm_strerror(code)).decode("utf-8", "replace"))
 
 
-def _check(rc: int, call: str = "chm", args: str = "", detail: str | None = None) -> int:
-    """The single choke point: returns rc >= 0, raises for -errno."""
+def _check(
+    rc: int,
+    call: str = "chm",
+    args: str = "",
+    detail: str | None = None,
+    filename: str | None = None,
+) -> int:
+    """The single choke point: returns rc >= 0, raises for -errno.
+
+    ``filename`` (the offending path, when the caller knows it) is set as the
+    exception's ``.filename``, as OSError does.
+    """
     if rc >= 0:
         return rc
     code = -rc
@@ -129,12 +146,28 @@ def _check(rc: int, call: str = "chm", args: str = "", detail: str | None = None
     message = f"{call}({args}): {text}"
     if detail:
         message = f"{message}: {detail}"
-    raise error_for(code)(code, message, call=call, detail=detail)
+    err = error_for(code)(code, message, call=call, detail=detail)
+    if filename is not None:
+        err.filename = filename
+    raise err
 
 
-def _arg_error(call: str, args: str, exc: Exception) -> InvalidArgument:
+def _arg_error(call: str, args: str, exc: Exception | str) -> InvalidArgument:
     code = InvalidArgument.default_errno
     return InvalidArgument(code, f"{call}({args}): {exc}", call=call, detail=str(exc))
+
+
+def _type_error(call: str, args: str, exc: Exception) -> TypeError:
+    """A wrong-typed argument: cffi's bare "an integer is required", with the
+    call and the arguments it was given."""
+    return TypeError(f"{call}({args}): {exc}")
+
+
+def _refuse_bools(call: str, args: str, *named: tuple[str, object]) -> None:
+    """Raises InvalidArgument if one of the named integer arguments is a bool."""
+    for name, value in named:
+        if value.__class__ is bool:
+            raise _arg_error(call, args, f"{name} must be an integer, not a bool")
 
 
 def _errbuf() -> CData:
@@ -274,17 +307,47 @@ def struct_fields(cname: str) -> list[str]:
 # ---------------------------------------------------------------- lifecycle
 
 
+def _missing_path(cfg: CData) -> tuple[str, str] | None:
+    """After -ENOENT from chm_dev_open(): the path that is missing and why
+    (the C call says only ENOENT), or None when none is."""
+    create = bool(cfg.create)
+    for i in range(min(int(cfg.n_targets), MAX_TARGETS)):
+        path = os.fsdecode(ffi.string(cfg.targets[i]))
+        if os.path.exists(path):
+            continue
+        parent = os.path.dirname(path) or "."
+        if not create:
+            return path, f"target {path!r} does not exist (and create is off)"
+        if not os.path.isdir(parent):
+            return path, f"target {path!r}: no such directory {parent!r}"
+        if os.path.islink(path):
+            return path, f"target {path!r} is a dangling symlink"
+    if int(cfg.pool_kind) == int(lib.CHM_POOL_FILE):
+        path = os.fsdecode(ffi.string(cfg.pool_path))
+        if path and not os.path.exists(path):
+            return path, f"pool_path {path!r} does not exist"
+    return None
+
+
 def dev_open(cfg: CData) -> CData:
-    """chm_dev_open(): returns the device pointer (with a leak-net destructor)."""
+    """chm_dev_open(): returns the device pointer (with a leak-net destructor).
+
+    A missing target or pool file raises NotFound naming the path (also in
+    ``.filename``)."""
     out = ffi.new("chm_dev **")
     rc = lib.chm_dev_open(cfg, out)
     if rc < 0:
         detail = None
+        filename = None
         if rc == -InvalidArgument.default_errno:
             err = _errbuf()
             if lib.chm_config_validate(cfg, err, ERRMSG_MAX) < 0:
                 detail = _errtext(err)
-        _check(rc, "chm_dev_open", "", detail)
+        elif rc == -errno.ENOENT:
+            missing = _missing_path(cfg)
+            if missing is not None:
+                filename, detail = missing
+        _check(rc, "chm_dev_open", "", detail, filename)
     return ffi.gc(out[0], lib.chm_dev_close)
 
 
@@ -351,12 +414,18 @@ def prefetch_object(dev: CData, addr: int, length: int, flags: int = 0) -> int:
         hp = _tls.h
     except AttributeError:
         hp = _scratch_handle()
+    if addr.__class__ is bool or length.__class__ is bool:
+        what = f"addr={addr!r}, len={length!r}, flags={flags!r}"
+        _refuse_bools("chm_prefetch_object", what, ("addr", addr), ("len", length))
     try:
         rc = _prefetch_c(dev, addr, length, flags, hp)
     except OverflowError as exc:
         raise _arg_error(
             "chm_prefetch_object", f"addr={addr}, len={length}, flags={flags}", exc
         ) from None
+    except TypeError as exc:
+        what = f"addr={addr!r}, len={length!r}, flags={flags!r}"
+        raise _type_error("chm_prefetch_object", what, exc) from None
     if rc < 0:
         _check(rc, "chm_prefetch_object", f"addr={addr:#x}, len={length}, flags={flags:#x}")
     return hp[0]  # type: ignore[no-any-return]
@@ -406,6 +475,12 @@ def prefetch_release(dev: CData, h: int) -> None:
 
 def read(dev: CData, addr: int, length: int) -> bytes:
     """chm_read() into a new bytes object."""
+    what = f"addr={addr!r}, len={length!r}"
+    _refuse_bools("chm_read", what, ("addr", addr), ("len", length))
+    try:
+        length = operator.index(length)
+    except TypeError as exc:
+        raise _type_error("chm_read", what, exc) from None
     if length < 0:
         raise _arg_error("chm_read", f"addr={addr}, len={length}", ValueError("negative length"))
     buf = _alloc_raw("char[]", max(length, 1))
@@ -413,6 +488,8 @@ def read(dev: CData, addr: int, length: int) -> bytes:
         rc = lib.chm_read(dev, addr, buf, length)
     except OverflowError as exc:
         raise _arg_error("chm_read", f"addr={addr}, len={length}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_read", what, exc) from None
     if rc < 0:
         _check(rc, "chm_read", f"addr={addr:#x}, len={length}")
     return bytes(ffi.buffer(buf, length))
@@ -425,10 +502,13 @@ def read_into(dev: CData, addr: int, out: Any) -> int:
     except (TypeError, BufferError, ValueError) as exc:  # not a writable contiguous buffer
         raise _arg_error("chm_read", f"addr={addr}, buf=...", exc) from None
     n = len(cbuf)
+    _refuse_bools("chm_read", f"addr={addr!r}, len={n}", ("addr", addr))
     try:
         rc = lib.chm_read(dev, addr, cbuf, n)
     except OverflowError as exc:
         raise _arg_error("chm_read", f"addr={addr}, len={n}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_read", f"addr={addr!r}, len={n}", exc) from None
     if rc < 0:
         _check(rc, "chm_read", f"addr={addr:#x}, len={n}")
     return n
@@ -441,10 +521,14 @@ def write_object(dev: CData, addr: int, data: Any, flags: int = 0) -> int:
     except (TypeError, BufferError, ValueError) as exc:  # not a contiguous buffer
         raise _arg_error("chm_write_object", f"addr={addr}, buf=...", exc) from None
     n = len(cbuf)
+    what = f"addr={addr!r}, len={n}, flags={flags!r}"
+    _refuse_bools("chm_write_object", what, ("addr", addr), ("flags", flags))
     try:
         rc = lib.chm_write_object(dev, addr, cbuf, n, flags)
     except OverflowError as exc:
         raise _arg_error("chm_write_object", f"addr={addr}, len={n}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_write_object", what, exc) from None
     return _check(rc, "chm_write_object", f"addr={addr:#x}, len={n}, flags={flags:#x}")
 
 
@@ -474,10 +558,14 @@ def stats(dev: CData) -> dict[str, Any]:
 
 def fault_inject(dev: CData, kind: int, nth: int, arg: int) -> None:
     """chm_fault_inject(): arms a backend fault (tests)."""
+    what = f"kind={kind!r}, nth={nth!r}, arg={arg!r}"
+    _refuse_bools("chm_fault_inject", what, ("kind", kind), ("nth", nth), ("arg", arg))
     try:
         rc = lib.chm_fault_inject(dev, kind, nth, arg)
     except OverflowError as exc:
         raise _arg_error("chm_fault_inject", f"kind={kind}, nth={nth}, arg={arg}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_fault_inject", what, exc) from None
     _check(rc, "chm_fault_inject", f"kind={kind}, nth={nth}, arg={arg}")
 
 

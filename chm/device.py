@@ -20,7 +20,7 @@ One Handle per slot: a view keeps its Handle alive, ``Device.adopt(token)``
 of a token that has a live Handle returns that Handle, and a Handle that is
 garbage-collected without ``release()`` gives its slot back then, with a
 ResourceWarning (as an unclosed file does). Timeouts are seconds (float);
-``None`` waits forever.
+``None`` waits forever. Integer arguments refuse bools (InvalidArgument).
 """
 
 from __future__ import annotations
@@ -453,9 +453,10 @@ class Device:
     def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Handle:
         """Issues a prefetch of ``[addr, addr+length)``; never blocks.
 
-        Raises InvalidArgument (length 0, larger than a slot, beyond capacity),
-        WouldBlock (refill queue full, or no free slot with ``noqueue``),
-        NotSupported (direct mode), Cancelled (closed).
+        Raises InvalidArgument (length 0, larger than a slot, beyond capacity,
+        a bool for addr or length), WouldBlock (refill queue full, or no free
+        slot with ``noqueue``), NotSupported (direct mode), Cancelled (closed),
+        TypeError (addr or length not an integer).
         """
         ptr = self._ptr
         if ptr is None:
@@ -474,6 +475,8 @@ class Device:
         ResourceWarning, when garbage-collected). Nothing is checked here; the
         device validates the token on use.
         """
+        if isinstance(token, bool):
+            raise InvalidArgument(None, f"a handle token is an int, not {token!r}")
         try:
             value = operator.index(token)
         except TypeError:
@@ -561,6 +564,8 @@ class Device:
                 ) from None
         else:
             try:
+                if isinstance(kind, bool):
+                    raise TypeError
                 code = operator.index(kind)
             except TypeError:
                 raise InvalidArgument(
