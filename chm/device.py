@@ -151,7 +151,10 @@ class Handle:
                 mv = memoryview(buf)
                 self._mv = _ref(mv)
             return mv
-        mv = memoryview(buf)
+        try:
+            mv = memoryview(buf)
+        except ValueError:  # ended meanwhile by release() or close() in another thread
+            return self.wait(timeout)
         self._mv = _ref(mv)
         return mv
 
