@@ -19,7 +19,7 @@ BUILD := build/c
 CSRC := $(sort $(wildcard csrc/*.c))
 HDRS := $(wildcard include/*.h csrc/*.h)
 CTESTS := $(sort $(wildcard tests/c/test_*.c))
-CFORMAT := $(wildcard csrc/*.c csrc/*.h include/*.h tests/c/*.c tests/c/*.h)
+CFORMAT := $(wildcard csrc/*.c csrc/*.h include/*.h tests/c/*.c tests/c/*.h chm/*.c)
 
 OBJ_plain := $(patsubst csrc/%.c,$(BUILD)/plain/obj/%.o,$(CSRC))
 OBJ_san := $(patsubst csrc/%.c,$(BUILD)/san/obj/%.o,$(CSRC))

@@ -10,20 +10,32 @@ as a leak safety net only; :func:`dev_close` runs it explicitly.
 
 The hot-path wrappers (prefetch/wait/release) keep their out-parameters in
 per-thread scratch structs so they allocate nothing per call.
+
+Integer arguments: a value of another type is a TypeError naming the call
+and its arguments; a bool (an int to Python, but never an address, a length
+or a count) or a value out of range is InvalidArgument.
+
+A staged view is exported through :class:`chm._robuf.ReadOnlyBuffer`, never
+as a cffi buffer: cffi buffers are writable, and a memoryview's ``.obj`` (the
+base of every numpy array made from it) hands its exporter to anyone.
 """
 
 from __future__ import annotations
 
+import errno
+import operator
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from chm._ffi import ffi, lib
+from chm._robuf import ReadOnlyBuffer
 from chm.errors import ChmError, InvalidArgument, error_for
 
 # Opaque cffi objects (struct pointers) handed to the layers above.
 CData = Any
-Buffer = Any  # a cffi buffer object (supports the buffer protocol)
+Buffer = ReadOnlyBuffer  # a view of device DRAM (read-only buffer protocol)
 
 UINT64_MAX: int = 2**64 - 1
 WRITE_SKIPPED: int = int(lib.CHM_WRITE_SKIPPED)
@@ -115,8 +127,18 @@ def strerror(err: int) -> str:
     return str(ffi.string(lib.chm_strerror(code)).decode("utf-8", "replace"))
 
 
-def _check(rc: int, call: str = "chm", args: str = "", detail: str | None = None) -> int:
-    """The single choke point: returns rc >= 0, raises for -errno."""
+def _check(
+    rc: int,
+    call: str = "chm",
+    args: str = "",
+    detail: str | None = None,
+    filename: str | None = None,
+) -> int:
+    """The single choke point: returns rc >= 0, raises for -errno.
+
+    ``filename`` (the offending path, when the caller knows it) is set as the
+    exception's ``.filename``, as OSError does.
+    """
     if rc >= 0:
         return rc
     code = -rc
@@ -124,12 +146,28 @@ def _check(rc: int, call: str = "chm", args: str = "", detail: str | None = None
     message = f"{call}({args}): {text}"
     if detail:
         message = f"{message}: {detail}"
-    raise error_for(code)(code, message, call=call, detail=detail)
+    err = error_for(code)(code, message, call=call, detail=detail)
+    if filename is not None:
+        err.filename = filename
+    raise err
 
 
-def _arg_error(call: str, args: str, exc: Exception) -> InvalidArgument:
+def _arg_error(call: str, args: str, exc: Exception | str) -> InvalidArgument:
     code = InvalidArgument.default_errno
     return InvalidArgument(code, f"{call}({args}): {exc}", call=call, detail=str(exc))
+
+
+def _type_error(call: str, args: str, exc: Exception) -> TypeError:
+    """A wrong-typed argument: cffi's bare "an integer is required", with the
+    call and the arguments it was given."""
+    return TypeError(f"{call}({args}): {exc}")
+
+
+def _refuse_bools(call: str, args: str, *named: tuple[str, object]) -> None:
+    """Raises InvalidArgument if one of the named integer arguments is a bool."""
+    for name, value in named:
+        if value.__class__ is bool:
+            raise _arg_error(call, args, f"{name} must be an integer, not a bool")
 
 
 def _errbuf() -> CData:
@@ -271,15 +309,46 @@ def struct_fields(cname: str) -> list[str]:
 # ---------------------------------------------------------------- lifecycle
 
 
+def _missing_path(cfg: CData) -> tuple[str, str] | None:
+    """After -ENOENT from chm_dev_open(): the path that is missing and why
+    (the C call says only ENOENT), or None when none is."""
+    create = bool(cfg.create)
+    for i in range(min(int(cfg.n_targets), MAX_TARGETS)):
+        path = os.fsdecode(ffi.string(cfg.targets[i]))
+        if os.path.exists(path):
+            continue
+        parent = os.path.dirname(path) or "."
+        if not create:
+            return path, f"target {path!r} does not exist (and create is off)"
+        if not os.path.isdir(parent):
+            return path, f"target {path!r}: no such directory {parent!r}"
+        if os.path.islink(path):
+            return path, f"target {path!r} is a dangling symlink"
+    if int(cfg.pool_kind) == int(lib.CHM_POOL_FILE):
+        path = os.fsdecode(ffi.string(cfg.pool_path))
+        if path and not os.path.exists(path):
+            return path, f"pool_path {path!r} does not exist"
+    return None
+
+
 def dev_open_err(cfg: CData) -> CData:
     """chm_dev_open_err(): returns the device pointer (with a leak-net
     destructor); a failure carries the device's one-line reason (the option,
-    path and sizes involved) in the message and in ``.detail``."""
+    path and sizes involved) in the message and in ``.detail``. A missing
+    target or pool file raises NotFound naming the path (also in
+    ``.filename``)."""
     out = ffi.new("chm_dev **")
     err = _errbuf()
     rc = lib.chm_dev_open_err(cfg, out, err, ERRMSG_MAX)
     if rc < 0:
-        _check(rc, "chm_dev_open", "", _errtext(err))
+        detail = _errtext(err)
+        filename = None
+        if rc == -errno.ENOENT:
+            missing = _missing_path(cfg)
+            if missing is not None:
+                filename = missing[0]
+                detail = detail or missing[1]
+        _check(rc, "chm_dev_open", "", detail, filename)
     return ffi.gc(out[0], lib.chm_dev_close)
 
 
@@ -320,15 +389,15 @@ _prefetch_c = lib.chm_prefetch_object
 _wait_c = lib.chm_prefetch_wait
 _release_c = lib.chm_prefetch_release
 _buffer = ffi.buffer
-_gc = ffi.gc
 _cast = ffi.cast
 
 
-def _view_buffer(dev: CData, data: CData, n: int) -> Buffer:
-    """A zero-copy buffer over a staged object that keeps the device pointer
-    (and so the mapped DRAM pool) alive for as long as anything exports it:
-    the buffer references its cdata, whose destructor references ``dev``."""
-    return _buffer(_gc(_cast("char *", data), lambda _p, _keep=dev: None), n)
+def _view_buffer(data: CData, n: int, owner: object) -> Buffer:
+    """A read-only zero-copy buffer over a staged object. It keeps ``owner``
+    alive for as long as it exists or anything exports it: the device pointer
+    (so the mapped DRAM pool stays mapped), or a chm.Handle, which keeps its
+    device and so the pointer."""
+    return ReadOnlyBuffer(_buffer(_cast("char *", data), n), owner)
 
 
 _alloc_raw = ffi.new_allocator(should_clear_after_alloc=False)
@@ -350,12 +419,18 @@ def prefetch_object(dev: CData, addr: int, length: int, flags: int = 0) -> int:
         hp = _tls.h
     except AttributeError:
         hp = _scratch_handle()
+    if addr.__class__ is bool or length.__class__ is bool:
+        what = f"addr={addr!r}, len={length!r}, flags={flags!r}"
+        _refuse_bools("chm_prefetch_object", what, ("addr", addr), ("len", length))
     try:
         rc = _prefetch_c(dev, addr, length, flags, hp)
     except OverflowError as exc:
         raise _arg_error(
             "chm_prefetch_object", f"addr={addr}, len={length}, flags={flags}", exc
         ) from None
+    except TypeError as exc:
+        what = f"addr={addr!r}, len={length!r}, flags={flags!r}"
+        raise _type_error("chm_prefetch_object", what, exc) from None
     if rc < 0:
         _check(rc, "chm_prefetch_object", f"addr={addr:#x}, len={length}, flags={flags:#x}")
     return hp[0]  # type: ignore[no-any-return]
@@ -376,16 +451,18 @@ def _wait(dev: CData, h: int, timeout_ns: int) -> CData:
 
 
 def prefetch_wait(dev: CData, h: int, timeout_ns: int) -> ViewInfo:
-    """chm_prefetch_wait(): the staged object (zero-copy buffer) and its place."""
+    """chm_prefetch_wait(): the staged object (read-only zero-copy buffer,
+    which keeps ``dev`` alive) and its place."""
     vp = _wait(dev, h, timeout_ns)
     n = int(vp.len)
-    return ViewInfo(_view_buffer(dev, vp.data, n), n, int(vp.dev_addr), int(vp.pool_offset))
+    return ViewInfo(_view_buffer(vp.data, n, dev), n, int(vp.dev_addr), int(vp.pool_offset))
 
 
-def prefetch_wait_buffer(dev: CData, h: int, timeout_ns: int) -> Buffer:
-    """chm_prefetch_wait() returning only the zero-copy buffer (hot path)."""
+def prefetch_wait_buffer(dev: CData, h: int, timeout_ns: int, owner: object = None) -> Buffer:
+    """chm_prefetch_wait() returning only the read-only zero-copy buffer (hot
+    path); it keeps ``owner`` alive, ``dev`` when None."""
     vp = _wait(dev, h, timeout_ns)
-    return _view_buffer(dev, vp.data, vp.len)
+    return _view_buffer(vp.data, vp.len, dev if owner is None else owner)
 
 
 def prefetch_release(dev: CData, h: int) -> None:
@@ -403,6 +480,12 @@ def prefetch_release(dev: CData, h: int) -> None:
 
 def read(dev: CData, addr: int, length: int) -> bytes:
     """chm_read() into a new bytes object."""
+    what = f"addr={addr!r}, len={length!r}"
+    _refuse_bools("chm_read", what, ("addr", addr), ("len", length))
+    try:
+        length = operator.index(length)
+    except TypeError as exc:
+        raise _type_error("chm_read", what, exc) from None
     if length < 0:
         raise _arg_error("chm_read", f"addr={addr}, len={length}", ValueError("negative length"))
     buf = _alloc_raw("char[]", max(length, 1))
@@ -410,6 +493,8 @@ def read(dev: CData, addr: int, length: int) -> bytes:
         rc = lib.chm_read(dev, addr, buf, length)
     except OverflowError as exc:
         raise _arg_error("chm_read", f"addr={addr}, len={length}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_read", what, exc) from None
     if rc < 0:
         _check(rc, "chm_read", f"addr={addr:#x}, len={length}")
     return bytes(ffi.buffer(buf, length))
@@ -422,10 +507,13 @@ def read_into(dev: CData, addr: int, out: Any) -> int:
     except (TypeError, BufferError, ValueError) as exc:  # not a writable contiguous buffer
         raise _arg_error("chm_read", f"addr={addr}, buf=...", exc) from None
     n = len(cbuf)
+    _refuse_bools("chm_read", f"addr={addr!r}, len={n}", ("addr", addr))
     try:
         rc = lib.chm_read(dev, addr, cbuf, n)
     except OverflowError as exc:
         raise _arg_error("chm_read", f"addr={addr}, len={n}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_read", f"addr={addr!r}, len={n}", exc) from None
     if rc < 0:
         _check(rc, "chm_read", f"addr={addr:#x}, len={n}")
     return n
@@ -438,10 +526,14 @@ def write_object(dev: CData, addr: int, data: Any, flags: int = 0) -> int:
     except (TypeError, BufferError, ValueError) as exc:  # not a contiguous buffer
         raise _arg_error("chm_write_object", f"addr={addr}, buf=...", exc) from None
     n = len(cbuf)
+    what = f"addr={addr!r}, len={n}, flags={flags!r}"
+    _refuse_bools("chm_write_object", what, ("addr", addr), ("flags", flags))
     try:
         rc = lib.chm_write_object(dev, addr, cbuf, n, flags)
     except OverflowError as exc:
         raise _arg_error("chm_write_object", f"addr={addr}, len={n}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_write_object", what, exc) from None
     return _check(rc, "chm_write_object", f"addr={addr:#x}, len={n}, flags={flags:#x}")
 
 
@@ -471,10 +563,14 @@ def stats(dev: CData) -> dict[str, Any]:
 
 def fault_inject(dev: CData, kind: int, nth: int, arg: int) -> None:
     """chm_fault_inject(): arms a backend fault (tests)."""
+    what = f"kind={kind!r}, nth={nth!r}, arg={arg!r}"
+    _refuse_bools("chm_fault_inject", what, ("kind", kind), ("nth", nth), ("arg", arg))
     try:
         rc = lib.chm_fault_inject(dev, kind, nth, arg)
     except OverflowError as exc:
         raise _arg_error("chm_fault_inject", f"kind={kind}, nth={nth}, arg={arg}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_fault_inject", what, exc) from None
     _check(rc, "chm_fault_inject", f"kind={kind}, nth={nth}, arg={arg}")
 
 
@@ -492,6 +588,7 @@ __all__ = [
     "WRITE_SKIPPED",
     "ChmError",
     "OptionInfo",
+    "ReadOnlyBuffer",
     "ViewInfo",
     "config_copy",
     "config_init",

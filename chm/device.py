@@ -3,16 +3,24 @@
     with chm.Device.open(capacity="64G", backend="pread") as dev:
         with dev.prefetch(addr, 16 << 20) as h:
             view = h.wait()          # read-only memoryview into device DRAM
-            arr = h.array("f2")      # numpy array over the same bytes
+            arr = h.array("f2")      # read-only numpy array over the same bytes
             ...                      # drop views before the block ends
 
-Views are zero-copy windows into the device's DRAM pool. They are valid
-only until their handle is released (or the device closed): a released
-``memoryview`` raises ``ValueError`` on use. Releasing a handle while
-something still views its memory (a numpy array from ``h.array()``, a slice
-of the view, ...) raises :class:`chm.errors.ViewInUse` and keeps the slot
-held, so memory that is still viewed is never reused. Timeouts are seconds
-(float); ``None`` waits forever.
+Views are zero-copy windows into the device's DRAM pool, read-only all the
+way down: the memoryview's ``.obj`` (and the ``.base`` chain of every array)
+is a :class:`chm._robuf.ReadOnlyBuffer`, which refuses writable exports. They
+are valid only until their handle is released (or the device closed): a
+released ``memoryview`` raises ``ValueError`` on use, and so does a new export
+of a released ``.obj``. Releasing a handle while something still views its
+memory (a numpy array from ``h.array()``, a slice of the view, ...) raises
+:class:`chm.errors.ViewInUse` and keeps the slot held, so memory that is
+still viewed is never reused.
+
+One Handle per slot: a view keeps its Handle alive, ``Device.adopt(token)``
+of a token that has a live Handle returns that Handle, and a Handle that is
+garbage-collected without ``release()`` gives its slot back then, with a
+ResourceWarning (as an unclosed file does). Timeouts are seconds (float);
+``None`` waits forever. Integer arguments refuse bools (InvalidArgument).
 """
 
 from __future__ import annotations
@@ -21,18 +29,17 @@ import contextlib
 import numbers
 import operator
 import os
-import shutil
-import sys
-import tempfile
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chm import _lowlevel as _ll
+from chm._scratch import ScratchDir
 from chm.config import Config
-from chm.errors import Cancelled, InvalidArgument, ViewInUse
+from chm.errors import Cancelled, ChmError, InvalidArgument, StaleHandle, ViewInUse
 from chm.stats import Stats
 
 if TYPE_CHECKING:
@@ -42,11 +49,11 @@ if TYPE_CHECKING:
 __all__ = ["Device", "Handle", "timeout_ns"]
 
 _FOREVER = _ll.UINT64_MAX
-_getrefcount = sys.getrefcount
 _prefetch = _ll.prefetch_object
 _wait_buffer = _ll.prefetch_wait_buffer
 _release = _ll.prefetch_release
 _NOQUEUE = _ll.PF_NOQUEUE
+_ref = weakref.ref
 
 
 def timeout_ns(timeout: float | None) -> int:
@@ -74,55 +81,81 @@ class Handle:
 
     A context manager that releases on exit. ``token`` is the raw 64-bit
     handle of the C API (a generation-checked token: releasing it twice, or
-    using it on another device, is an error there).
+    using it on another device, is an error there). A Handle dropped without
+    ``release()`` is released when garbage-collected (ResourceWarning); its
+    views keep it alive, so that never happens under a view.
     """
 
-    # _buf is the buffer object over the slot while the handle holds a view
-    # (None before wait() and after release); _mv is the memoryview handed
-    # out over _buf (None when there is none) or False once released.
-    __slots__ = ("_buf", "_dev", "_mv", "token")
+    # _buf: weak reference to the ReadOnlyBuffer over the slot (which holds
+    # this Handle strongly, so views keep their handle alive); _mv: weak
+    # reference to the memoryview wait() handed out; _done: released.
+    __slots__ = ("__weakref__", "_buf", "_dev", "_done", "_mv", "token")
 
     def __init__(self, dev: Device, token: int) -> None:
         self._dev = dev
         self.token = token
-        self._mv: memoryview | bool | None = None
-        self._buf: Any = None
+        self._done = False
+        self._mv: weakref.ref[memoryview] | None = None
+        self._buf: weakref.ref[_ll.ReadOnlyBuffer] | None = None
 
     # -- staging
 
     def wait(self, timeout: float | None = None) -> memoryview:
         """Blocks until the object is staged; returns a read-only memoryview.
 
-        Waiting again returns the same view (or a new one over the same bytes
-        if that one was released, e.g. by ``with h.wait() as v:``). Raises
-        WaitTimeout when not staged within ``timeout`` seconds (``0`` polls),
-        DeviceIOError when the fill failed (release the handle), StaleHandle
-        after release, InvalidArgument for a handle of another device,
-        Cancelled when the device is closed.
+        Waiting again returns the same view while it is alive (or a new one
+        over the same bytes). Raises WaitTimeout when not staged within
+        ``timeout`` seconds (``0`` polls), DeviceIOError when the fill failed
+        (release the handle), StaleHandle after release, InvalidArgument for a
+        handle of another device, Cancelled when the device is closed.
         """
-        mv = self._mv
-        if mv is not None and mv is not False:
-            try:
-                if mv:  # staged objects are never empty; raises if released
-                    return mv  # type: ignore[return-value]
-            except ValueError:
-                pass
-        if self._buf is None:
+        ref = self._mv
+        if ref is not None:
+            mv = ref()
+            if mv is not None:
+                try:
+                    if mv:  # staged objects are never empty; raises if released
+                        return mv
+                except ValueError:
+                    pass
+        ref_b = self._buf
+        buf = ref_b() if ref_b is not None else None
+        if buf is None or buf.released:
             dev = self._dev
             ptr = dev._ptr
             if ptr is None:
                 raise _closed_error("chm_prefetch_wait")
             tns = _FOREVER if timeout is None else timeout_ns(timeout)
-            buf = _wait_buffer(ptr, self.token, tns)
-            # Registering is atomic with close()'s check: a view is either
-            # known to close() (which then refuses) or never handed out.
+            new = _wait_buffer(ptr, self.token, tns, self)
+            # Registering is atomic with close() (under the lock) and with
+            # release()'s lock-free path: the buffer is published before
+            # _done is read, which release() sets before it reads _buf, so
+            # one of the two sees the other. A view is either known to them
+            # or never handed out.
             with dev._lock:
                 if dev._ptr is None:
                     raise _closed_error("chm_prefetch_wait")
-                if self._buf is None:  # else another thread's wait won
-                    self._buf = buf
-                    dev._views.add(self)
-        mv = self._mv = memoryview(self._buf).toreadonly()
+                ref_b = self._buf
+                buf = ref_b() if ref_b is not None else None
+                if buf is None or buf.released:  # else another thread's wait won
+                    buf = new
+                    self._buf = _ref(buf)
+                if self._done:
+                    if buf is new:
+                        self._buf = None
+                    raise StaleHandle(
+                        None,
+                        f"chm_prefetch_wait(handle={self.token:#x}): released meanwhile",
+                        call="chm_prefetch_wait",
+                    )
+                mv = memoryview(buf)
+                self._mv = _ref(mv)
+            return mv
+        try:
+            mv = memoryview(buf)
+        except ValueError:  # ended meanwhile by release() or close() in another thread
+            return self.wait(timeout)
+        self._mv = _ref(mv)
         return mv
 
     def array(
@@ -135,11 +168,14 @@ class Handle:
         """
         import numpy as np
 
-        return np.frombuffer(self.wait(timeout), dtype=dtype)
+        # Over a memoryview of the exporter, not over the view wait() handed
+        # out: release() then sees the array in the exporter's count and
+        # refuses before ending anything.
+        return np.frombuffer(memoryview(self.wait(timeout).obj), dtype=dtype)
 
     def ready(self) -> bool:
         """True when wait() would return at once (polls; never raises a timeout)."""
-        if self._buf is not None:
+        if self._view() is not None:
             return True
         try:
             self.wait(0)
@@ -149,17 +185,25 @@ class Handle:
 
     # -- release
 
-    def _buf_refs(self) -> int:
-        return _getrefcount(self._buf)
+    def _view(self) -> _ll.ReadOnlyBuffer | None:
+        """The live buffer over the slot, if a view was handed out."""
+        ref = self._buf
+        buf = ref() if ref is not None else None
+        if buf is None or buf.released:
+            return None
+        return buf
+
+    def _own_view(self) -> memoryview | None:
+        ref = self._mv
+        return ref() if ref is not None else None
 
     def _exported(self) -> bool:
-        """True while something other than this handle's own memoryview
-        (a slice, a numpy array, another memoryview) still uses the view."""
-        if self._buf is None:
+        """True while something other than the memoryview wait() handed out
+        (an array, a memoryview of ``.obj``) exports the slot's buffer."""
+        buf = self._view()
+        if buf is None:
             return False
-        mv = self._mv
-        extra = 1 if mv is not None and mv is not False else 0
-        return _getrefcount(self._buf) > _BUF_BASE_REFS + extra
+        return buf.exports > (1 if self._own_view() is not None else 0)
 
     def _in_use(self) -> ViewInUse:
         return ViewInUse(
@@ -170,20 +214,23 @@ class Handle:
         )
 
     def _end_view(self) -> None:
-        """Ends a held view; raises ViewInUse (nothing freed) if still exported."""
-        if self._buf is None:
-            return
-        mv = self._mv
-        if mv is not None and mv is not False:
+        """Ends a held view (under the device lock); raises ViewInUse, with
+        the slot untouched, while anything else still exports it."""
+        buf = self._view()
+        if buf is not None:
+            mv = self._own_view()
+            if buf.exports > (1 if mv is not None else 0):
+                raise self._in_use()
+            if mv is not None:
+                try:
+                    mv.release()
+                except BufferError:  # an array or memoryview made from it
+                    raise self._in_use() from None
             try:
-                mv.release()  # type: ignore[union-attr]
-            except BufferError:
+                buf.release()
+            except BufferError:  # a slice of the view keeps it exported
                 raise self._in_use() from None
-            self._mv = None
-        if self._exported():
-            raise self._in_use()
-        self._buf = None
-        self._dev._views.discard(self)
+        self._buf = self._mv = None
 
     def release(self) -> None:
         """Releases the slot. A second call is a no-op.
@@ -192,34 +239,70 @@ class Handle:
         exported; StaleHandle if the token was already released through
         another route.
         """
-        mv = self._mv
-        if mv is False:
+        if self._done:
             return
-        if self._buf is not None:
-            # Inline copy of _end_view(): this is the hot path.
-            if mv is not None:
-                try:
-                    mv.release()  # type: ignore[union-attr]
-                except BufferError:
-                    raise self._in_use() from None
-                self._mv = None
-            # Every slice, numpy array or memoryview derived from the view
-            # keeps the exported buffer referenced; only ours may remain.
-            if _getrefcount(self._buf) > _BUF_BASE_REFS:
-                raise self._in_use()
-            self._buf = None
-            self._dev._views.discard(self)
-        self._mv = False
-        ptr = self._dev._ptr
+        dev = self._dev
+        ref = self._buf
+        if ref is None or ref() is None:  # no view: the lock-free path
+            self._done = True  # published before _buf is read again (see wait())
+            ref = self._buf
+            if ref is None or ref() is None:
+                # Not done before, so adopt() gave no other Handle for this
+                # token: the registry entry, if any, is ours.
+                dev._handles.pop(self.token, None)
+                ptr = dev._ptr
+                if ptr is not None:  # else closing the device released everything
+                    with contextlib.suppress(Cancelled):  # close() raced us
+                        _release(ptr, self.token)
+                return
+            self._done = False  # a wait() registered a view meanwhile
+        with dev._lock:
+            if self._done:
+                return
+            if self._buf is not None:
+                self._end_view()
+            self._done = True
+            dev._handles.pop(self.token, None)
+        ptr = dev._ptr
         if ptr is not None:  # else closing the device released everything
             with contextlib.suppress(Cancelled):  # close() raced us: all released
                 _release(ptr, self.token)
 
     close = release
 
+    # Finalisation runs in whatever thread drops the last reference or runs
+    # the collector, possibly one inside a device-lock section (the lock is
+    # reentrant) and at interpreter exit: it uses only what the instance and
+    # its class hold, and never raises but for the warning.
+    _warn = staticmethod(warnings.warn)
+    _Error = ChmError
+
+    def __del__(self) -> None:
+        if self._done:
+            return
+        try:
+            dev = self._dev
+            with dev._lock:
+                if self._done or self._view() is not None:
+                    return  # adopt() revived it and it has a view: its owner releases it
+                self._done = True
+                dev._forget(self)
+                ptr = dev._ptr
+            if ptr is None:
+                return  # the device is closed: nothing is held
+            _release(ptr, self.token)
+        except (self._Error, AttributeError, TypeError):
+            return  # released through another route, or torn down at exit
+        self._warn(
+            f"unreleased chm handle {self.token:#x} of {dev!r}: released by the garbage "
+            "collector (release it, or use 'with dev.prefetch(...) as h')",
+            ResourceWarning,
+            source=self,
+        )
+
     @property
     def released(self) -> bool:
-        return self._mv is False
+        return self._done
 
     @property
     def device(self) -> Device:
@@ -232,18 +315,8 @@ class Handle:
         self.release()
 
     def __repr__(self) -> str:
-        mv = self._mv
-        state = "released" if mv is False else ("held" if self._buf is not None else "issued")
+        state = "released" if self._done else ("held" if self._view() is not None else "issued")
         return f"<chm.Handle {self.token:#x} {state}>"
-
-
-def _calibrate_refs() -> int:
-    h = Handle.__new__(Handle)
-    h._buf = bytearray(1)
-    return h._buf_refs()
-
-
-_BUF_BASE_REFS = _calibrate_refs()
 
 
 def _default_tmp_parent() -> str | None:
@@ -259,26 +332,31 @@ class Device:
     ``Device(config)`` opens a device from a :class:`chm.Config`;
     :meth:`Device.open` builds the config from keywords. When the config names
     no targets, a sparse backing file is created in a fresh temporary
-    directory that is deleted when the device closes (the ghost backend needs
-    none). Every method is thread-safe; none may be called once ``close()``
-    has begun.
+    directory (``chm-<pid>-*`` under ``CHM_TMPDIR`` or the system temporary
+    directory) that is deleted when the device closes; opening one first
+    removes those left by processes that died without closing (see
+    :mod:`chm._scratch`). The ghost backend needs none. Every method is
+    thread-safe; none may be called once ``close()`` has begun.
     """
 
     def __init__(self, config: Config | None = None, /, **options: Any) -> None:
         self._ptr: Any = None
-        self._views: set[Handle] = set()  # handles holding a view
+        # token -> the live Handle of that token (weakly: a dropped Handle is
+        # finalised, and released, as usual)
+        self._handles: dict[int, weakref.ref[Handle]] = {}
         self._tmpdir: str | None = None
         self._cleanup: weakref.finalize[Any, Any] | None = None
-        self._lock = threading.Lock()
+        # Reentrant: a Handle finaliser may run in a thread inside a locked section.
+        self._lock = threading.RLock()
         cfg = config.copy() if config is not None else Config()
         if options:
             cfg.update(options)
         if int(cfg.cdata.n_targets) == 0 and cfg.backend != "ghost":
-            tmp = tempfile.mkdtemp(prefix="chm-", dir=_default_tmp_parent())
-            self._tmpdir = tmp
-            self._cleanup = weakref.finalize(self, shutil.rmtree, tmp, ignore_errors=True)
+            scratch = ScratchDir(_default_tmp_parent())
+            self._tmpdir = scratch.path
+            self._cleanup = weakref.finalize(self, scratch.remove)
             try:
-                cfg.set("targets", [str(Path(tmp) / "target0.img")])
+                cfg.set("targets", [str(Path(scratch.path) / "target0.img")])
                 cfg.set("create", True)
             except BaseException:
                 self._cleanup()
@@ -334,7 +412,7 @@ class Device:
             ptr = self._ptr
             if ptr is None:
                 return
-            held = list(self._views)
+            held = [h for h in self._live_handles() if h._view() is not None]
             for h in held:  # all or nothing: refuse before ending any view
                 if h._exported():
                     raise h._in_use()
@@ -348,6 +426,16 @@ class Device:
         del ptr
         if self._cleanup is not None:
             self._cleanup()
+
+    def _live_handles(self) -> list[Handle]:
+        refs = list(self._handles.values())
+        return [h for h in (r() for r in refs) if h is not None]
+
+    def _forget(self, h: Handle) -> None:
+        """Drops h from the token registry (caller holds the lock)."""
+        ref = self._handles.get(h.token)
+        if ref is not None and ref() in (h, None):
+            del self._handles[h.token]
 
     @property
     def closed(self) -> bool:
@@ -370,25 +458,41 @@ class Device:
     def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Handle:
         """Issues a prefetch of ``[addr, addr+length)``; never blocks.
 
-        Raises InvalidArgument (length 0, larger than a slot, beyond capacity),
-        WouldBlock (refill queue full, or no free slot with ``noqueue``),
-        NotSupported (direct mode), Cancelled (closed).
+        Raises InvalidArgument (length 0, larger than a slot, beyond capacity,
+        a bool for addr or length), WouldBlock (refill queue full, or no free
+        slot with ``noqueue``), NotSupported (direct mode), Cancelled (closed),
+        TypeError (addr or length not an integer).
         """
         ptr = self._ptr
         if ptr is None:
             raise _closed_error("chm_prefetch_object")
-        return Handle(self, _prefetch(ptr, addr, length, _NOQUEUE if noqueue else 0))
+        h = Handle(self, _prefetch(ptr, addr, length, _NOQUEUE if noqueue else 0))
+        self._handles[h.token] = _ref(h)
+        return h
 
     def adopt(self, token: int) -> Handle:
-        """Wraps a raw handle token (e.g. received from a client) in a Handle.
+        """The Handle of a raw token (e.g. received from a client).
 
-        Nothing is checked here; the device validates the token on use.
+        A token that has a live, unreleased Handle in this process gives that
+        very Handle, so one slot never has two Handles (whose releases could
+        free it under the other's view). Otherwise a new Handle is made, which
+        owns the slot like any other: release it (or it is released, with a
+        ResourceWarning, when garbage-collected). Nothing is checked here; the
+        device validates the token on use.
         """
+        if isinstance(token, bool):
+            raise InvalidArgument(None, f"a handle token is an int, not {token!r}")
         try:
             value = operator.index(token)
         except TypeError:
             raise InvalidArgument(None, f"a handle token is an int, not {token!r}") from None
-        return Handle(self, value)
+        with self._lock:
+            ref = self._handles.get(value)
+            h = ref() if ref is not None else None
+            if h is None or h._done:
+                h = Handle(self, value)
+                self._handles[value] = _ref(h)
+            return h
 
     # -- data path
 
@@ -465,6 +569,8 @@ class Device:
                 ) from None
         else:
             try:
+                if isinstance(kind, bool):
+                    raise TypeError
                 code = operator.index(kind)
             except TypeError:
                 raise InvalidArgument(

@@ -32,7 +32,9 @@ class ChmError(OSError):
     """Base class: a chm call failed with ``errno``.
 
     ``call`` names the C function (or driver operation) and ``detail`` holds
-    extra context such as the device's one-line reason for a bad config.
+    extra context such as the device's one-line reason for a bad config;
+    ``filename`` is the offending path where there is one (e.g. a missing
+    target).
     """
 
     default_errno = 0
@@ -56,14 +58,22 @@ class ChmError(OSError):
     def __reduce__(self) -> tuple[object, ...]:
         return (
             _rebuild,
-            (type(self), self.errno, self.strerror, self.call, self.detail),
+            (type(self), self.errno, self.strerror, self.call, self.detail, self.filename),
         )
 
 
 def _rebuild(
-    cls: type[ChmError], code: int, message: str, call: str | None, detail: str | None
+    cls: type[ChmError],
+    code: int,
+    message: str,
+    call: str | None,
+    detail: str | None,
+    filename: str | None = None,
 ) -> ChmError:
-    return cls(code, message, call=call, detail=detail)
+    err = cls(code, message, call=call, detail=detail)
+    if filename is not None:
+        err.filename = filename
+    return err
 
 
 class InvalidArgument(ChmError, ValueError):
