@@ -1,0 +1,319 @@
+"""The index (the paper's Master): key -> <device, addr, len, checksum, epoch>.
+
+Entries live in one numpy structured array (``ENTRY_DTYPE``, 56 bytes a row)
+and an open-addressing hash table of int32 row numbers (linear probing, kept
+at most half full, so at most 8 bytes a row): at most 64 bytes per entry,
+which is the paper's eq. 1 (10 TB of 16 MB blocks ~ 6.5e5 entries ~ 40 MB).
+
+Every batched operation is vectorised: a lookup of a batch costs a few numpy
+calls per probe round, not a Python step per key; keys are already digests
+(:mod:`chm.kv.keys`), so their low word is the bucket. Not thread-safe: the
+store serialises calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from chm.errors import InvalidArgument
+from chm.kv.keys import KEY_DTYPE
+
+__all__ = ["ENTRY_DTYPE", "Index", "bytes_at"]
+
+# state: 0 free row, 1 pending (readable, not yet durable), 2 durable
+FREE, PENDING, DURABLE = 0, 1, 2
+
+ENTRY_DTYPE = np.dtype(
+    [
+        ("hi", "<u8"),  # key digest, first 8 bytes
+        ("lo", "<u8"),  # key digest, last 8 bytes
+        ("addr", "<u8"),  # device address
+        ("checksum", "<u8"),  # XXH3-64 of the block's bytes
+        ("epoch", "<u8"),  # put sequence number: newer is larger, never reused
+        ("length", "<u4"),  # block bytes
+        ("segment", "<u4"),  # allocator segment holding the block
+        ("pins", "<u4"),  # readers that keep the block from reclaim
+        ("device", "<u2"),  # device number within an address space
+        ("state", "u1"),  # FREE / PENDING / DURABLE
+        ("_pad", "u1"),
+    ]
+)
+assert ENTRY_DTYPE.itemsize == 56
+
+_EMPTY = -1
+_TOMB = -2
+_MIN_BUCKETS = 64
+_WINDOW = 16  # buckets a lookup gathers per key at once
+_TAIL = 256  # buckets past the last home, so that probes never wrap
+_STEPS = np.arange(_WINDOW, dtype=np.uint64)
+_AR = np.arange(1 << 16)
+
+
+def bytes_at(n_entries: int) -> int:
+    """Bytes the index needs for n_entries (rows plus a table at most half full)."""
+    return n_entries * ENTRY_DTYPE.itemsize + (_homes_for(n_entries) + _TAIL) * 4
+
+
+def _homes_for(n_rows: int) -> int:
+    """Home buckets for n_rows: with the tail, twice as many buckets as rows."""
+    return max(_MIN_BUCKETS, 2 * n_rows - _TAIL)
+
+
+def _words(keys: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    if not isinstance(keys, np.ndarray) or keys.dtype != KEY_DTYPE:
+        raise InvalidArgument(None, "index keys must be a KEY_DTYPE array (Namespace.keys())")
+    k = keys.reshape(-1)
+    return k["hi"], k["lo"]
+
+
+class Index:
+    """Batched contains/get/put/delete over 16-byte keys."""
+
+    def __init__(self, rows: int = 1024) -> None:
+        rows = max(16, int(rows))
+        self.e = np.zeros(rows, dtype=ENTRY_DTYPE)
+        self._top = 0  # rows [0, _top) have been used
+        self._free: list[int] = []
+        self._n = 0
+        self._tomb = 0
+        self._homes = np.uint64(_homes_for(rows))
+        self._b = np.full(_homes_for(rows) + _TAIL, _EMPTY, dtype=np.int32)
+        self._max_probe = 0
+
+    # ---- size
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now: the row array plus the hash table."""
+        return int(self.e.nbytes + self._b.nbytes)
+
+    @property
+    def max_probe(self) -> int:
+        return self._max_probe
+
+    # ---- lookup
+
+    def _find(
+        self, hi: np.ndarray[Any, Any], lo: np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """(rows, bucket positions) of the keys; -1 where absent.
+
+        Gathers a run of _WINDOW buckets from each key's home at once and
+        compares the low words: a key is found in its run, or absent when an
+        empty bucket comes first; the rare key whose run is full of others
+        looks at the next run. Probes never wrap: the table has a tail of
+        _TAIL buckets past the last home.
+        """
+        b_arr, e_hi, e_lo = self._b, self.e["hi"], self.e["lo"]
+        pos = (lo % self._homes)[:, None] + _STEPS
+        b = b_arr[pos]
+        m = e_lo[b] == lo[:, None]
+        m &= b >= 0
+        col = m.argmax(axis=1)
+        at = _AR[: lo.shape[0]]
+        r = b[at, col].astype(np.int64)
+        ok = m[at, col]
+        ok &= e_hi[r] == hi
+        rows = np.where(ok, r, -1)
+        slots = np.where(ok, pos[at, col], -1)
+        if ok.all():
+            return rows, slots
+        more = ~ok & ~(b == _EMPTY).any(axis=1)
+        if not more.any():
+            return rows, slots
+        # The next runs, for the few keys whose run was full of other keys.
+        idx = np.nonzero(more)[0]
+        last = b_arr.shape[0] - 1
+        while idx.size:
+            p = np.minimum(pos[idx, -1:] + np.uint64(1) + _STEPS, last)
+            bb = b_arr[p]
+            mm = (bb >= 0) & (e_lo[bb] == lo[idx, None]) & (e_hi[bb] == hi[idx, None])
+            found = mm.any(axis=1)
+            if found.any():
+                c = mm.argmax(axis=1)[found]
+                a = np.nonzero(found)[0]
+                rows[idx[found]] = bb[a, c]
+                slots[idx[found]] = p[a, c]
+            go = ~found & ~(bb == _EMPTY).any(axis=1) & (p[:, -1] < last)
+            pos[idx[go]] = p[go]
+            idx = idx[go]
+        return rows, slots
+
+    def find(self, keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Row numbers of the keys (-1 where absent)."""
+        hi, lo = _words(keys)
+        return self._find(hi, lo)[0]
+
+    def contains(self, keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return self.find(keys) >= 0
+
+    def get(self, keys: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """(found mask, entries): a copy of each found key's row (zeros where absent)."""
+        rows = self.find(keys)
+        found = rows >= 0
+        out = np.zeros(rows.shape[0], dtype=ENTRY_DTYPE)
+        out[found] = self.e[rows[found]]
+        return found, out
+
+    # ---- update
+
+    def _take_rows(self, n: int) -> np.ndarray[Any, Any]:
+        take = min(n, len(self._free))
+        rows = [self._free.pop() for _ in range(take)]
+        need = n - take
+        if self._top + need > self.e.shape[0]:
+            size = self.e.shape[0]
+            while self._top + need > size:
+                size *= 2
+            grown = np.zeros(size, dtype=ENTRY_DTYPE)
+            grown[: self._top] = self.e[: self._top]
+            self.e = grown
+        rows.extend(range(self._top, self._top + need))
+        self._top += need
+        return np.asarray(rows, dtype=np.int64)
+
+    def _place(self, rows: np.ndarray[Any, Any]) -> None:
+        """Puts rows into the table (their keys are known to be absent)."""
+        b_arr = self._b
+        nb = b_arr.shape[0]
+        pending = rows.astype(np.int32)
+        pos = (self.e["lo"][rows] % self._homes).astype(np.intp)
+        probes = 0
+        while pending.size:
+            if int(pos.max()) >= nb:  # ran into the end of the tail: a bigger table
+                self._rebuild(int(self._homes) * 2)
+                return
+            free = np.nonzero(b_arr[pos] < 0)[0]
+            if free.size:
+                upos, first = np.unique(pos[free], return_index=True)
+                win = free[first]
+                self._tomb -= int(np.count_nonzero(b_arr[upos] == _TOMB))
+                b_arr[upos] = pending[win]
+                keep = np.ones(pending.size, dtype=bool)
+                keep[win] = False
+                pending, pos = pending[keep], pos[keep]
+            if pending.size:
+                probes += 1
+                pos += 1
+        self._max_probe = max(self._max_probe, probes)
+
+    def _rebuild(self, homes: int) -> None:
+        self._homes = np.uint64(homes)
+        self._b = np.full(homes + _TAIL, _EMPTY, dtype=np.int32)
+        self._tomb = 0
+        self._max_probe = 0
+        live = np.nonzero(self.e["state"][: self._top] != FREE)[0]
+        if live.size:
+            self._place(live)
+
+    def put(
+        self,
+        keys: np.ndarray[Any, Any],
+        *,
+        addr: Any,
+        length: Any,
+        checksum: Any,
+        epoch: Any,
+        segment: Any,
+        device: Any = 0,
+        state: int = PENDING,
+    ) -> np.ndarray[Any, Any]:
+        """Adds the keys that are absent; returns their rows (-1: already present).
+
+        A key repeated within the batch is added once (its later copies are
+        -1). The per-key fields are scalars or arrays of the batch's length.
+        """
+        hi, lo = _words(keys)
+        n = hi.shape[0]
+        rows_out = np.full(n, -1, dtype=np.int64)
+        if n == 0:
+            return rows_out
+        absent = self._find(hi, lo)[0] < 0
+        if n > 1:  # the first of equal keys in the batch wins
+            pair = np.stack([hi, lo], axis=1)
+            _, first = np.unique(pair, axis=0, return_index=True)
+            once = np.zeros(n, dtype=bool)
+            once[first] = True
+            absent &= once
+        new = np.nonzero(absent)[0]
+        if new.size == 0:
+            return rows_out
+        rows = self._take_rows(int(new.size))
+        if 2 * (self._n + self._tomb + new.size) > self._b.shape[0]:
+            self._rebuild(_homes_for(self.e.shape[0]))
+        e = self.e
+        e["hi"][rows] = hi[new]
+        e["lo"][rows] = lo[new]
+        for name, val in (
+            ("addr", addr),
+            ("length", length),
+            ("checksum", checksum),
+            ("epoch", epoch),
+            ("segment", segment),
+            ("device", device),
+        ):
+            v = np.asarray(val)
+            e[name][rows] = v[new] if v.ndim else v
+        e["pins"][rows] = 0
+        e["state"][rows] = state
+        self._place(rows)
+        self._n += int(new.size)
+        rows_out[new] = rows
+        return rows_out
+
+    def delete(self, keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Removes the keys; returns a mask of those that were present."""
+        hi, lo = _words(keys)
+        rows, slots = self._find(hi, lo)
+        found = rows >= 0
+        if found.any():
+            r, s = rows[found], slots[found]
+            r, first = np.unique(r, return_index=True)  # a key repeated in the batch
+            self._drop(r, s[first])
+        return found
+
+    def delete_rows(self, rows: np.ndarray[Any, Any]) -> None:
+        """Removes the entries in the given (live) rows."""
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        if rows.size == 0:
+            return
+        e = self.e
+        keys = np.zeros(rows.size, dtype=KEY_DTYPE)
+        keys["hi"] = e["hi"][rows]
+        keys["lo"] = e["lo"][rows]
+        hi, lo = _words(keys)
+        found, slots = self._find(hi, lo)
+        if not np.array_equal(found, rows):
+            raise AssertionError("index: a row is not reachable from its key")
+        self._drop(rows, slots)
+
+    def _drop(self, rows: np.ndarray[Any, Any], slots: np.ndarray[Any, Any]) -> None:
+        self._b[slots] = _TOMB
+        self._tomb += int(rows.size)
+        self.e["state"][rows] = FREE
+        self.e["pins"][rows] = 0
+        self._free.extend(int(r) for r in rows)
+        self._n -= int(rows.size)
+        if 4 * self._tomb > self._b.shape[0]:
+            self._rebuild(int(self._homes))
+
+    # ---- scans
+
+    def live_rows(self) -> np.ndarray[Any, Any]:
+        return np.nonzero(self.e["state"][: self._top] != FREE)[0]
+
+    def rows_in_segment(self, segment: int) -> np.ndarray[Any, Any]:
+        top = self._top
+        e = self.e
+        return np.nonzero((e["state"][:top] != FREE) & (e["segment"][:top] == segment))[0]
+
+    def keys_of(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        k = np.zeros(len(rows), dtype=KEY_DTYPE)
+        k["hi"] = self.e["hi"][rows]
+        k["lo"] = self.e["lo"][rows]
+        return k
