@@ -74,18 +74,12 @@ class Lookup:
         leaving the rest unloaded. Never waits past the timeout. Closes the
         lookup.
         """
+        try:
+            outs = self._destinations(dsts)
+        except BaseException:
+            self.close()  # a refused load gives its pins and prefetches back
+            raise
         n = self.hits
-        if len(dsts) < n:
-            raise InvalidArgument(None, f"load: {len(dsts)} destination buffers for {n} hits")
-        outs = []
-        for j in range(n):
-            d = as_dst(dsts[j], f"destination {j}")
-            need = int(self._ents["length"][j])
-            if d.size < need:
-                raise InvalidArgument(
-                    None, f"destination {j}: {d.size} bytes, the block has {need}"
-                )
-            outs.append(d)
         ok = [False] * n
         st = self._store
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -122,6 +116,21 @@ class Lookup:
         self.loaded = sum(ok)
         st._count("gets_hit", self.loaded)
         return ok
+
+    def _destinations(self, dsts: Any) -> list[np.ndarray[Any, Any]]:
+        n = self.hits
+        if len(dsts) < n:
+            raise InvalidArgument(None, f"load: {len(dsts)} destination buffers for {n} hits")
+        outs = []
+        for j in range(n):
+            d = as_dst(dsts[j], f"destination {j}")
+            need = int(self._ents["length"][j])
+            if d.size < need:
+                raise InvalidArgument(
+                    None, f"destination {j}: {d.size} bytes, the block has {need}"
+                )
+            outs.append(d)
+        return outs
 
     def close(self, bad: list[int] | None = None) -> None:
         """Releases the prefetches and the pins (idempotent)."""
