@@ -113,17 +113,30 @@ def test_bad_input_is_refused_before_any_change(open_store: Callable[..., Store]
 
 
 def test_device_kinds_the_store_refuses(tmp_backing: Path) -> None:
-    with chm.Device.open(
-        backend="ghost", capacity="64M", dram="16M", wbuf="4M", slot_size="1M"
-    ) as dev:
-        with pytest.raises(InvalidArgument, match="ghost backend moves no data"):
-            Store(dev, journal=tmp_backing / "j")
-    with chm.Device.open(
-        targets=[tmp_backing / "l.img"], capacity="64M", backend="pread", mode="lru",
-        dram="16M", create=True,
-    ) as dev:  # fmt: skip
-        with pytest.raises(InvalidArgument, match="prefetch mode"):
-            Store(dev)
+    ghost: dict[str, Any] = {
+        "backend": "ghost",
+        "capacity": "64M",
+        "dram": "16M",
+        "wbuf": "4M",
+        "slot_size": "1M",
+    }
+    with (
+        chm.Device.open(**ghost) as dev,
+        pytest.raises(InvalidArgument, match="ghost backend moves no data"),
+    ):
+        Store(dev, journal=tmp_backing / "j")
+    lru: dict[str, Any] = {
+        "capacity": "64M",
+        "backend": "pread",
+        "mode": "lru",
+        "dram": "16M",
+        "create": True,
+    }
+    with (
+        chm.Device.open(targets=[tmp_backing / "l.img"], **lru) as dev,
+        pytest.raises(InvalidArgument, match="prefetch mode"),
+    ):
+        Store(dev)
 
 
 def test_full_write_buffer_is_a_skip_not_a_stall(open_store: Callable[..., Store]) -> None:
@@ -161,7 +174,7 @@ def test_eviction_fifo_drops_the_oldest(open_store: Callable[..., Store]) -> Non
 def test_pinned_blocks_are_never_reclaimed(open_store: Callable[..., Store]) -> None:
     st = open_store(segment_bytes=8 * MiB)
     put_flushed(st, list(range(64)))  # every segment used
-    assert st.pin(list(range(0, 64, 8)) + [999]) == [True] * 8 + [False]  # one per segment
+    assert st.pin([*range(0, 64, 8), 999]) == [True] * 8 + [False]  # one per segment
     assert st.stats().segments_pinned == 8
     assert put_flushed(st, [500, 501]) == [K, K]  # nothing can be reclaimed: not stored
     assert all(st.contains(list(range(64))))
@@ -196,7 +209,7 @@ def test_async_tickets_poll_through_an_fd(open_store: Callable[..., Store]) -> N
     out = [np.zeros(MiB, np.uint8), np.zeros(MiB, np.uint8)]
     with st.get_async([1, 2], out) as g:
         assert not g.done()
-        with pytest.raises(WaitTimeout, match="not done after 0.05 s"):
+        with pytest.raises(WaitTimeout, match=r"not done after 0\.05 s"):
             g.wait(0.05)
         assert select.select([g], [], [], 0)[0] == []
         assert g.wait(30) == [True, True]
@@ -215,12 +228,18 @@ def test_second_opener_is_refused_with_the_path(open_store: Callable[..., Store]
     assert str(tmp_backing / "kv.img") in str(ei.value) and "pid" in str(ei.value)
     assert ei.value.filename == str(tmp_backing / "kv.img")
     # a store on another device but the same journal is refused too
-    with chm.Device.open(
-        targets=[tmp_backing / "other.img"], capacity="64M", dram="16M", wbuf="4M",
-        slot_size="1M", backend="pread", create=True,
-    ) as dev:  # fmt: skip
-        with pytest.raises(Busy, match="kv.img.kvjournal.lock: in use by pid"):
-            Store(dev, journal=st.stats().journal_path)
+    other: dict[str, Any] = {
+        "capacity": "64M",
+        "dram": "16M",
+        "wbuf": "4M",
+        "slot_size": "1M",
+        "create": True,
+    }
+    with (
+        chm.Device.open(targets=[tmp_backing / "other.img"], backend="pread", **other) as dev,
+        pytest.raises(Busy, match=r"kv\.img\.kvjournal\.lock: in use by pid"),
+    ):
+        Store(dev, journal=st.stats().journal_path)
     st.close()
     Store.open(tmp_backing, backend="pread", **GEOM).close()  # free again once closed
 

@@ -17,7 +17,7 @@ MiB = 1 << 20
 
 
 def test_w_max_is_eq_2() -> None:
-    assert WINDOW_BYTES == 128 * MiB
+    assert 128 * MiB == WINDOW_BYTES
     assert w_max(16 * MiB, 100) == 8
     assert w_max(32 * MiB, 100) == 4
     assert w_max(16 * MiB, 3) == 3  # bounded by the hits
@@ -90,7 +90,7 @@ def test_sliding_window_order_and_depth(make_device: Callable[..., chm.Device]) 
     sizes = iter([3, 3, 3, 1, 1, 1, 5, 5, 5, 5, 5, 5, 5])
     seen = []
     with SlidingWindow(dev, [(i * block, block) for i in range(12)], lambda: next(sizes)) as win:
-        for i, h in win:
+        for _, h in win:
             # never more prefetches than the current window (plus none queued beyond it)
             assert win.in_flight <= 5
             assert _in_flight(dev) == win.in_flight
