@@ -14,11 +14,12 @@ from chm.kv.index import ENTRY_DTYPE, Index, bytes_at
 from chm.kv.keys import KEY_DTYPE
 
 
-def keys_of(ints: list[int]) -> np.ndarray[Any, Any]:
-    """Keys with few distinct low words, so that probe runs collide a lot."""
+def keys_of(ints: list[int], spread: int = 7) -> np.ndarray[Any, Any]:
+    """Keys that share low words in groups (``spread`` distinct ones), so that
+    their probe runs collide; the low words are scattered over the table."""
     k = np.zeros(len(ints), dtype=KEY_DTYPE)
     k["hi"] = np.asarray(ints, dtype=np.uint64)
-    k["lo"] = np.asarray([i % 7 for i in ints], dtype=np.uint64)
+    k["lo"] = np.asarray([(i % spread) * 0x9E3779B97F4A7C15 % 2**64 for i in ints], np.uint64)
     return k
 
 
@@ -84,14 +85,18 @@ def test_entries_and_memory_at_ten_terabytes() -> None:
 def test_growth_and_tombstones_keep_every_key() -> None:
     ix = Index(16)
     ints = list(range(5000))
-    ix.put(keys_of(ints), addr=0, length=1, checksum=0, epoch=0, segment=3)
-    assert ix.delete(keys_of(ints[::2])).all()
-    ix.put(keys_of(ints[::4]), addr=1, length=1, checksum=0, epoch=0, segment=4)
+
+    def keys(xs: list[int]) -> np.ndarray[Any, Any]:
+        return keys_of(xs, spread=1000)  # groups of 5 keys share a low word
+
+    ix.put(keys(ints), addr=0, length=1, checksum=0, epoch=0, segment=3)
+    assert ix.delete(keys(ints[::2])).all()
+    ix.put(keys(ints[::4]), addr=1, length=1, checksum=0, epoch=0, segment=4)
     want = [i % 2 == 1 or i % 4 == 0 for i in ints]
-    assert ix.contains(keys_of(ints)).tolist() == want
+    assert ix.contains(keys(ints)).tolist() == want
     assert len(ix.rows_in_segment(4)) == len(ints[::4])
     ix.delete_rows(ix.rows_in_segment(4))
-    assert ix.contains(keys_of(ints)).tolist() == [i % 2 == 1 for i in ints]
+    assert ix.contains(keys(ints)).tolist() == [i % 2 == 1 for i in ints]
 
 
 def test_bad_keys_are_refused() -> None:

@@ -59,10 +59,10 @@ def test_put_get_contains(open_store: Callable[..., Store]) -> None:
     assert st.put([2], [blk(2)]) == [E]
     assert st.contains([1, 2, 3]) == [True, True, False]
     assert st.prefix_len([1, 2, 3, 1]) == 2
-    out = [np.zeros(MiB, np.uint8), bytearray(MiB), np.zeros(MiB, np.uint8)]
-    assert st.get([2, 3, 1], out) == [True, False, True]
-    assert np.array_equal(out[0], blk(2)) and bytes(out[2]) == blk(1).tobytes()
-    assert not any(out[1])  # a miss leaves its buffer alone
+    a, b, c = np.zeros(MiB, np.uint8), bytearray(MiB), np.zeros(MiB, np.uint8)
+    assert st.get([2, 3, 1], [a, b, c]) == [True, False, True]
+    assert np.array_equal(a, blk(2)) and c.tobytes() == blk(1).tobytes()
+    assert not any(b)  # a miss leaves its buffer alone
     s = st.stats()
     assert (s.puts_stored, s.puts_exists, s.gets_hit, s.gets_miss) == (2, 2, 2, 1)
     assert s.entries == 2 and s.live_bytes == 2 * MiB
