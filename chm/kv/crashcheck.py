@@ -36,7 +36,7 @@ def block_for(key: int, size: int) -> np.ndarray[Any, Any]:
 
 def _store_options(block: int, backend: str) -> dict[str, Any]:
     return {
-        "capacity": 16384 * block,
+        "capacity": 131072 * block,
         "backend": backend,
         "dram": 16 * block,
         "slot_size": block,
@@ -78,6 +78,7 @@ class CrashResult:
     wrong: int = 0  # found with bytes other than written (any block)
     bytes_checked: int = 0
     unacknowledged_found: int = 0  # written, killed before the ack: fine either way
+    kills_while_writing: int = 0  # kills that came before the writer was done
     kill_delays_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,8 +105,8 @@ def run_rounds(
     rounds: int,
     *,
     seed: int = 0,
-    block: int = 64 << 10,
-    per_round: int = 256,
+    block: int = 16 << 10,
+    per_round: int = 4096,
     backend: str = "pread",
     max_delay: float = 0.5,
     sample: int = 32,
@@ -153,6 +154,8 @@ def run_rounds(
                 f"crash writer exited with {p.returncode}, not by SIGKILL: "
                 f"{err.decode(errors='replace')}"
             )
+        if b"DONE\n" not in buf + rest:
+            res.kills_while_writing += 1
         for line in (buf + rest).splitlines():
             if line.startswith(b"ACK "):
                 _, first, n = line.split()
