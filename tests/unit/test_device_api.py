@@ -554,7 +554,7 @@ def test_dropped_device_is_closed_by_the_leak_net(small_options: dict[str, Any])
 def test_demo_command_runs() -> None:
     from click.testing import CliRunner
 
-    from emulator.cli import main
+    from chm_emu.cli import main
 
     args = ["demo", "--backend", "pread", "--objects", "4", "--slots", "2", "--object-size", "1M"]
     result = CliRunner().invoke(main, args)
@@ -568,7 +568,7 @@ def test_demo_falls_back_to_pread(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
     from chm.errors import NotSupported
-    from emulator.cli import main
+    from chm_emu.cli import main
 
     real_open = chm.Device.open
 
