@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from chm import _lowlevel as _ll
 from chm._scratch import ScratchDir
+from chm.backend import open_device
 from chm.config import Config
 from chm.errors import Cancelled, ChmError, InvalidArgument, StaleHandle, ViewInUse
 from chm.stats import Stats
@@ -363,7 +364,7 @@ class Device:
                 raise
         try:
             cfg.validate()
-            self._ptr = _ll.dev_open(cfg.cdata)
+            self._ptr = open_device(cfg)
         except BaseException:
             if self._cleanup is not None:
                 self._cleanup()
@@ -377,7 +378,7 @@ class Device:
         targets: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
         capacity: int | str = "64G",
         dram: int | str | None = None,
-        backend: str = "uring",
+        backend: str | None = None,
         mode: str = "prefetch",
         **options: Any,
     ) -> Device:
@@ -387,6 +388,9 @@ class Device:
         ``create=True`` a missing file is created (mode 0600, sparse) and a
         short one extended, else that is NotFound / NoSpace naming the path
         and sizes. ``None`` uses a file created in a temporary directory.
+        ``backend`` None (or ``"auto"``) is uring when this host allows
+        io_uring, else pread; ``dev.backend`` says which (see
+        :mod:`chm.backend`).
         """
         cfg = Config(capacity=capacity, backend=backend, mode=mode)
         if dram is not None:  # else the device default (chm-emu options)
