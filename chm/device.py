@@ -462,6 +462,9 @@ class Device:
     def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Handle:
         """Issues a prefetch of ``[addr, addr+length)``; never blocks.
 
+        Any ``addr`` and ``length`` (no alignment needed): the fill is widened
+        to 4096-byte boundaries inside the device.
+
         Raises InvalidArgument (length 0, larger than a slot, beyond capacity,
         a bool for addr or length), WouldBlock (refill queue full, or no free
         slot with ``noqueue``), NotSupported (direct mode), Cancelled (closed),
@@ -501,7 +504,10 @@ class Device:
     # -- data path
 
     def read(self, addr: int, length: int) -> bytes:
-        """Reads ``length`` bytes at ``addr`` (DRAM hit when staged, else SSD)."""
+        """Reads ``length`` bytes at ``addr`` (DRAM hit when staged, else SSD).
+
+        Any ``addr`` and ``length`` (no alignment needed).
+        """
         ptr = self._p("chm_read")
         n: object = length  # any integer type; others fail in the C call
         if isinstance(n, numbers.Integral) and int(n) > self._capacity:
@@ -511,13 +517,18 @@ class Device:
         return _ll.read(ptr, addr, length)
 
     def read_into(self, addr: int, buf: Any) -> int:
-        """Reads ``len(buf)`` bytes at ``addr`` into a writable buffer."""
+        """Reads ``len(buf)`` bytes at ``addr`` into a writable buffer.
+
+        Any ``addr`` and length (no alignment needed).
+        """
         return _ll.read_into(self._p("chm_read"), addr, buf)
 
     def write(self, addr: int, data: Any) -> bool:
         """Offers an object for writing; True if admitted, False if skipped.
 
-        ``addr`` and ``len(data)`` must be multiples of 512 bytes.
+        ``addr`` and ``len(data)`` must be multiples of 512 bytes (the
+        direct-I/O granularity, ``chm._lowlevel.IO_ALIGN``); otherwise
+        InvalidArgument. Reads and prefetches have no such rule.
         """
         rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)
         return rc != _ll.WRITE_SKIPPED

@@ -31,6 +31,14 @@ from chm.errors import NotSupported
 from chm_emu.cli import main as cli_main
 
 SMALL: dict[str, Any] = {"capacity": "64M", "dram": "16M", "wbuf": "4M", "slot_size": "1M"}
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_troubleshooting() -> str:
+    """The README's Troubleshooting section, whitespace collapsed."""
+    text = README.read_text()
+    return " ".join(text[text.index("## Troubleshooting") :].split())
+
 
 # ---------------------------------------------------------------- forced failure
 
@@ -211,6 +219,8 @@ def test_real_seccomp_default_and_explicit(tmp_path: Path) -> None:
     assert out["default"] == "pread"
     assert 'use backend="pread"' in out["explicit"]
     assert "backend uring:" in out["explicit"]
+    # the README shows this very text
+    assert f"chm.errors.NotSupported: {out['explicit']}" in _readme_troubleshooting()
 
 
 def test_real_seccomp_demo(tmp_path: Path) -> None:
@@ -227,3 +237,5 @@ def test_real_seccomp_demo(tmp_path: Path) -> None:
     text = " ".join(proc.stdout.split())
     assert "using the pread backend" in text
     assert "backend=pread" in text
+    said = text[text.index("io_uring is unavailable") : text.index("pread backend.") + 14]
+    assert said in _readme_troubleshooting()
