@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs the serving engines of chm.integrations into the venv: the extras
+# named in EXTRAS (comma-separated, default lmcache) from pyproject.toml.
+# torch is installed first as its CPU build (TORCH, default 2.13.0) and held
+# there by a constraint, so an engine never pulls a CUDA build of torch.
+# Runs again only when the extras' requirements changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+EXTRAS=${EXTRAS:-lmcache}
+TORCH=${TORCH:-2.13.0}
+py="$VENV/bin/python"
+[ -x "$py" ] || scripts/setup.sh
+
+reqs=$("$py" - "$EXTRAS" <<'EOF'
+import sys, tomllib
+extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
+for name in filter(None, sys.argv[1].split(",")):
+    if name not in extras or name == "test":
+        sys.exit(f"integrations: no engine extra {name!r} in pyproject.toml")
+    print("\n".join(extras[name]))
+EOF
+)
+key=$(printf '%s\ntorch==%s\n' "$reqs" "$TORCH" | sha256sum | cut -d' ' -f1)
+stamp="$VENV/.chm-integrations-${EXTRAS//,/-}"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
+	exit 0
+fi
+echo "chm: installing torch==$TORCH (CPU) and ${reqs//$'\n'/ } into $VENV"
+constraints="$VENV/.chm-torch-constraint.txt"
+echo "torch==$TORCH" >"$constraints"
+pip=("$py" -m pip install -qq --disable-pip-version-check)
+start=$SECONDS
+"${pip[@]}" "torch==$TORCH"
+if ! "$py" -c 'import torch, sys; sys.exit(torch.version.cuda is not None)'; then
+	echo "chm: torch==$TORCH came with CUDA: put a CPU build of torch where pip finds it first" >&2
+	exit 1
+fi
+# shellcheck disable=SC2086
+"${pip[@]}" -c "$constraints" $reqs
+echo "chm: engines installed in $((SECONDS - start)) s ($(du -sh "$VENV" | cut -f1) venv)"
+echo "$key" >"$stamp"
