@@ -1,0 +1,36 @@
+"""The request record every workload source produces and a replay consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Request"]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One prefill request of a multi-turn workload.
+
+    ``block_keys`` names the prompt's full serving blocks in order (a partial
+    last block is never cached, so it has no key): ``len(block_keys) ==
+    input_tokens // block_tokens``. ``arrival_s`` is the arrival time in
+    seconds from the start of the workload. ``session`` and ``turn`` place the
+    request in its conversation (turn 0 is the first) where the source knows
+    it; ``think_s`` is the user's pause before this request after the
+    previous turn of its session completed (0 for a session's first turn).
+    """
+
+    index: int
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    block_tokens: int
+    block_keys: tuple[bytes, ...]
+    session: int | None = None
+    turn: int | None = None
+    think_s: float = 0.0
+
+    @property
+    def cached_tokens_max(self) -> int:
+        """Tokens a prefix cache could supply at most (the full blocks)."""
+        return len(self.block_keys) * self.block_tokens
