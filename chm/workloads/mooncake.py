@@ -233,7 +233,7 @@ def trace_requests(
     block_tokens: int = 128,
     trace_block_tokens: int = TRACE_BLOCK_TOKENS,
     namespace: str = "mooncake",
-    infer_sessions: bool = True,
+    infer_sessions: bool = False,
 ) -> list[Request]:
     """The trace's records as Requests (arrival in seconds from the first one).
 
@@ -243,9 +243,11 @@ def trace_requests(
     earlier request whose full trace blocks are all a proper prefix of its
     own (the previous turn's prompt, as multi-turn chat appends to it), and
     gets that turn + 1; otherwise it opens a new session at turn 0. This is
-    an inference (where two sessions' prompts differ only inside a partial
-    trace block, a later turn goes to the latest of them); without it,
-    ``session`` and ``turn`` are None. Trace arrivals are open-loop
+    a heuristic, off by default: when a request's whole blocks are only a
+    shared prefix (a system prompt), the next conversation that opens with
+    that prefix is taken for its next turn, and where two sessions' prompts
+    differ only inside a partial trace block a later turn goes to the latest
+    of them. Without it, ``session`` and ``turn`` are None. Trace arrivals are open-loop
     timestamps, so ``think_s`` stays 0.
     """
     out: list[Request] = []

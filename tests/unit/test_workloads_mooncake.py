@@ -33,7 +33,7 @@ def test_reads_every_line_of_the_fixture() -> None:
 
 
 def test_requests_from_the_fixture() -> None:
-    reqs = trace_requests(read_mooncake(SMALL))
+    reqs = trace_requests(read_mooncake(SMALL), infer_sessions=True)
     assert [r.index for r in reqs] == list(range(8))
     assert [r.arrival_s for r in reqs] == [0.0, 0.5, 2.0, 2.6, 3.0005, 3.5, 4.0, 4.0]
     # 128-token serving blocks: input // 128 full blocks each
@@ -52,9 +52,23 @@ def test_requests_from_the_fixture() -> None:
     assert reqs[7].block_keys[:4] == reqs[6].block_keys
 
 
-def test_sessions_not_inferred_when_asked() -> None:
-    reqs = trace_requests(read_mooncake(SMALL), infer_sessions=False)
+def test_sessions_are_not_inferred_by_default() -> None:
+    reqs = trace_requests(read_mooncake(SMALL))
     assert all(r.session is None and r.turn is None for r in reqs)
+
+
+def test_session_inference_merges_conversations_after_a_bare_shared_prefix() -> None:
+    # the documented limit: request 0's whole blocks are only the shared
+    # prefix [0], so request 1 (another conversation opening with [0]) is
+    # taken for request 0's next turn
+    lines = [
+        json.dumps({"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}),
+        json.dumps(
+            {"timestamp": 1, "input_length": 1100, "output_length": 1, "hash_ids": [0, 2, 3]}
+        ),
+    ]
+    reqs = trace_requests(read_mooncake(lines), infer_sessions=True)
+    assert [(r.session, r.turn) for r in reqs] == [(0, 0), (0, 1)]
 
 
 def test_session_ids_group_turns() -> None:
@@ -69,7 +83,7 @@ def test_session_ids_group_turns() -> None:
         json.dumps({"timestamp": t, "input_length": 10, "output_length": 1, "hash_ids": [t]} | s)
         for t, s in enumerate(sids)
     ]
-    reqs = trace_requests(read_mooncake(lines))
+    reqs = trace_requests(read_mooncake(lines), infer_sessions=True)
     # "x" -> 0, 7 -> 1, the line without one is inferred as a new session 2,
     # and "7" is the same session as 7 (ids are compared as strings)
     assert [r.session for r in reqs] == [0, 1, 0, 2, 1]

@@ -1,0 +1,178 @@
+"""The baseline KV caches a multi-turn replay compares against.
+
+Each system is a GPU prefix cache per worker (G1, optional) in front of at
+most one KV tier, which is either per worker or shared by all workers:
+
+=================  ===========  =====================  ====================
+system             G1 (HBM)     tier                   tier scope
+=================  ===========  =====================  ====================
+recompute          no           none                   -
+gpu-prefix         yes          none                   -
+local-dram-lru     yes          host DRAM (LMCache)    per worker
+remote-dram-pool   yes          remote DRAM (Mooncake) shared
+fs-ssd             yes          files on NVMe-oF SSD   shared
+=================  ===========  =====================  ====================
+
+Per request (:func:`simulate`): the prompt's full blocks are looked up with
+prefix semantics, first in the worker's G1 (the longest held prefix), then
+the tier from there on (the longest held run); the rest is computed. Then
+every block of the request is accessed in order in G1 and in the tier: the
+request holds all of them in HBM, and the connector stores what the tier
+lacks (an inclusive hierarchy). Every cache is an LRU over blocks
+(:class:`~chm.replay.lru.LruBlocks`) with a capacity of
+``capacity_bytes // block_bytes`` blocks. A request runs on worker
+``session % workers`` (a session stays on its worker), or ``index % workers``
+when the workload has no sessions.
+
+TTFT = prefill compute of the uncached tokens (:mod:`chm.replay.prefill`)
++ the load time of the tier's bytes (:mod:`chm.replay.tiers`); G1 hits cost
+nothing to load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from chm.replay.lru import LruBlocks
+from chm.replay.params import param
+from chm.replay.prefill import PrefillModel
+from chm.replay.results import RequestResult
+from chm.replay.tiers import TIERS, TierParams
+from chm.workloads.records import Request
+
+__all__ = ["SYSTEMS", "SystemSpec", "baseline_systems", "simulate"]
+
+SYSTEMS = ("recompute", "gpu-prefix", "local-dram-lru", "remote-dram-pool", "fs-ssd")
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """One cache system: G1 on or off, and its tier (capacity 0: no tier)."""
+
+    name: str = param("local-dram-lru", "", "system name")
+    gpu_cache: bool = param(True, "", "GPU prefix cache (G1) per worker")
+    hbm_kv_bytes: int = param(0, "bytes", "G1 capacity per worker (0: from the GPU preset)")
+    tier_capacity_bytes: int = param(0, "bytes", "tier capacity (per worker or shared)")
+    tier_shared: bool = param(False, "", "one tier for all workers (else one per worker)")
+    tier: TierParams = field(default_factory=TierParams)
+
+    def __post_init__(self) -> None:
+        if self.hbm_kv_bytes < 0 or self.tier_capacity_bytes < 0:
+            raise ValueError(f"SystemSpec {self.name!r}: capacities must be >= 0 bytes")
+
+
+def baseline_systems(
+    *,
+    local_dram_bytes: int = 64 << 30,
+    remote_pool_bytes: int = 1 << 40,
+    fs_ssd_bytes: int = 2 << 40,
+    hbm_kv_bytes: int = 0,
+) -> dict[str, SystemSpec]:
+    """The five baselines with the paper's budgets (Sec. 5 baselines table).
+
+    LMCache has 64 GB of host DRAM per worker; Mooncake a 1 TB shared DRAM
+    pool; the NVMe-oF file system the same 2 TB as the CXL-HM device.
+    ``hbm_kv_bytes`` 0 takes G1's size from the model and GPU at simulation.
+    """
+    return {
+        "recompute": SystemSpec("recompute", gpu_cache=False, tier=TIERS["local-dram"]),
+        "gpu-prefix": SystemSpec("gpu-prefix", hbm_kv_bytes=hbm_kv_bytes, tier=TIERS["local-dram"]),
+        "local-dram-lru": SystemSpec(
+            "local-dram-lru",
+            hbm_kv_bytes=hbm_kv_bytes,
+            tier_capacity_bytes=local_dram_bytes,
+            tier=TIERS["local-dram"],
+        ),
+        "remote-dram-pool": SystemSpec(
+            "remote-dram-pool",
+            hbm_kv_bytes=hbm_kv_bytes,
+            tier_capacity_bytes=remote_pool_bytes,
+            tier_shared=True,
+            tier=TIERS["remote-dram"],
+        ),
+        "fs-ssd": SystemSpec(
+            "fs-ssd",
+            hbm_kv_bytes=hbm_kv_bytes,
+            tier_capacity_bytes=fs_ssd_bytes,
+            tier_shared=True,
+            tier=TIERS["fs-ssd"],
+        ),
+    }
+
+
+def _worker_of(r: Request, workers: int) -> int:
+    return (r.session if r.session is not None else r.index) % workers
+
+
+def simulate(
+    requests: Iterable[Request],
+    system: SystemSpec,
+    prefill: PrefillModel,
+    *,
+    workers: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> list[RequestResult]:
+    """Replays ``requests`` in order through ``system``; one result per request.
+
+    ``progress`` (if given) is called with 1 after each request.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    hbm = system.hbm_kv_bytes or prefill.hbm_kv_bytes()
+    g1: list[LruBlocks] = []
+    tiers: list[LruBlocks] = []
+    block_bytes = 0
+    out: list[RequestResult] = []
+    for r in requests:
+        bb = prefill.model.block_bytes(r.block_tokens)
+        if not block_bytes:
+            block_bytes = bb
+            if system.gpu_cache:
+                g1 = [LruBlocks(hbm // bb) for _ in range(workers)]
+            if system.tier_capacity_bytes:
+                n = 1 if system.tier_shared else workers
+                tiers = [LruBlocks(system.tier_capacity_bytes // bb) for _ in range(n)]
+        elif bb != block_bytes:
+            raise ValueError(
+                f"request {r.index} has {r.block_tokens}-token blocks; earlier requests "
+                "had another block size (one replay, one block size)"
+            )
+        w = _worker_of(r, workers)
+        keys = r.block_keys
+        gpu = g1[w] if g1 else None
+        tier = (tiers[0] if system.tier_shared else tiers[w]) if tiers else None
+        p1 = gpu.prefix_len(keys) if gpu is not None else 0
+        p2 = tier.prefix_len(keys, p1) if tier is not None else 0
+        if gpu is not None:
+            gpu.access(keys)
+        if tier is not None:
+            tier.access(keys)
+        cached = (p1 + p2) * r.block_tokens
+        new = r.input_tokens - cached
+        tier_bytes = p2 * bb
+        compute_s = prefill.compute_s(new, cached)
+        load_s = system.tier.load_s(tier_bytes)
+        out.append(
+            RequestResult(
+                system=system.name,
+                index=r.index,
+                session=r.session,
+                turn=r.turn,
+                worker=w,
+                arrival_s=r.arrival_s,
+                input_tokens=r.input_tokens,
+                blocks=len(keys),
+                gpu_hit_blocks=p1,
+                tier_hit_blocks=p2,
+                block_tokens=r.block_tokens,
+                gpu_bytes=p1 * bb,
+                tier_name=system.tier.name if tier is not None else "",
+                tier_bytes=tier_bytes,
+                compute_s=compute_s,
+                load_s=load_s,
+            )
+        )
+        if progress is not None:
+            progress(1)
+    return out
