@@ -10,9 +10,10 @@ paper's Table 1. Every parameter prints and overrides by name
 
 from __future__ import annotations
 
-from chm.replay.baselines import SYSTEMS, SystemSpec, baseline_systems, simulate
+from chm.replay.baselines import SYSTEMS, SystemSpec, baseline_systems, capacity_sweep, simulate
+from chm.replay.configure import ReplaySetup, configure
 from chm.replay.lru import LruBlocks
-from chm.replay.params import apply_overrides, param_rows, parse_overrides
+from chm.replay.params import apply_overrides, param_rows, parse_overrides, split_scoped
 from chm.replay.prefill import GPUS, MODELS, GpuPreset, ModelPreset, PrefillModel
 from chm.replay.results import RequestResult, TurnSummary, per_turn, write_csv, write_json
 from chm.replay.tiers import TIERS, TierParams
@@ -26,16 +27,20 @@ __all__ = [
     "LruBlocks",
     "ModelPreset",
     "PrefillModel",
+    "ReplaySetup",
     "RequestResult",
     "SystemSpec",
     "TierParams",
     "TurnSummary",
     "apply_overrides",
     "baseline_systems",
+    "capacity_sweep",
+    "configure",
     "param_rows",
     "parse_overrides",
     "per_turn",
     "simulate",
+    "split_scoped",
     "write_csv",
     "write_json",
 ]

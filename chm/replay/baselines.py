@@ -31,7 +31,7 @@ nothing to load.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from chm.replay.lru import LruBlocks
@@ -41,7 +41,7 @@ from chm.replay.results import RequestResult
 from chm.replay.tiers import TIERS, TierParams
 from chm.workloads.records import Request
 
-__all__ = ["SYSTEMS", "SystemSpec", "baseline_systems", "simulate"]
+__all__ = ["SYSTEMS", "SystemSpec", "baseline_systems", "capacity_sweep", "simulate"]
 
 SYSTEMS = ("recompute", "gpu-prefix", "local-dram-lru", "remote-dram-pool", "fs-ssd")
 
@@ -175,4 +175,33 @@ def simulate(
         )
         if progress is not None:
             progress(1)
+    return out
+
+
+def capacity_sweep(
+    requests: Sequence[Request],
+    capacities_bytes: Iterable[int],
+    prefill: PrefillModel,
+    *,
+    tier: TierParams | None = None,
+    workers: int = 1,
+) -> list[tuple[int, float]]:
+    """(capacity, prefix hit rate) of one shared LRU tier, no G1, per capacity.
+
+    The hit rate is cached tokens / prompt tokens over the whole workload.
+    """
+    total = sum(r.input_tokens for r in requests)
+    if not total:
+        raise ValueError("capacity_sweep needs at least one request")
+    out = []
+    for cap in capacities_bytes:
+        system = SystemSpec(
+            "lru-tier",
+            gpu_cache=False,
+            tier_capacity_bytes=cap,
+            tier_shared=True,
+            tier=tier or TierParams(),
+        )
+        res = simulate(requests, system, prefill, workers=workers)
+        out.append((cap, sum(r.cached_tokens for r in res) / total))
     return out

@@ -17,7 +17,14 @@ from typing import Any, TypeVar
 from chm.errors import InvalidArgument
 from chm.sizes import format_size, parse_size
 
-__all__ = ["ParamRow", "apply_overrides", "param", "param_rows", "parse_overrides"]
+__all__ = [
+    "ParamRow",
+    "apply_overrides",
+    "param",
+    "param_rows",
+    "parse_overrides",
+    "split_scoped",
+]
 
 T = TypeVar("T")
 
@@ -58,6 +65,27 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
         if not sep or not name.strip() or not value.strip():
             raise ValueError(f"override {item!r}: expected NAME=VALUE")
         out[name.strip()] = value.strip()
+    return out
+
+
+def split_scoped(items: Iterable[str], scopes: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``["gpu.mfu=0.4", "fs-ssd.tier.latency_s=1e-4"]`` -> overrides per scope.
+
+    A scope is the longest of ``scopes`` that the name starts with (followed
+    by a dot); ``{"gpu": {"mfu": "0.4"}, "fs-ssd.tier": {"latency_s": "1e-4"}}``.
+    An item naming no known scope is a ValueError that lists them.
+    """
+    known = sorted(scopes, key=len, reverse=True)
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        name, value = next(iter(parse_overrides([item]).items()))
+        scope = next((s for s in known if name.startswith(s + ".")), None)
+        if scope is None or len(name) == len(scope) + 1:
+            raise ValueError(
+                f"override {item!r}: expected SCOPE.NAME=VALUE with SCOPE one of "
+                f"{', '.join(sorted(known))}"
+            )
+        out.setdefault(scope, {})[name[len(scope) + 1 :]] = value
     return out
 
 

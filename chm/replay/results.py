@@ -85,29 +85,27 @@ class TurnSummary:
 
 
 def per_turn(results: Iterable[RequestResult]) -> list[TurnSummary]:
-    """One summary per (system, turn), turns in order, None last."""
-    groups: dict[tuple[str, int | None], list[RequestResult]] = {}
+    """One summary per (system, turn): systems in order of first appearance,
+    turns in order, requests without a turn last."""
+    groups: dict[str, dict[int | None, list[RequestResult]]] = {}
     for r in results:
-        groups.setdefault((r.system, r.turn), []).append(r)
-
-    def order(k: tuple[str, int | None]) -> tuple[str, bool, int]:
-        return (k[0], k[1] is None, k[1] or 0)
-
+        groups.setdefault(r.system, {}).setdefault(r.turn, []).append(r)
     out = []
-    for key in sorted(groups, key=order):
-        rs = groups[key]
-        out.append(
-            TurnSummary(
-                system=key[0],
-                turn=key[1],
-                requests=len(rs),
-                input_tokens=sum(r.input_tokens for r in rs),
-                cached_tokens=sum(r.cached_tokens for r in rs),
-                gpu_bytes=sum(r.gpu_bytes for r in rs),
-                tier_bytes=sum(r.tier_bytes for r in rs),
-                mean_ttft_s=sum(r.ttft_s for r in rs) / len(rs),
+    for system, turns in groups.items():
+        for turn in sorted(turns, key=lambda t: (t is None, t or 0)):
+            rs = turns[turn]
+            out.append(
+                TurnSummary(
+                    system=system,
+                    turn=turn,
+                    requests=len(rs),
+                    input_tokens=sum(r.input_tokens for r in rs),
+                    cached_tokens=sum(r.cached_tokens for r in rs),
+                    gpu_bytes=sum(r.gpu_bytes for r in rs),
+                    tier_bytes=sum(r.tier_bytes for r in rs),
+                    mean_ttft_s=sum(r.ttft_s for r in rs) / len(rs),
+                )
             )
-        )
     return out
 
 
