@@ -19,6 +19,7 @@ from chm.workloads.mooncake import (
     reblock,
     trace_requests,
 )
+from chm.workloads.mooncake_write import format_mooncake_line, synthetic_trace, write_mooncake
 from chm.workloads.records import Request
 from chm.workloads.synthetic import ChatWorkload, generate_chat, schedule_closed_loop
 
@@ -30,11 +31,14 @@ __all__ = [
     "TraceFormatError",
     "TraceRecord",
     "chain_key",
+    "format_mooncake_line",
     "generate_chat",
     "parse_mooncake_line",
     "read_mooncake",
     "reblock",
     "root_key",
     "schedule_closed_loop",
+    "synthetic_trace",
     "trace_requests",
+    "write_mooncake",
 ]

@@ -86,3 +86,24 @@ def test_bad_override_is_a_usage_error(tmp_path: Path) -> None:
     p = run("--set", "gpu.mfu=2", "--out", str(tmp_path))
     assert p.returncode == 2
     assert "mfu and memory_utilization must be in (0, 1]" in p.stderr
+
+
+def test_saved_trace_replays_like_the_workload(tmp_path: Path) -> None:
+    args = ["--users", "3", "--turns", "3", "--workers", "1", "--no-plots"]
+    saved = tmp_path / "chat.jsonl"
+    p = run(*args, "--save-trace", str(saved), "--out", str(tmp_path / "a"))
+    assert p.returncode == 0, p.stderr
+    assert len(saved.read_text().splitlines()) == 9
+    p = run(*args, "--trace", str(saved), "--out", str(tmp_path / "b"))
+    assert p.returncode == 0, p.stderr
+    a = json.loads((tmp_path / "a" / "results.json").read_text())["per_turn"]
+    b = json.loads((tmp_path / "b" / "results.json").read_text())["per_turn"]
+    # the same requests, sessions and turns (from session_id)
+    assert [(t["system"], t["turn"], t["input_tokens"]) for t in a] == [
+        (t["system"], t["turn"], t["input_tokens"]) for t in b
+    ]
+    # a partial 512-token block is not reused from the trace: never more hits
+    assert all(tb["cached_tokens"] <= ta["cached_tokens"] for ta, tb in zip(a, b, strict=True))
+    p = run("--trace", str(saved), "--save-trace", str(tmp_path / "x"), "--out", str(tmp_path))
+    assert p.returncode == 2
+    assert "--save-trace writes a synthetic workload" in p.stderr

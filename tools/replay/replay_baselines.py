@@ -13,7 +13,8 @@ summary per system, and writes to --out:
     capacity.png     hit rate of one shared LRU tier vs its capacity
 
     python tools/replay/replay_baselines.py --out out/replay
-    python tools/replay/replay_baselines.py --trace trace.jsonl --infer-sessions --out out/t
+    python tools/replay/replay_baselines.py --save-trace chat.jsonl --out out/s
+    python tools/replay/replay_baselines.py --trace chat.jsonl --out out/t
     python tools/replay/replay_baselines.py --set gpu.mfu=0.4 --set fs-ssd.tier.latency_s=1e-3 ...
 """
 
@@ -49,7 +50,9 @@ from chm.workloads import (
     TraceFormatError,
     generate_chat,
     read_mooncake,
+    synthetic_trace,
     trace_requests,
+    write_mooncake,
 )
 
 console = Console(highlight=False)
@@ -108,6 +111,11 @@ def _params_table(params: dict[str, dict[str, str]]) -> Table:
 @click.option("--systems", default=",".join(SYSTEMS), show_default=True)
 @click.option("--set", "sets", multiple=True, metavar="SCOPE.NAME=VALUE")
 @click.option("--capacities", default="16G,64G,256G,1T,2T", callback=_sizes, show_default=True)
+@click.option(
+    "--save-trace",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the synthetic workload here as a Mooncake-format trace.",
+)
 @click.option("--no-plots", is_flag=True, help="Do not write the PNGs.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def main(
@@ -130,6 +138,7 @@ def main(
     systems: str,
     sets: tuple[str, ...],
     capacities: list[int],
+    save_trace: Path | None,
     no_plots: bool,
     out: Path,
 ) -> None:
@@ -141,6 +150,10 @@ def main(
     workload: dict[str, Any]
     requests: list[Request]
     if trace is not None:
+        if save_trace is not None:
+            raise click.UsageError(
+                "--save-trace writes a synthetic workload; --trace is one already"
+            )
         try:
             requests = trace_requests(
                 read_mooncake(trace), block_tokens=block_tokens, infer_sessions=infer_sessions
@@ -169,6 +182,9 @@ def main(
             raise click.UsageError(str(exc)) from None
         requests = generate_chat(wl)
         workload = dataclasses.asdict(wl) | {"requests": len(requests)}
+        if save_trace is not None:
+            n = write_mooncake(save_trace, synthetic_trace(wl))
+            console.print(f"wrote the workload as a Mooncake trace: {save_trace} ({n} lines)")
 
     pm = setup.prefill
     shown: dict[str, dict[str, str]] = {}
