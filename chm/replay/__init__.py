@@ -10,7 +10,15 @@ paper's Table 1. Every parameter prints and overrides by name
 
 from __future__ import annotations
 
-from chm.replay.baselines import SYSTEMS, SystemSpec, baseline_systems, capacity_sweep, simulate
+from chm.replay.baselines import (
+    SYSTEMS,
+    BaselineReplay,
+    SystemSpec,
+    baseline_systems,
+    capacity_sweep,
+    simulate,
+    simulate_closed_loop,
+)
 from chm.replay.configure import ReplaySetup, configure
 from chm.replay.lru import LruBlocks
 from chm.replay.params import apply_overrides, param_rows, parse_overrides, split_scoped
@@ -19,6 +27,7 @@ from chm.replay.results import RequestResult, TurnSummary, per_turn, write_csv, 
 from chm.replay.tiers import TIERS, TierParams
 
 __all__ = [
+    "BaselineReplay",
     "GPUS",
     "MODELS",
     "SYSTEMS",
@@ -40,6 +49,7 @@ __all__ = [
     "parse_overrides",
     "per_turn",
     "simulate",
+    "simulate_closed_loop",
     "split_scoped",
     "write_csv",
     "write_json",

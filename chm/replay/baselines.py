@@ -40,8 +40,17 @@ from chm.replay.prefill import PrefillModel
 from chm.replay.results import RequestResult
 from chm.replay.tiers import TIERS, TierParams
 from chm.workloads.records import Request
+from chm.workloads.synthetic import schedule_closed_loop
 
-__all__ = ["SYSTEMS", "SystemSpec", "baseline_systems", "capacity_sweep", "simulate"]
+__all__ = [
+    "SYSTEMS",
+    "BaselineReplay",
+    "SystemSpec",
+    "baseline_systems",
+    "capacity_sweep",
+    "simulate",
+    "simulate_closed_loop",
+]
 
 SYSTEMS = ("recompute", "gpu-prefix", "local-dram-lru", "remote-dram-pool", "fs-ssd")
 
@@ -105,6 +114,84 @@ def _worker_of(r: Request, workers: int) -> int:
     return (r.session if r.session is not None else r.index) % workers
 
 
+class BaselineReplay:
+    """One system's caches, fed one request at a time (:meth:`step`).
+
+    :func:`simulate` runs a whole workload; a closed-loop replay calls
+    :meth:`step` from :func:`~chm.workloads.schedule_closed_loop`'s service
+    time, so the system's own TTFT decides when the next turn arrives.
+    """
+
+    def __init__(self, system: SystemSpec, prefill: PrefillModel, *, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.system = system
+        self.prefill = prefill
+        self.workers = workers
+        self.results: list[RequestResult] = []
+        self._hbm = system.hbm_kv_bytes or prefill.hbm_kv_bytes()
+        self._g1: list[LruBlocks] = []
+        self._tiers: list[LruBlocks] = []
+        self._block_bytes = 0
+
+    def _caches_for(self, r: Request) -> int:
+        """Sizes the caches at the first request; returns the block bytes."""
+        bb = self.prefill.model.block_bytes(r.block_tokens)
+        if not self._block_bytes:
+            self._block_bytes = bb
+            s = self.system
+            if s.gpu_cache:
+                self._g1 = [LruBlocks(self._hbm // bb) for _ in range(self.workers)]
+            if s.tier_capacity_bytes:
+                n = 1 if s.tier_shared else self.workers
+                self._tiers = [LruBlocks(s.tier_capacity_bytes // bb) for _ in range(n)]
+        elif bb != self._block_bytes:
+            raise ValueError(
+                f"request {r.index} has {r.block_tokens}-token blocks; earlier requests "
+                "had another block size (one replay, one block size)"
+            )
+        return bb
+
+    def step(self, r: Request) -> RequestResult:
+        """Looks the request up, updates the caches, and records the result."""
+        bb = self._caches_for(r)
+        system = self.system
+        w = _worker_of(r, self.workers)
+        keys = r.block_keys
+        gpu = self._g1[w] if self._g1 else None
+        tier = None
+        if self._tiers:
+            tier = self._tiers[0] if system.tier_shared else self._tiers[w]
+        p1 = gpu.prefix_len(keys) if gpu is not None else 0
+        p2 = tier.prefix_len(keys, p1) if tier is not None else 0
+        if gpu is not None:
+            gpu.access(keys)
+        if tier is not None:
+            tier.access(keys)
+        cached = (p1 + p2) * r.block_tokens
+        tier_bytes = p2 * bb
+        result = RequestResult(
+            system=system.name,
+            index=r.index,
+            session=r.session,
+            turn=r.turn,
+            worker=w,
+            arrival_s=r.arrival_s,
+            input_tokens=r.input_tokens,
+            blocks=len(keys),
+            gpu_hit_blocks=p1,
+            tier_hit_blocks=p2,
+            block_tokens=r.block_tokens,
+            gpu_bytes=p1 * bb,
+            tier_name=system.tier.name if tier is not None else "",
+            tier_bytes=tier_bytes,
+            compute_s=self.prefill.compute_s(r.input_tokens - cached, cached),
+            load_s=system.tier.load_s(tier_bytes),
+        )
+        self.results.append(result)
+        return result
+
+
 def simulate(
     requests: Iterable[Request],
     system: SystemSpec,
@@ -117,65 +204,39 @@ def simulate(
 
     ``progress`` (if given) is called with 1 after each request.
     """
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    hbm = system.hbm_kv_bytes or prefill.hbm_kv_bytes()
-    g1: list[LruBlocks] = []
-    tiers: list[LruBlocks] = []
-    block_bytes = 0
-    out: list[RequestResult] = []
+    replay = BaselineReplay(system, prefill, workers=workers)
     for r in requests:
-        bb = prefill.model.block_bytes(r.block_tokens)
-        if not block_bytes:
-            block_bytes = bb
-            if system.gpu_cache:
-                g1 = [LruBlocks(hbm // bb) for _ in range(workers)]
-            if system.tier_capacity_bytes:
-                n = 1 if system.tier_shared else workers
-                tiers = [LruBlocks(system.tier_capacity_bytes // bb) for _ in range(n)]
-        elif bb != block_bytes:
-            raise ValueError(
-                f"request {r.index} has {r.block_tokens}-token blocks; earlier requests "
-                "had another block size (one replay, one block size)"
-            )
-        w = _worker_of(r, workers)
-        keys = r.block_keys
-        gpu = g1[w] if g1 else None
-        tier = (tiers[0] if system.tier_shared else tiers[w]) if tiers else None
-        p1 = gpu.prefix_len(keys) if gpu is not None else 0
-        p2 = tier.prefix_len(keys, p1) if tier is not None else 0
-        if gpu is not None:
-            gpu.access(keys)
-        if tier is not None:
-            tier.access(keys)
-        cached = (p1 + p2) * r.block_tokens
-        new = r.input_tokens - cached
-        tier_bytes = p2 * bb
-        compute_s = prefill.compute_s(new, cached)
-        load_s = system.tier.load_s(tier_bytes)
-        out.append(
-            RequestResult(
-                system=system.name,
-                index=r.index,
-                session=r.session,
-                turn=r.turn,
-                worker=w,
-                arrival_s=r.arrival_s,
-                input_tokens=r.input_tokens,
-                blocks=len(keys),
-                gpu_hit_blocks=p1,
-                tier_hit_blocks=p2,
-                block_tokens=r.block_tokens,
-                gpu_bytes=p1 * bb,
-                tier_name=system.tier.name if tier is not None else "",
-                tier_bytes=tier_bytes,
-                compute_s=compute_s,
-                load_s=load_s,
-            )
-        )
+        replay.step(r)
         if progress is not None:
             progress(1)
-    return out
+    return replay.results
+
+
+def simulate_closed_loop(
+    requests: Iterable[Request],
+    system: SystemSpec,
+    prefill: PrefillModel,
+    *,
+    concurrency: int,
+    workers: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> list[RequestResult]:
+    """Replays sessions as a closed loop whose service time is the modeled TTFT.
+
+    A turn arrives its think time after the previous turn's first token
+    (decode time is not modeled); see
+    :func:`~chm.workloads.schedule_closed_loop`. Results are in arrival order.
+    """
+    replay = BaselineReplay(system, prefill, workers=workers)
+
+    def service(r: Request) -> float:
+        ttft = replay.step(r).ttft_s
+        if progress is not None:
+            progress(1)
+        return ttft
+
+    schedule_closed_loop(requests, concurrency, service)
+    return replay.results
 
 
 def capacity_sweep(

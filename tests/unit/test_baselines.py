@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chm.replay import (
+    BaselineReplay,
     GpuPreset,
     LruBlocks,
     ModelPreset,
@@ -14,6 +15,7 @@ from chm.replay import (
     baseline_systems,
     per_turn,
     simulate,
+    simulate_closed_loop,
 )
 from chm.workloads import Request
 
@@ -177,3 +179,39 @@ def test_bad_replays_are_refused() -> None:
         simulate(mixed, SystemSpec(hbm_kv_bytes=BB), TINY)
     with pytest.raises(ValueError, match="SystemSpec 'x': capacities must be >= 0"):
         SystemSpec("x", tier_capacity_bytes=-1)
+
+
+def test_closed_loop_arrivals_follow_the_systems_ttft() -> None:
+    # one user at a time, no think time: each turn arrives when the previous
+    # one's first token is out, and session 1 starts when session 0 is done
+    reqs = [
+        Request(0, 0.0, 4, 1, 2, (b"A", b"B"), 0, 0),
+        Request(1, 0.0, 6, 1, 2, (b"A", b"B", b"C"), 0, 1),
+        Request(2, 0.0, 4, 1, 2, (b"A", b"D"), 1, 0),
+    ]
+    ticks: list[int] = []
+    res = simulate_closed_loop(
+        reqs,
+        SystemSpec("gpu-prefix", hbm_kv_bytes=100 * BB),
+        TINY,
+        concurrency=1,
+        progress=ticks.append,
+    )
+    assert [(r.session, r.turn) for r in res] == [(0, 0), (0, 1), (1, 0)]
+    assert [r.gpu_hit_blocks for r in res] == [0, 2, 1]
+    assert res[0].arrival_s == 0.0
+    assert res[1].arrival_s == pytest.approx(res[0].ttft_s)
+    assert res[2].arrival_s == pytest.approx(res[0].ttft_s + res[1].ttft_s)
+    assert ticks == [1, 1, 1]
+    # a slower system (nothing cached) pushes the later arrivals out
+    slow = simulate_closed_loop(reqs, baseline_systems()["recompute"], TINY, concurrency=1)
+    assert slow[2].arrival_s > res[2].arrival_s
+
+
+def test_step_by_step_equals_simulate() -> None:
+    reqs = [req(0, "AB"), req(1, "ABC"), req(2, "AC")]
+    system = SystemSpec("gpu-prefix", hbm_kv_bytes=2 * BB)
+    replay = BaselineReplay(system, TINY)
+    stepped = [replay.step(r) for r in reqs]
+    assert stepped == simulate(reqs, system, TINY)
+    assert replay.results == stepped

@@ -107,3 +107,19 @@ def test_saved_trace_replays_like_the_workload(tmp_path: Path) -> None:
     p = run("--trace", str(saved), "--save-trace", str(tmp_path / "x"), "--out", str(tmp_path))
     assert p.returncode == 2
     assert "--save-trace writes a synthetic workload" in p.stderr
+
+
+def test_closed_loop_replay(tmp_path: Path) -> None:
+    p = run(
+        *("--users", "4", "--turns", "2", "--arrival", "closed", "--concurrency", "2"),
+        *("--systems", "recompute,gpu-prefix", "--no-plots", "--out", str(tmp_path)),
+    )
+    assert p.returncode == 0, p.stderr
+    with open(tmp_path / "per_request.csv") as f:
+        rows = list(csv.DictReader(f))
+    last = {
+        r["system"]: max(float(x["arrival_s"]) for x in rows if x["system"] == r["system"])
+        for r in rows
+    }
+    # recomputation is slower, so its last user arrives later
+    assert last["recompute"] > last["gpu-prefix"]

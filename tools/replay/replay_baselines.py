@@ -2,7 +2,9 @@
 """Replays a multi-turn workload through the baseline KV caches.
 
 The workload is synthetic multi-turn chat (chm.workloads.ChatWorkload) or a
-trace in the Mooncake format (--trace). Every system of chm.replay.baselines
+trace in the Mooncake format (--trace). With --arrival closed, --concurrency
+users at a time each send their next turn a think time after the modeled
+first token, so each system's own TTFT paces its replay. Every system of chm.replay.baselines
 replays the same requests; the tool prints the parameters it used and a
 summary per system, and writes to --out:
 
@@ -40,6 +42,7 @@ from chm.replay import (
     param_rows,
     per_turn,
     simulate,
+    simulate_closed_loop,
     write_csv,
     write_json,
 )
@@ -218,10 +221,21 @@ def main(
     results: list[RequestResult] = []
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("replaying", total=len(requests) * len(setup.systems) + len(capacities))
+        closed = trace is None and arrival == "closed"
         for spec in setup.systems.values():
-            results += simulate(
-                requests, spec, pm, workers=workers, progress=lambda n: bar.advance(task, n)
-            )
+            if closed:  # each system's own TTFT paces its users
+                results += simulate_closed_loop(
+                    requests,
+                    spec,
+                    pm,
+                    concurrency=concurrency,
+                    workers=workers,
+                    progress=lambda n: bar.advance(task, n),
+                )
+            else:
+                results += simulate(
+                    requests, spec, pm, workers=workers, progress=lambda n: bar.advance(task, n)
+                )
         sweep = []
         for cap in capacities:
             sweep += capacity_sweep(requests, [cap], pm, workers=workers)
