@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chm.workloads import (
     TraceFormatError,
@@ -218,3 +220,34 @@ def test_parse_line_accepts_extra_keys_and_other_block_sizes() -> None:
     assert rec.hash_ids == (1,)
     with pytest.raises(TraceFormatError, match="line 9: input_length 1000 needs 2"):
         parse_mooncake_line(text, 9)
+
+
+@given(
+    data=st.data(),
+    trace_block=st.sampled_from([64, 128, 512, 1000]),
+    block=st.integers(1, 700),
+)
+def test_reblock_properties(data: st.DataObject, trace_block: int, block: int) -> None:
+    # a conversation that grows: a later prompt keeps the earlier one's whole
+    # trace blocks, so the serving blocks inside them keep their keys
+    n1 = data.draw(st.integers(1, 4000), label="n1")
+    n2 = data.draw(st.integers(n1, 6000), label="n2")
+    ids2 = data.draw(
+        st.lists(
+            st.integers(0, 2**64 - 1),
+            min_size=-(-n2 // trace_block),
+            max_size=-(-n2 // trace_block),
+        ),
+        label="ids2",
+    )
+    whole1 = n1 // trace_block
+    tail = data.draw(st.integers(0, 2**64 - 1), label="partial id")
+    ids1 = ids2[:whole1] + ([tail] if n1 % trace_block else [])
+    k1 = reblock(n1, ids1, block_tokens=block, trace_block_tokens=trace_block)
+    k2 = reblock(n2, ids2, block_tokens=block, trace_block_tokens=trace_block)
+    assert len(k1) == n1 // block
+    assert len(k2) == n2 // block
+    shared = whole1 * trace_block // block  # serving blocks wholly inside the kept trace blocks
+    assert k1[:shared] == k2[:shared]
+    assert all(len(k) == 16 for k in k2)
+    assert len(set(k2)) == len(k2)
