@@ -30,6 +30,22 @@ class Request:
     turn: int | None = None
     think_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        where = f"Request {self.index}"
+        if self.input_tokens < 1 or self.output_tokens < 0 or self.block_tokens < 1:
+            raise ValueError(
+                f"{where}: needs input_tokens >= 1, output_tokens >= 0 and block_tokens >= 1, "
+                f"got {self.input_tokens}, {self.output_tokens}, {self.block_tokens}"
+            )
+        if len(self.block_keys) != self.input_tokens // self.block_tokens:
+            raise ValueError(
+                f"{where}: {self.input_tokens} tokens in {self.block_tokens}-token blocks "
+                f"make {self.input_tokens // self.block_tokens} full blocks, "
+                f"got {len(self.block_keys)} keys"
+            )
+        if self.think_s < 0 or self.arrival_s < 0:
+            raise ValueError(f"{where}: arrival_s and think_s must be >= 0")
+
     @property
     def cached_tokens_max(self) -> int:
         """Tokens a prefix cache could supply at most (the full blocks)."""

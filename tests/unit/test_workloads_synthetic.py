@@ -155,3 +155,26 @@ def test_closed_loop_refuses_bad_input() -> None:
 def test_bad_parameters_name_the_field(field: str, value: Any, match: str) -> None:
     with pytest.raises(ValueError, match=f"ChatWorkload.{match}"):
         ChatWorkload(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"input_tokens": 0}, "needs input_tokens >= 1"),
+        ({"output_tokens": -1}, "needs input_tokens >= 1, output_tokens >= 0"),
+        ({"block_tokens": 0}, "needs .* and block_tokens >= 1"),
+        ({"block_keys": (b"k",)}, "300 tokens in 128-token blocks make 2 full blocks, got 1 keys"),
+        ({"think_s": -1.0}, "arrival_s and think_s must be >= 0"),
+    ],
+)
+def test_inconsistent_requests_are_refused(kw: dict[str, Any], match: str) -> None:
+    base: dict[str, Any] = {
+        "index": 7,
+        "arrival_s": 0.0,
+        "input_tokens": 300,
+        "output_tokens": 1,
+        "block_tokens": 128,
+        "block_keys": (b"a", b"b"),
+    }
+    with pytest.raises(ValueError, match=f"Request 7: {match}"):
+        Request(**(base | kw))
