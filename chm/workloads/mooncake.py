@@ -22,6 +22,7 @@ the next turn: the trace does not say which of its tokens are shared.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -148,8 +149,9 @@ def read_mooncake(
 ) -> Iterator[TraceRecord]:
     """Yields every record of a trace file (a path) or of an iterable of lines.
 
-    Raises TraceFormatError at the first malformed line, at a line that is
-    not UTF-8, and where a timestamp goes backwards; nothing is skipped.
+    A path ending in ``.gz`` is read through gzip. Raises TraceFormatError
+    at the first malformed line, at a line that is not UTF-8, and where a
+    timestamp goes backwards; nothing is skipped.
     """
     if trace_block_tokens < 1:
         raise ValueError(f"trace_block_tokens must be >= 1, got {trace_block_tokens}")
@@ -160,7 +162,8 @@ def read_mooncake(
 
 
 def _read_path(path: str, trace_block_tokens: int) -> Iterator[TraceRecord]:
-    with open(path, "rb") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
 
         def decoded() -> Iterator[tuple[int, str]]:
             for lineno, raw in enumerate(f, start=1):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -251,3 +252,16 @@ def test_reblock_properties(data: st.DataObject, trace_block: int, block: int) -
     assert k1[:shared] == k2[:shared]
     assert all(len(k) == 16 for k in k2)
     assert len(set(k2)) == len(k2)
+
+
+def test_gzipped_trace(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl.gz"
+    with gzip.open(p, "wb") as f:
+        f.write(SMALL.read_bytes() + b"[]\n")
+    with pytest.raises(TraceFormatError, match="line 9: expected a JSON object") as info:
+        list(read_mooncake(p))
+    assert info.value.source == str(p)
+    good = tmp_path / "g.jsonl.gz"
+    with gzip.open(good, "wb") as f:
+        f.write(SMALL.read_bytes())
+    assert list(read_mooncake(good)) == list(read_mooncake(SMALL))
