@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,10 @@ def test_bad_override_is_a_usage_error(tmp_path: Path) -> None:
     p = run("--set", "gpu.mfu=2", "--out", str(tmp_path))
     assert p.returncode == 2
     assert "mfu and memory_utilization must be in (0, 1]" in p.stderr
+    p = run("--model", "qwen2.5-32b", "--set", "gpu.memory_bytes=16G", "--out", str(tmp_path))
+    assert p.returncode == 2
+    assert "qwen2.5-32b weights do not fit in a100-80g" in p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_saved_trace_replays_like_the_workload(tmp_path: Path) -> None:
@@ -123,3 +128,21 @@ def test_closed_loop_replay(tmp_path: Path) -> None:
     }
     # recomputation is slower, so its last user arrives later
     assert last["recompute"] > last["gpu-prefix"]
+
+
+def test_without_matplotlib_the_plots_are_skipped_with_a_reason(tmp_path: Path) -> None:
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('matplotlib hidden for this test')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
+    p = subprocess.run(
+        [sys.executable, str(TOOL), "--users", "2", "--turns", "2", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "no plots: plots need matplotlib: pip install 'chm[plots]'" in " ".join(p.stdout.split())
+    assert (tmp_path / "o" / "results.json").exists()
+    assert not (tmp_path / "o" / "per_turn.png").exists()

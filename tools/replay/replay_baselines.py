@@ -37,6 +37,7 @@ from chm.replay import (
     MODELS,
     SYSTEMS,
     RequestResult,
+    TurnSummary,
     capacity_sweep,
     configure,
     param_rows,
@@ -46,6 +47,7 @@ from chm.replay import (
     write_csv,
     write_json,
 )
+from chm.replay.plots import plot_capacity_sweep, plot_per_turn
 from chm.sizes import format_size, parse_size
 from chm.workloads import (
     ChatWorkload,
@@ -58,7 +60,7 @@ from chm.workloads import (
     write_mooncake,
 )
 
-console = Console(highlight=False)
+console = Console(highlight=False, markup=False)  # paths and messages print as they are
 
 
 def _range(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, int]:
@@ -86,6 +88,45 @@ def _params_table(params: dict[str, dict[str, str]]) -> Table:
     for scope, values in params.items():
         t.add_row(scope, ", ".join(f"{k}={v}" for k, v in values.items()))
     return t
+
+
+def _write_outputs(
+    out: Path,
+    workload: dict[str, Any],
+    params: dict[str, Any],
+    results: list[RequestResult],
+    turns_summary: list[TurnSummary],
+    sweep: list[tuple[int, float]],
+    no_plots: bool,
+    label: str,
+) -> list[str]:
+    """Writes the JSON, CSVs and PNGs; returns the file names written."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(
+        out / "results.json",
+        {
+            "workload": workload,
+            "parameters": params,
+            "per_turn": [t.row() for t in turns_summary],
+            "capacity_sweep": [{"capacity_bytes": c, "hit_rate": h} for c, h in sweep],
+        },
+    )
+    write_csv(out / "per_request.csv", [r.row() for r in results])
+    write_csv(out / "per_turn.csv", [t.row() for t in turns_summary])
+    written = ["results.json", "per_request.csv", "per_turn.csv"]
+    if no_plots:
+        return written
+    try:
+        if any(t.turn is not None for t in turns_summary):
+            plot_per_turn(turns_summary, out / "per_turn.png", title=label)
+            written.append("per_turn.png")
+        else:
+            console.print("no per-turn plot: the requests have no turns (--infer-sessions)")
+        plot_capacity_sweep({"shared LRU tier, no G1": sweep}, out / "capacity.png", title=label)
+        written.append("capacity.png")
+    except ImportError as exc:  # matplotlib is an optional extra
+        console.print(f"no plots: {exc}", style="yellow", markup=False)
+    return written
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -190,6 +231,10 @@ def main(
             console.print(f"wrote the workload as a Mooncake trace: {save_trace} ({n} lines)")
 
     pm = setup.prefill
+    try:
+        hbm_kv = pm.hbm_kv_bytes()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     shown: dict[str, dict[str, str]] = {}
     scoped: list[tuple[str, object]] = [("model", pm.model), ("gpu", pm.gpu)]
     for name, spec in setup.systems.items():
@@ -200,7 +245,7 @@ def main(
         shown[scope] = {r[0]: r[1] for r in param_rows(obj) if r[0] != "tier"}
     derived = {
         "block_bytes": pm.model.block_bytes(block_tokens),
-        "hbm_kv_bytes_per_worker": pm.hbm_kv_bytes(),
+        "hbm_kv_bytes_per_worker": hbm_kv,
         "workers": workers,
     }
     shown["derived"] = {k: str(v) for k, v in derived.items()}
@@ -214,7 +259,7 @@ def main(
     console.print(
         f"workload: {len(requests)} requests, {sum(len(r.block_keys) for r in requests)} "
         f"blocks of {block_tokens} tokens ({format_size(pm.model.block_bytes(block_tokens))}); "
-        f"{pm.gpu.name} leaves {format_size(pm.hbm_kv_bytes(), exact=False)} of HBM "
+        f"{pm.gpu.name} leaves {format_size(hbm_kv, exact=False)} of HBM "
         "for KV per worker"
     )
 
@@ -257,35 +302,19 @@ def main(
         )
     console.print(summary)
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(
-        out / "results.json",
-        {
-            "workload": workload,
-            "parameters": params,
-            "per_turn": [t.row() for t in turns_summary],
-            "capacity_sweep": [{"capacity_bytes": c, "hit_rate": h} for c, h in sweep],
-        },
-    )
-    write_csv(out / "per_request.csv", [r.row() for r in results])
-    write_csv(out / "per_turn.csv", [t.row() for t in turns_summary])
-    written = ["results.json", "per_request.csv", "per_turn.csv"]
-    if not no_plots:
-        try:
-            from chm.replay.plots import plot_capacity_sweep, plot_per_turn
-        except ImportError as exc:  # pragma: no cover
-            console.print(f"[yellow]no plots: {exc}")
-        else:
-            label = f"{pm.model.name}, {workers} worker{'s' if workers != 1 else ''}"
-            if any(t.turn is not None for t in turns_summary):
-                plot_per_turn(turns_summary, out / "per_turn.png", title=label)
-                written.append("per_turn.png")
-            else:
-                console.print("no per-turn plot: the requests have no turns (--infer-sessions)")
-            plot_capacity_sweep(
-                {"shared LRU tier, no G1": sweep}, out / "capacity.png", title=label
-            )
-            written.append("capacity.png")
+    try:
+        written = _write_outputs(
+            out,
+            workload,
+            params,
+            results,
+            turns_summary,
+            sweep,
+            no_plots,
+            f"{pm.model.name}, {workers} worker{'s' if workers != 1 else ''}",
+        )
+    except OSError as exc:
+        raise click.ClickException(f"could not write to {out}: {exc}") from None
     console.print(f"wrote {', '.join(written)} to {out}")
 
 
