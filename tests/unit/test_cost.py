@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from chm.replay.cost import CostInputs, PricedUnit, format_gb, parse_gb, parse_priced, table1
-from emulator.cli import main
+from chm_emu.cli import main
 
 
 def test_parse_gb_is_exact_and_decimal() -> None:
