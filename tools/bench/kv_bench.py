@@ -248,6 +248,7 @@ def part_reload(
     per_turn: list[dict[str, Any]] = []
     dsts = [np.empty(block, np.uint8) for _ in range(per_user + growth)]
     last = bl.Series("connector load, last turn", "B/s")
+    cold: list[float] = []  # SSD bytes read per byte loaded (1.0: every load from the SSD)
     try:
         for t in range(turns):
             n = prefix if t == 0 else prefix + growth * t
@@ -283,12 +284,14 @@ def part_reload(
                     r = bl.fio_read(d / "kv.img", fio_size, bs=block, iodepth=window)
                     fio.add(r["bw_bps"])
                 else:
+                    ssd0 = st.device.stats().bytes_read_ssd
                     t0 = time.perf_counter()
                     nbytes = 0
                     for u in range(users):
                         got = conn.load(("again", u), hist[u], dsts[: len(hist[u])])
                         nbytes += got // tpb * block
                     last.add(nbytes / (time.perf_counter() - t0))
+                    cold.append((st.device.stats().bytes_read_ssd - ssd0) / nbytes)
     finally:
         st.close()
     ratio = bl.ratio(last.median, fio.median)
@@ -302,7 +305,8 @@ def part_reload(
     bl.console.print(
         f"  last turn again: connector {bl.fmt_bw(last.median)} vs fio --rw=read --direct=1 "
         f"--bs={block // bl.MiB}M --iodepth={window} on the same file "
-        f"{bl.fmt_bw(fio.median)}: {bl.fmt_ratio(ratio)} (median of {reps} alternating)"
+        f"{bl.fmt_bw(fio.median)}: {bl.fmt_ratio(ratio)} (median of {reps} alternating); "
+        f"SSD bytes read per byte loaded {min(cold):.2f} .. {max(cold):.2f} (cold)"
     )
     return {
         "per_turn": per_turn,
@@ -310,6 +314,7 @@ def part_reload(
         "fio": fio.to_dict(),
         "ratio": ratio,
         "window": window,
+        "ssd_bytes_per_loaded_byte": cold,
     }
 
 
