@@ -112,6 +112,8 @@ class Lookup:
         except ChmError:
             st._count("io_errors")
         finally:
+            if self._win.blocked:
+                st._count("window_blocked", self._win.blocked)
             self.close(bad)
         self.loaded = sum(ok)
         st._count("gets_hit", self.loaded)
