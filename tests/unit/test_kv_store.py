@@ -141,7 +141,10 @@ def test_device_kinds_the_store_refuses(tmp_backing: Path) -> None:
 
 def test_full_write_buffer_is_a_skip_not_a_stall(open_store: Callable[..., Store]) -> None:
     st = open_store()
+    dev: chm.Device = st.device  # type: ignore[assignment]
+    dev.inject_fault("slow", arg=500_000_000)  # the flusher cannot drain the buffer meanwhile
     res = st.put(list(range(8)), [blk(i) for i in range(8)])  # 8 MiB into a 4 MiB buffer
+    dev.inject_fault("none")
     assert K in res and S in res
     assert st.contains(list(range(8))) == [r == S for r in res]
     assert st.stats().puts_skipped == res.count(K)
