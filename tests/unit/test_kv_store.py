@@ -280,3 +280,12 @@ def test_a_full_refill_queue_is_no_failure(open_store: Callable[..., Store]) -> 
         h.release()
     assert st.get([1, 2], out) == [True, True]
     assert np.array_equal(out[1], blk(2))
+
+
+def test_written_against_the_device_protocol(open_store: Callable[..., Store]) -> None:
+    from chm.kv import DeviceLike, HandleLike
+
+    st = open_store()
+    assert isinstance(st.device, DeviceLike)
+    with st.device.prefetch(0, 4096) as h:
+        assert isinstance(h, HandleLike)
