@@ -114,7 +114,7 @@ class Index:
         Gathers the run of _WINDOW buckets from each key's home at once (one
         fancy index into a sliding-window view of the table), takes the first
         bucket with the key's tag and verifies that one row. A key is absent
-        when its run has an empty bucket and no tag match; the rare rest (a
+        when its run reaches an empty bucket before a tag match; the rare rest (a
         full run, or a tag shared with another key before the key itself)
         is looked up key by key. Probes never wrap: the table has a tail of
         _TAIL buckets past the last home.
@@ -122,10 +122,7 @@ class Index:
         b_arr, e_hi, e_lo = self._b, self.e["hi"], self.e["lo"]
         home = lo % self._homes
         b = self._runs[home]
-        emp = b == _EMPTY
-        seen_empty = np.logical_or.accumulate(emp, axis=1)  # buckets past the run's end
         m = (b >> _ROW_BITS) == (hi >> _TAG_SHIFT)[:, None]
-        m &= ~seen_empty
         col = m.argmax(axis=1)
         n = lo.shape[0]
         at = _AR[:n] if n <= _AR.shape[0] else np.arange(n)
@@ -138,9 +135,13 @@ class Index:
         if ok.all():
             return rows, (home.astype(np.intp) + col if slots_too else rows)
         slots = np.where(ok, home.astype(np.intp) + col, -1) if slots_too else rows
-        # The rest, key by key: a run full of other keys, or a tag that matched
-        # another key first.
-        more = np.flatnonzero(~ok & (tagged | ~seen_empty[:, -1]))
+        # Absent: the run ends (an empty bucket) before any bucket with the
+        # key's tag. The rest, key by key: a run full of other keys, or a tag
+        # that matched another key first.
+        emp = b == _EMPTY
+        first_empty = emp.argmax(axis=1)
+        absent = emp[at, first_empty] & (~tagged | (first_empty < col))
+        more = np.flatnonzero(~(ok | absent))
         if more.size == 0:
             return rows, slots
         end = b_arr.shape[0]
