@@ -11,7 +11,7 @@ Example::
 
 from __future__ import annotations
 
-from chm import errors, kv
+from chm import errors
 from chm._lowlevel import version as _c_version
 from chm.config import Config, OptionInfo, options
 from chm.device import Device, Handle
@@ -30,7 +30,6 @@ __all__ = [
     "Stats",
     "errors",
     "format_size",
-    "kv",
     "options",
     "parse_size",
     "version",
