@@ -20,6 +20,8 @@ from chm.backend import uring_unavailable
 from chm.errors import ChmError, InvalidArgument
 from chm.sizes import format_size, parse_size
 
+from .cost_cmd import cost
+
 console = Console(highlight=False)
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -28,6 +30,9 @@ _CONTEXT = {"help_option_names": ["-h", "--help"]}
 @click.group(context_settings=_CONTEXT)
 def main() -> None:
     """chm-emu: a CXL hybrid-memory device (DRAM in front of SSD) in software."""
+
+
+main.add_command(cost)
 
 
 # ---------------------------------------------------------------- version
