@@ -5,9 +5,10 @@ and an open-addressing hash table of 32-bit buckets (linear probing, kept at
 most half full, so at most 8 bytes a row): at most 64 bytes per entry, which
 is the paper's eq. 1 (10 TB of 16 MB blocks ~ 6.5e5 entries ~ 40 MB).
 
-A bucket holds a row number (26 bits, so at most ``MAX_ROWS`` entries) and a
-5-bit tag from the key's high word, so a probe compares tags inside the
-table and touches only the one row it verifies. Every batched operation is
+A bucket holds a row number (25 bits, so at most ``MAX_ROWS`` = 2**25
+entries: 512 TiB of 16 MiB blocks) and a 6-bit tag from the key's high
+word, so a probe compares tags inside the table and touches only the one row
+it verifies. Every batched operation is
 vectorised: a lookup of a batch is a fixed number of numpy calls, not a
 Python step per key; keys are already digests (:mod:`chm.kv.keys`), so their
 low word picks the home bucket. Not thread-safe: the store serialises calls.
@@ -44,13 +45,13 @@ ENTRY_DTYPE = np.dtype(
 )
 assert ENTRY_DTYPE.itemsize == 56
 
-# Empty and deleted buckets have tags 63 and 62, which no key has (0..31),
+# Empty and deleted buckets have tags 127 and 126, which no key has (0..63),
 # and row bits 0, so a probe may index the rows with any bucket it gathers.
-_EMPTY = np.uint32(63 << 26)
-_TOMB = np.uint32(62 << 26)
-_ROW_BITS = 26
+_ROW_BITS = 25
+_EMPTY = np.uint32(127 << _ROW_BITS)
+_TOMB = np.uint32(126 << _ROW_BITS)
 _ROW_MASK = np.uint32((1 << _ROW_BITS) - 1)
-_TAG_SHIFT = np.uint64(59)  # a key's tag: the top 5 bits of its high word
+_TAG_SHIFT = np.uint64(58)  # a key's tag: the top 6 bits of its high word
 MAX_ROWS = 1 << _ROW_BITS
 _NONE = np.int64(-1)
 _MIN_BUCKETS = 64
@@ -58,6 +59,7 @@ _WINDOW = 16  # buckets a lookup gathers per key at once
 _TAIL = 256  # buckets past the last home, so that probes never wrap
 _STEPS = np.arange(_WINDOW, dtype=np.uint64)
 _AR = np.arange(1 << 16)
+_ARW = _AR[:4096] * _WINDOW
 
 
 def bytes_at(n_entries: int) -> int:
@@ -126,8 +128,9 @@ class Index:
         col = m.argmax(axis=1)
         n = lo.shape[0]
         at = _AR[:n] if n <= _AR.shape[0] else np.arange(n)
-        tagged = m[at, col]
-        r = b[at, col] & _ROW_MASK  # a row in range even where untagged (masked out)
+        flat = at * _WINDOW + col if n > _ARW.shape[0] else _ARW[:n] + col  # m, b are fresh
+        tagged = m.reshape(-1)[flat]
+        r = b.reshape(-1)[flat] & _ROW_MASK  # a row in range even where untagged
         ok = e_hi[r] == hi
         ok &= tagged
         ok &= e_lo[r] == lo
@@ -140,10 +143,12 @@ class Index:
         # that matched another key first.
         emp = b == _EMPTY
         first_empty = emp.argmax(axis=1)
-        absent = emp[at, first_empty] & (~tagged | (first_empty < col))
-        more = np.flatnonzero(~(ok | absent))
-        if more.size == 0:
+        absent = first_empty < np.where(tagged, col, _WINDOW)
+        absent &= emp[at, first_empty]
+        absent |= ok
+        if absent.all():
             return rows, slots
+        more = np.flatnonzero(~absent)
         end = b_arr.shape[0]
         empty, free, mask = int(_EMPTY), int(_TOMB), int(_ROW_MASK)
         for i in more.tolist():
