@@ -376,12 +376,18 @@ class ChmStorageBackend(StoragePluginInterface):  # type: ignore[misc]
                     logger.warning("on_complete_callback failed for key %s: %s", k, exc)
         if time.monotonic() - self._last_flush >= self.flush_interval and not self._closed:
             self._last_flush = time.monotonic()
-            await asyncio.to_thread(self.flush)
+            try:
+                await asyncio.to_thread(self.store.flush)
+            except ChmError as exc:  # the chunks it covered are misses now, never wrong
+                logger.warning("chm: periodic flush failed: %s", exc)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Makes every chunk stored so far durable (found after a restart or a crash)."""
-        with contextlib.suppress(ChmError):
-            self.store.flush(timeout)
+        """Makes every chunk stored so far durable (found after a restart or a crash).
+
+        Puts still in flight are not covered; a device failure raises
+        DeviceIOError (the chunks it covered become misses).
+        """
+        self.store.flush(timeout)
 
     # ---- gets
 
