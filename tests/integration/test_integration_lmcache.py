@@ -45,7 +45,8 @@ from lmcache.v1.gpu_connector import GPUConnectorInterface
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
-from chm.integrations.lmcache import ChmStorageBackend
+from chm.errors import InvalidArgument
+from chm.integrations.lmcache import ChmStorageBackend, options
 
 LAYERS, HEADS, HEAD_DIM, CHUNK = 2, 2, 64, 256  # bf16: 1 KiB per token, 256 KiB chunks
 USERS, TURNS, GROWTH = 3, 5, 2  # each turn adds 2 chunks: 10 chunks (2.5 MiB) per history
@@ -216,6 +217,31 @@ def test_history_larger_than_lmcache_cpu_pool_is_partial_not_a_hang(
     hit, exact = retrieve(eng2, 0, TURNS)
     assert time.monotonic() - t0 < 10
     assert exact and 0 < hit < TURNS * GROWTH * CHUNK, hit
+
+
+def test_bad_options_are_refused_with_their_name(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match=r"chm\.path .* is required"):
+        options({"chm.capacity": "1G"})
+    with pytest.raises(InvalidArgument, match=r"unknown chm option\(s\) \['chm.capasity'\]"):
+        options({"chm.path": "/x", "chm.capasity": "1G"})
+    with pytest.raises(InvalidArgument, match=r"chm.get_timeout_s='soon' is not a float"):
+        options({"chm.path": "/x", "chm.get_timeout_s": "soon"})
+    with pytest.raises(InvalidArgument, match=r"chm.flush_interval_s must be >= 0"):
+        options({"chm.path": "/x", "chm.flush_interval_s": -1})
+    assert options({"chm.path": "/x"})["slot_size"] == "32M"
+
+
+def test_chunk_larger_than_a_slot_is_not_stored_and_recomputed(
+    tmp_path: Path, engines: list[str]
+) -> None:
+    eng, backend, name = engine(tmp_path / "kv", **{"chm.slot_size": "64K", "chm.dram": "2M"})
+    engines.append(name)
+    tokens, kv = history(0, 1)  # 256 KiB chunks > 64 KiB slots
+    eng.store(tokens, kv=kv)
+    wait_puts(backend)
+    assert backend.store.stats().entries == 0
+    out = torch.zeros_like(kv)
+    assert int(eng.retrieve(tokens, kv=out).sum()) == 0  # a miss: the engine recomputes
 
 
 def _phase_store_and_kill(path: str) -> None:
