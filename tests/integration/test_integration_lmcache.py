@@ -234,7 +234,7 @@ def test_bad_options_are_refused_with_their_name(tmp_path: Path) -> None:
 def test_chunk_larger_than_a_slot_is_not_stored_and_recomputed(
     tmp_path: Path, engines: list[str]
 ) -> None:
-    eng, backend, name = engine(tmp_path / "kv", **{"chm.slot_size": "64K", "chm.dram": "2M"})
+    eng, backend, name = engine(tmp_path / "kv", 0.02, **{"chm.slot_size": "64K", "chm.dram": "2M"})
     engines.append(name)
     tokens, kv = history(0, 1)  # 256 KiB chunks > 64 KiB slots
     eng.store(tokens, kv=kv)
