@@ -104,7 +104,9 @@ class Handle:
         """Blocks until the object is staged; returns a read-only memoryview.
 
         Waiting again returns the same view while it is alive (or a new one
-        over the same bytes). Raises WaitTimeout when not staged within
+        over the same bytes). The view holds every write admitted before the
+        first wait and is a snapshot: later writes never change it (they
+        reach ``Device.read`` and the next prefetch). Raises WaitTimeout when not staged within
         ``timeout`` seconds (``0`` polls), DeviceIOError when the fill failed
         (release the handle), StaleHandle after release, InvalidArgument for a
         handle of another device, Cancelled when the device is closed.

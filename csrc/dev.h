@@ -150,6 +150,9 @@ struct chm_slot {
 	uint64_t ready_ns;        /* modeled completion (device clock) */
 	struct chm_read_tok rtok; /* write-buffer read token of the fill */
 	uint64_t link_credit;     /* host-link bytes already paid by wait */
+	bool stale;               /* HELD, and a write was admitted over the fill
+	                           * range since wait: the view is a snapshot
+	                           * (W11), chm_read goes around the slot */
 	struct chm_io *ios;       /* preallocated, max_ios entries */
 	struct chm_io **ioptrs;   /* pointers to ios, for backend submit */
 	uint32_t nios;            /* ios of the current fill */
@@ -257,7 +260,8 @@ int chm_ssd_sync_all(struct chm_dev *dev);
 /* Staging window (staging.c); callers hold dev->lock unless noted. */
 int chm_staging_init(struct chm_dev *dev);
 void chm_staging_fini(struct chm_dev *dev);
-/* Copies [addr,addr+len) from a READY/HELD slot covering it; true on hit.
+/* Copies [addr,addr+len) from a READY/HELD slot covering it that is not
+ * stale; true on hit.
  * *link_bytes is what the copy costs on the host link: a view handed out by
  * wait already paid for one pass over its object, which reads consume. */
 bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len,

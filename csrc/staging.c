@@ -158,6 +158,7 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	s->fill_len = end - s->fill_start;
 	s->err = 0;
 	s->link_credit = 0;
+	s->stale = false;
 	s->issue_ns = chm_now_ns(dev);
 	int n;
 	if (dev->cfg.mode == CHM_MODE_LRU) {
@@ -476,6 +477,9 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 		struct chm_slot *s = &dev->slots[i];
 		/* staged in memory but not yet by the model: not a hit */
 		if (dev->timing.enabled && s->ready_ns > chm_now_ns(dev))
+			continue;
+		/* a held snapshot older than an admitted write: read around it */
+		if (s->stale)
 			continue;
 		if (addr >= s->fill_start && addr + len <= s->fill_start + s->fill_len) {
 			memcpy(buf, s->buf + (addr - s->fill_start), len);

@@ -131,10 +131,15 @@ static bool log_alloc(struct chm_wbuf *w, uint64_t len, uint64_t *off, uint64_t 
 	return false;
 }
 
-/* Brings staged copies that overlap a newly admitted object up to date. The
- * whole overlap is re-overlaid from the log, oldest entry first, rather than
- * patched with this object alone: an older overlapping write whose copy
- * finished later must not end up on top of a newer one. */
+/* Brings staged copies that overlap a newly admitted object up to date
+ * (W10) without touching a held view (W11). A READY slot has no view, and
+ * its readers copy under the lock, so it is patched: the whole overlap is
+ * re-overlaid from the log, oldest entry first, rather than with this
+ * object alone, so an older overlapping write whose copy finished later
+ * does not end up on top of a newer one. A HELD slot is read through its
+ * view without the lock: its bytes stay as wait handed them out, and the
+ * slot is marked stale so that chm_read of its range goes to the SSD with
+ * the write-buffer overlay (read-your-writes) instead. Lock held. */
 static void patch_staged(struct chm_dev *dev, uint64_t addr, uint64_t len)
 {
 	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
@@ -142,7 +147,11 @@ static void patch_staged(struct chm_dev *dev, uint64_t addr, uint64_t len)
 		uint64_t a = addr > s->fill_start ? addr : s->fill_start;
 		uint64_t b = addr + len < s->fill_start + s->fill_len ? addr + len
 		                                                      : s->fill_start + s->fill_len;
-		if (a < b)
+		if (a >= b)
+			continue;
+		if (s->state == CHM_SLOT_HELD)
+			s->stale = true;
+		else
 			chm_wbuf_overlay(dev, a, s->buf + (a - s->fill_start), b - a);
 	}
 }

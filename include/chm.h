@@ -338,7 +338,10 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 
 /* Waits up to timeout_ns (0: poll; UINT64_MAX: forever) for the object to be
  * staged; on success fills *view and the slot becomes HELD. Waiting again on
- * a HELD handle returns the same view. Returns 0, -ETIMEDOUT, -EIO (the fill
+ * a HELD handle returns the same view. The view holds every write admitted
+ * before wait and is a snapshot: writes admitted later do not change it (in
+ * prefetch mode they reach chm_read and the next prefetch; in lru mode the
+ * view is a host copy, all old or all new bytes of each write). Returns 0, -ETIMEDOUT, -EIO (the fill
  * failed; release the handle), -ESTALE (released), -EINVAL (foreign or
  * malformed handle, NULL view), -ECANCELED (device closing). */
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view);
@@ -355,7 +358,8 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h);
 /* ---- data path ---- */
 
 /* Reads [addr, addr+len) into buf. Served from DRAM when a READY/HELD staged
- * object covers the whole range (a hit; in lru mode, per line), otherwise
+ * object covers the whole range and no write landed on a held one since its
+ * wait (a hit; in lru mode, per line), otherwise
  * read from the SSD without touching the staging window (a miss). Sees
  * admitted-but-unflushed writes. Blocks until the data is in buf. Returns 0,
  * -EINVAL (range, NULL buf), -EIO, -ECANCELED. */
