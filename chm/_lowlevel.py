@@ -84,6 +84,7 @@ SLOT_STATES: dict[str, int] = {
     "ready": int(lib.CHM_SLOT_READY),
     "held": int(lib.CHM_SLOT_HELD),
     "failed": int(lib.CHM_SLOT_FAILED),
+    "draining": int(lib.CHM_SLOT_DRAINING),
 }
 WBUF_STATES: dict[str, int] = {
     "free": int(lib.CHM_WB_FREE),
@@ -559,6 +560,17 @@ def stats(dev: CData) -> dict[str, Any]:
         v = getattr(s, name)
         d[name] = list(v) if ft.kind == "array" else v
     return d
+
+
+def new_stats() -> CData:
+    """A ``struct chm_stats *`` for :func:`stats_into`."""
+    return ffi.new("struct chm_stats *")
+
+
+def stats_into(dev: CData, out: CData) -> None:
+    """chm_stats() into a struct from :func:`new_stats`, nothing converted
+    (for measuring the call itself)."""
+    _check(lib.chm_stats(dev, out), "chm_stats")
 
 
 def fault_inject(dev: CData, kind: int, nth: int, arg: int) -> None:

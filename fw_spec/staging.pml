@@ -24,6 +24,8 @@
  * covers object DOBJ (handle 0 of requester 0), a slot holding it carries
  * the version its memory shows, and the requester reads the object with
  * chm_read while it holds a view (W10 read-your-writes, W11 snapshots).
+ * READER=1 adds a reader that copies hits of DOBJ the way the C core does:
+ * pin under the lock, copy without it, unpin (S17).
  * Broken variants in fw_spec/broken/ define one BUG_* and include this file.
  *
  * Run: python3 fw_spec/check_model.py fw_spec/staging.pml
@@ -64,6 +66,10 @@
 #define DATA		0	/* model object DOBJ's bytes as a version */
 #endif
 #define DOBJ		1	/* the object every write covers (DATA=1) */
+#ifndef READER
+#define READER		0	/* a reader copying pinned hits (needs DATA) */
+#endif
+#define NREADS		2	/* hits the reader copies */
 #ifndef EXTRAS
 #define EXTRAS		1	/* NOQUEUE prefetch, repeated and stale calls */
 #endif
@@ -80,6 +86,7 @@
 #define SLOT_READY	2
 #define SLOT_HELD	3
 #define SLOT_FAILED	4
+#define SLOT_DRAINING	5
 
 /* enum chm_req_state (csrc/dev.h) */
 #define R_FREE		0
@@ -115,7 +122,10 @@
 	(f == SLOT_READY && t == SLOT_HELD) ||		/* wait */ \
 	(f == SLOT_READY && t == SLOT_FREE) ||		/* release */ \
 	(f == SLOT_HELD && t == SLOT_FREE) ||		/* release */ \
-	(f == SLOT_FAILED && t == SLOT_FREE))		/* release */
+	(f == SLOT_FAILED && t == SLOT_FREE) ||		/* release */ \
+	(f == SLOT_READY && t == SLOT_DRAINING) ||	/* release_pinned */ \
+	(f == SLOT_HELD && t == SLOT_DRAINING) ||	/* release_pinned */ \
+	(f == SLOT_DRAINING && t == SLOT_FREE))		/* unpin_last */
 
 #define WB_LEGAL(f, t) ( \
 	(f == WB_FREE && t == WB_ADMITTED) ||		/* admit */ \
@@ -139,6 +149,7 @@ hidden byte S10 = 1;	/* wait on HELD returns the same view */
 hidden byte S13 = 1;	/* close cancels waiters and the queue, drains fills */
 hidden byte S14 = 1;	/* a staged object's range is a chm_read hit */
 hidden byte S15 = 1;	/* prefetch counters balance when nothing is pending */
+hidden byte S17 = 1;	/* a pinned slot is never refilled, freed or patched */
 hidden byte W1 = 1;	/* an admitted write stays readable */
 hidden byte W2 = 1;	/* a skipped write changes nothing */
 hidden byte W3 = 1;	/* flush barrier 0 => earlier admitted writes durable */
@@ -158,6 +169,8 @@ typedef slot_t {
 	bit io;		/* a fill I/O is in flight */
 	byte ver;	/* DATA: version of DOBJ the slot memory shows */
 	bit stale;	/* HELD and written over since wait (W11) */
+	byte pins;	/* hits copying from it without the lock (S17) */
+	bit behind;	/* READY, written over while pinned: no hits */
 };
 
 typedef req_t {
@@ -176,7 +189,7 @@ slot_t slot[NSLOTS];
 req_t req[NREQS];
 byte q[QCAP];			/* refill FIFO of request indices */
 byte qlen;
-byte nslot[5];			/* slot count by state (stats slots_*) */
+byte nslot[6];			/* slot count by state (stats slots_*) */
 bit pending[5];			/* issued, not yet READY/FAILED/released */
 byte view[4];		/* slot+1 of the live view of handle v, or 0 */
 byte vsnap[4];		/* DATA: the version view v showed at wait */
@@ -217,7 +230,8 @@ bit closing, closed;
  * and every queued request belongs to exactly one live request. */
 #define INV_S4 (nslot[0] == SCOUNT(0) && nslot[1] == SCOUNT(1) && \
 	nslot[2] == SCOUNT(2) && nslot[3] == SCOUNT(3) && nslot[4] == SCOUNT(4) && \
-	nslot[0] + nslot[1] + nslot[2] + nslot[3] + nslot[4] == NSLOTS && \
+	nslot[5] == SCOUNT(5) && \
+	nslot[0] + nslot[1] + nslot[2] + nslot[3] + nslot[4] + nslot[5] == NSLOTS && \
 	qlen <= QCAP && RCOUNT(R_QUEUED) == qlen && \
 	RCOUNT(R_SLOTTED) == OWNED(0) + OWNED(1) + OWNED(2) && \
 	LINK_OK(0) && LINK_OK(1) && LINK_OK(2))
@@ -279,6 +293,7 @@ inline fill_start(i, r)
 	}
 	vi = 0;
 	CHECK(S6, !slot[i].io);
+	CHECK(S17, slot[i].pins == 0);
 	slot_set(i, SLOT_FILLING);
 	slot[i].req = r;
 	slot[i].obj = req[r].obj;
@@ -414,7 +429,8 @@ inline do_wait(k, forever)
 		:: !closing && req[r].gen == hg[k] && req[r].state != R_FREE ->
 			if
 			:: req[r].state == R_QUEUED ||
-			   slot[req[r].slot].state == SLOT_FILLING ->
+			   slot[req[r].slot].state == SLOT_FILLING ||
+			   slot[req[r].slot].behind ->
 				if
 				:: !forever -> ret = ETIMEDOUT
 				:: forever ->
@@ -430,7 +446,8 @@ inline do_wait(k, forever)
 	:: ret == BLOCKED ->
 		atomic {
 			(closing || (req[r].state == R_SLOTTED &&
-				     slot[req[r].slot].state != SLOT_FILLING)) ->
+				     slot[req[r].slot].state != SLOT_FILLING &&
+				     !slot[req[r].slot].behind)) ->
 			nwaiting--;
 			user_waiting[u] = 0;
 			if
@@ -453,7 +470,7 @@ inline do_read()
 		got = 255;
 		for (i : 0 .. NSLOTS - 1) {
 			if
-			:: got == 255 && slot[i].obj == DOBJ && !slot[i].stale &&
+			:: got == 255 && slot[i].obj == DOBJ && !slot[i].stale && !slot[i].behind &&
 			   (slot[i].state == SLOT_READY || slot[i].state == SLOT_HELD) ->
 				got = slot[i].ver
 			:: else
@@ -515,7 +532,16 @@ inline do_release(k)
 				:: slot[s].state == SLOT_FILLING ->
 					/* orphaned: fill_done_orphan frees it */
 					cancelled++
+#ifndef BUG_UNPIN_EARLY
+				:: slot[s].state != SLOT_FILLING && slot[s].pins > 0 ->
+					/* a hit copies from it: the last unpin frees it */
+					slot[s].stale = 0;
+					slot_set(s, SLOT_DRAINING)	/* release_pinned */
+				:: slot[s].state != SLOT_FILLING && slot[s].pins == 0 ->
+#else
+				/* bug: the slot is freed under a copy */
 				:: else ->
+#endif
 					slot[s].valid = 0;
 					slot[s].obj = 0;
 					slot_set(s, SLOT_FREE);
@@ -666,8 +692,10 @@ inline patch_staged(w)
 {
 	for (i : 0 .. NSLOTS - 1) {
 		if
-		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY ->
+		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && slot[i].pins == 0 ->
 			slot[i].ver = w
+		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && slot[i].pins > 0 ->
+			slot[i].behind = 1	/* the last unpin catches up */
 		:: slot[i].obj == DOBJ && slot[i].state == SLOT_HELD ->
 #ifdef BUG_PATCH_HELD
 			/* bug: the held copy is re-overlaid too, oldest entry
@@ -810,6 +838,66 @@ proctype writer()
 	w = 0
 }
 
+/* chm_read hits of DOBJ as the C core copies them: pin under the lock, copy
+ * with it dropped, unpin; the last unpin frees a DRAINING slot or brings a
+ * behind one up to date. */
+proctype reader()
+{
+	byte n, p, pinv, i, gi, gr, vi;
+
+	do
+	:: n == NREADS -> break
+	:: else ->
+		atomic {
+			p = NSLOTS;
+			for (i : 0 .. NSLOTS - 1) {
+				if
+				:: p == NSLOTS && slot[i].obj == DOBJ && !slot[i].stale &&
+				   !slot[i].behind && (slot[i].state == SLOT_READY ||
+						       slot[i].state == SLOT_HELD) -> p = i
+				:: else
+				fi
+			}
+			i = 0;
+			if
+			:: p < NSLOTS ->
+				slot[p].pins++;
+				pinv = slot[p].ver;
+				CHECK(W10, pinv == last_admitted)
+			:: else
+			fi
+		}
+		if
+		:: p < NSLOTS ->
+			/* the copy, lock dropped: the slot must still hold it */
+			atomic {
+				CHECK(S17, slot[p].pins > 0 && slot[p].obj == DOBJ &&
+				      slot[p].ver == pinv &&
+				      (slot[p].state == SLOT_READY || slot[p].state == SLOT_HELD ||
+				       slot[p].state == SLOT_DRAINING))
+			}
+			atomic {
+				slot[p].pins--;
+				if
+				:: slot[p].pins == 0 && slot[p].state == SLOT_DRAINING ->
+					slot[p].valid = 0;
+					slot[p].obj = 0;
+					slot_set(p, SLOT_FREE);		/* unpin_last */
+					grant(p)
+				:: slot[p].pins == 0 && slot[p].state != SLOT_DRAINING && slot[p].behind ->
+					slot[p].ver = last_admitted;	/* the re-overlay */
+					slot[p].behind = 0
+				:: else
+				fi
+			}
+		:: else
+		fi;
+		p = 0;
+		pinv = 0;
+		n++
+	od
+}
+
 /* Batches every ADMITTED entry when no SSD read is in flight, at high
  * water, for a barrier and at close; the batch is written and synced or fails (-EIO:
  * back to ADMITTED, retried); DURABLE entries are reclaimed. */
@@ -936,6 +1024,9 @@ init {
 #endif
 #if CLOSER
 		run closer();
+#endif
+#if READER
+		run reader();
 #endif
 		run monitor();
 		i = 0

@@ -93,6 +93,7 @@ enum chm_slot_state {
 	CHM_SLOT_READY = 2,
 	CHM_SLOT_HELD = 3,
 	CHM_SLOT_FAILED = 4,
+	CHM_SLOT_DRAINING = 5, /* released while hits still copy from it */
 };
 
 /* Write-buffer entry states (fw_spec/wbuf.yaml). SKIPPED is never stored:
@@ -196,7 +197,7 @@ struct chm_stats {
 	uint32_t slots_free;
 	uint32_t slots_filling;
 	uint32_t slots_ready;
-	uint32_t slots_held;
+	uint32_t slots_held; /* HELD, and DRAINING: released, a hit still copying */
 	uint32_t slots_failed;
 	uint32_t queue_len;
 	uint32_t queue_cap;
