@@ -873,6 +873,19 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 	return rc;
 }
 
+int chm_write_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const void *const *bufs,
+                      const uint64_t *lens, uint32_t flags, int32_t *results)
+{
+	if (!dev || !addrs || !bufs || !lens || !results || n > CHM_BATCH_MAX)
+		return -EINVAL;
+	int ok = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		results[i] = chm_write_object(dev, addrs[i], bufs[i], lens[i], flags);
+		ok += results[i] == 0;
+	}
+	return ok;
+}
+
 int chm_flush(chm_dev *dev, uint64_t timeout_ns)
 {
 	if (!dev)

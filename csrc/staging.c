@@ -550,9 +550,11 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 
 /* ---- the API ---- */
 
-int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
+/* Checks a prefetch's arguments (no lock needed: the configuration is
+ * fixed at open). */
+static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
 {
-	if (!dev || !h || len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
+	if (len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
 		return -EINVAL;
 	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
 		return -EINVAL;
@@ -560,16 +562,17 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 		return -EOPNOTSUPP;
 	if (len > dev->cfg.slot_bytes)
 		return -EINVAL;
-	uint32_t start = 0;
-	pthread_mutex_lock(&dev->lock);
-	int rc = chm_enter(dev);
-	if (rc)
-		goto out_unlock;
+	return 0;
+}
+
+/* One prefetch with valid arguments, inside the device (lock held). */
+static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
+                           chm_handle *h, uint32_t *start)
+{
 	if (!dev->slot_free_head &&
 	    ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue)) {
 		dev->st.prefetch_rejected++;
-		rc = -EAGAIN;
-		goto out_leave;
+		return -EAGAIN;
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
 	 * (after 2^47 handles or more): then -EAGAIN while a release can still
@@ -577,15 +580,14 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 	struct chm_req *r = req_alloc(dev);
 	if (!r) {
 		dev->st.prefetch_rejected++;
-		rc = dev->reqs_live ? -EAGAIN : -ENOSPC;
-		goto out_leave;
+		return dev->reqs_live ? -EAGAIN : -ENOSPC;
 	}
 	r->addr = addr;
 	r->len = len;
 	r->issue_ns = chm_now_ns(dev);
 	dev->st.prefetch_issued++;
 	if (dev->slot_free_head) {
-		fill_start(dev, r, &start);
+		fill_start(dev, r, start);
 	} else {
 		r->state = CHM_REQ_QUEUED;
 		uint32_t ri = (uint32_t)(r - dev->reqs) + 1;
@@ -598,13 +600,51 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 		dev->st.prefetch_queued++;
 	}
 	*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
-out_leave:
-	chm_leave(dev);
-out_unlock:
+	return 0;
+}
+
+int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
+{
+	if (!dev || !h)
+		return -EINVAL;
+	int rc = prefetch_args(dev, addr, len, flags);
+	if (rc)
+		return rc;
+	uint32_t start = 0;
+	pthread_mutex_lock(&dev->lock);
+	rc = chm_enter(dev);
+	if (!rc) {
+		rc = prefetch_locked(dev, addr, len, flags, h, &start);
+		chm_leave(dev);
+	}
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
 	return rc;
+}
+
+int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
+                         uint32_t flags, chm_handle *handles, int32_t *results)
+{
+	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
+		return -EINVAL;
+	uint32_t start = 0;
+	int ok = 0;
+	pthread_mutex_lock(&dev->lock);
+	int rc = chm_enter(dev);
+	for (uint32_t i = 0; i < n; i++) {
+		int r = rc ? rc : prefetch_args(dev, addrs[i], lens[i], flags);
+		if (!r)
+			r = prefetch_locked(dev, addrs[i], lens[i], flags, &handles[i], &start);
+		results[i] = r;
+		ok += r == 0;
+	}
+	if (!rc)
+		chm_leave(dev);
+	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
+	return ok;
 }
 
 static struct timespec ns_to_ts(uint64_t ns)
@@ -701,18 +741,15 @@ out_unlock:
 	return rc;
 }
 
-int chm_prefetch_release(chm_dev *dev, chm_handle h)
+/* One release (lock held). */
+static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
 {
-	if (!dev)
-		return -EINVAL;
-	uint32_t start = 0;
 	struct chm_req *r;
-	pthread_mutex_lock(&dev->lock);
 	/* release works while closing too (it only returns resources), but not
 	 * after shutdown freed the request table */
 	int rc = dev->shut ? -ECANCELED : handle_lookup(dev, h, &r);
 	if (rc)
-		goto out_unlock;
+		return rc;
 	dev->st.prefetch_released++;
 	if (r->state == CHM_REQ_QUEUED) {
 		uint32_t ri = (uint32_t)(r - dev->reqs) + 1, prev = 0;
@@ -741,14 +778,40 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 			slot_set(dev, s, CHM_SLOT_DRAINING); /* release_pinned */
 			s->req = -1;
 		} else {
-			slot_free(dev, s, &start);
+			slot_free(dev, s, start);
 		}
 	}
 	req_free(dev, r);
 	pthread_cond_broadcast(&r->cond);
-out_unlock:
+	return 0;
+}
+
+int chm_prefetch_release(chm_dev *dev, chm_handle h)
+{
+	if (!dev)
+		return -EINVAL;
+	uint32_t start = 0;
+	pthread_mutex_lock(&dev->lock);
+	int rc = release_locked(dev, h, &start);
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
 	return rc;
+}
+
+int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles, int32_t *results)
+{
+	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
+		return -EINVAL;
+	uint32_t start = 0;
+	int ok = 0;
+	pthread_mutex_lock(&dev->lock);
+	for (uint32_t i = 0; i < n; i++) {
+		results[i] = release_locked(dev, handles[i], &start);
+		ok += results[i] == 0;
+	}
+	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
+	return ok;
 }

@@ -356,6 +356,32 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
  * issued), -EINVAL (foreign or malformed), -ECANCELED (shut down). */
 int chm_prefetch_release(chm_dev *dev, chm_handle h);
 
+/* Batched calls take at most this many elements. */
+#define CHM_BATCH_MAX 4096
+
+/* Batched chm_prefetch_object: n objects in one call, the device lock taken
+ * once and the fills started after it is dropped; never blocks. results[i]
+ * is exactly what chm_prefetch_object would return for element i at its
+ * turn, in order (0, -EINVAL, -EAGAIN, -ENOSPC, -EOPNOTSUPP, -ECANCELED), and
+ * handles[i] is set where it is 0. Returns the number of elements issued, or
+ * -EINVAL (NULL dev or array, n > CHM_BATCH_MAX) with none attempted. */
+int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
+                         uint32_t flags, chm_handle *handles, int32_t *results);
+
+/* Batched chm_prefetch_release: results[i] is what chm_prefetch_release
+ * would return for handles[i] (0, -ESTALE, -EINVAL, -ECANCELED), in order.
+ * Returns the number released, or -EINVAL (NULL dev or array,
+ * n > CHM_BATCH_MAX) with none attempted. */
+int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles,
+                              int32_t *results);
+
+/* Batched chm_write_object: results[i] is 0 (admitted), CHM_WRITE_SKIPPED or
+ * the -errno chm_write_object gives element i, in order; never blocks in
+ * prefetch mode. Returns the number admitted, or -EINVAL (NULL dev or array,
+ * n > CHM_BATCH_MAX) with none attempted. */
+int chm_write_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const void *const *bufs,
+                      const uint64_t *lens, uint32_t flags, int32_t *results);
+
 /* ---- data path ---- */
 
 /* Reads [addr, addr+len) into buf. Served from DRAM when a READY/HELD staged

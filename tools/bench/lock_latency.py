@@ -147,7 +147,6 @@ def _main(quick: bool, reps: int | None, copy_size: int, json_path: str | None) 
     secs = 0.3 if quick else 1.0
     results: dict[str, Any] = {"environment": bl.environment()}
     dev, hs = open_device()
-    verdicts: list[tuple[str, bool]] = []
     try:
         # (a) latency, idle and while copying, alternating
         lat: dict[str, dict[str, list[float]]] = {"idle": {}, "copying": {}}
@@ -231,36 +230,27 @@ def _main(quick: bool, reps: int | None, copy_size: int, json_path: str | None) 
             h.release()
         dev.close()
 
-    verdicts = [
-        (
-            f"chm_stats() p99 while 16 MiB hits copy: {p99_stats:.1f} us "
-            f"(target < {TARGET_P99_US:.0f} us)",
-            p99_stats < TARGET_P99_US,
-        ),
-        (
-            f"4 KiB hit p99 while 16 MiB hits copy: {p99_hit:.1f} us "
-            f"(target < {TARGET_P99_US:.0f} us)",
-            p99_hit < TARGET_P99_US,
-        ),
-        (
-            f"two threads / one thread copying {copy_size // 1024} KiB hits: "
-            f"{bl.fmt_ratio(bl.median(scale))} "
-            f"(target >= {TARGET_SCALE})",
-            bl.median(scale) >= TARGET_SCALE,
-        ),
-        (
-            f"two threads copying hits / two threads of plain memcpy: "
-            f"{bl.fmt_ratio(bl.median(vs_mem))} (target >= {TARGET_VS_MEMCPY})",
-            bl.median(vs_mem) >= TARGET_VS_MEMCPY,
-        ),
-    ]
-    results["targets"] = [{"what": w, "met": ok} for w, ok in verdicts]
+    us = lambda x: f"{x:.1f} us"  # noqa: E731
+    verd = bl.Verdicts("lock_latency")
+    verd.check(
+        "chm_stats() p99 while 16 MiB hits copy", p99_stats, TARGET_P99_US, higher=False, fmt=us
+    )
+    verd.check("4 KiB hit p99 while 16 MiB hits copy", p99_hit, TARGET_P99_US, higher=False, fmt=us)
+    verd.check(
+        f"two threads / one thread copying {copy_size // 1024} KiB hits",
+        bl.median(scale),
+        TARGET_SCALE,
+    )
+    verd.check(
+        "two threads copying hits / two threads of plain memcpy",
+        bl.median(vs_mem),
+        TARGET_VS_MEMCPY,
+    )
+    results["verdicts"] = verd.to_dict()
     bl.write_json(json_path, results)
-    for what, ok in verdicts:
-        bl.console.print(f"  {what}: [b]{'met' if ok else 'MISSED'}[/b]")
     if quick:
         bl.console.print("  (--quick: smoke test, the figures are not meaningful)")
-    sys.exit(0 if all(ok for _, ok in verdicts) else 1)
+    sys.exit(verd.finish())
 
 
 if __name__ == "__main__":
