@@ -329,11 +329,14 @@ class DeviceMachine(RuleBasedStateMachine):
         note(f"prefetch [{addr:#x}+{length}) -> {outcome} {req!r}")
         return req
 
-    def _release(self, req: ModelRequest) -> list[ModelRequest]:
+    def _release(self, req: ModelRequest, *, done: bool = False) -> list[ModelRequest]:
+        """Releases req (``done``: a batched release already did) and applies
+        it to the model; returns the queued requests that got its slot."""
         view = req.view
         req.view = None
         was = req.state
-        req.handle.release()
+        if not done:
+            req.handle.release()
         self.c.add("prefetch_released")
         if was == "queued":
             self.c.add("prefetch_cancelled")
@@ -530,6 +533,63 @@ class DeviceMachine(RuleBasedStateMachine):
     @rule(req=consumes(handles), target=dead)
     def release(self, req: ModelRequest) -> ModelRequest:
         return self._release_settled(req)
+
+    @precondition(lambda self: self.mode != "direct")
+    @rule(
+        target=handles,
+        objs=st.lists(OBJ, min_size=1, max_size=8),
+        noqueue=st.booleans(),
+        bad=st.integers(-1, 7),
+    )
+    def prefetch_batch(self, objs: list[tuple[int, int]], noqueue: bool, bad: int) -> Any:
+        """S8 per element: one prefetch_many call gives every object, in
+        order, what prefetch() would have (a slot, the queue or EAGAIN); an
+        element of length 0 (``bad``) is refused alone."""
+        lens = [n if i != bad else 0 for i, (_, n) in enumerate(objs)]
+        out = self.d.prefetch_many([a for a, _ in objs], lens, noqueue=noqueue)
+        assert len(out) == len(objs)
+        reqs = []
+        for i, ((addr, length), got) in enumerate(zip(objs, out, strict=True)):
+            if i == bad:
+                assert isinstance(got, InvalidArgument), f"S8: element {i} of len 0 gave {got!r}"
+                continue
+            outcome = self.staging.predict_issue(noqueue)
+            if isinstance(got, WouldBlock):
+                assert outcome == "reject", f"S8: batch element {i} got EAGAIN, model {outcome}"
+                self.c.add("prefetch_rejected")
+                continue
+            assert isinstance(got, chm.Handle), f"S8: batch element {i}: {got!r}"
+            assert outcome != "reject", f"S8: batch element {i} issued, the model rejects it"
+            req = ModelRequest(addr, length, fill_range(addr, length, self.geometry.capacity), got)
+            self.staging.issue(req, outcome)
+            self.c.add("prefetch_issued")
+            if outcome == "queue":
+                self.c.add("prefetch_queued")
+            else:
+                self._fill_started(req)
+            reqs.append(req)
+        event(f"prefetch batch: {len(reqs)} of {len(objs)} issued")
+        note(f"prefetch_many {objs} (noqueue={noqueue}, bad={bad}) -> {reqs}")
+        self._settle()
+        return multiple(*reqs)
+
+    @rule(reqs=st.lists(consumes(handles), min_size=1, max_size=6), target=dead)
+    def release_batch(self, reqs: list[ModelRequest]) -> Any:
+        """S3, S7: one release_many call releases every handle, in order; the
+        queue's head takes each freed slot as with one release at a time."""
+        # queued ones first: a slot freed by the batch then goes to a request
+        # outside it (one promoted and released in the same call would be
+        # orphaned while FILLING, which one release at a time never is)
+        reqs = sorted(reqs, key=lambda r: r.state != "queued")
+        assert self.d.release_many([r.handle for r in reqs]) == [None] * len(reqs)
+        promoted: list[ModelRequest] = []
+        for req in reqs:
+            assert req.handle.released, f"S3: {req} not released by release_many"
+            promoted += self._release(req, done=True)
+        for p in promoted:
+            self._fill_started(p)
+        self._settle()
+        return multiple(*reqs)
 
     @precondition(lambda self: bool(self.staging.queue))
     @rule(req=consumes(handles), target=dead)
