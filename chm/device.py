@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import numbers
 import operator
 import os
+import stat
 import threading
 import warnings
 import weakref
@@ -41,7 +43,7 @@ from chm import _lowlevel as _ll
 from chm._scratch import ScratchDir
 from chm.backend import open_device
 from chm.config import Config
-from chm.errors import Cancelled, ChmError, InvalidArgument, StaleHandle, ViewInUse
+from chm.errors import Busy, Cancelled, ChmError, InvalidArgument, StaleHandle, ViewInUse
 from chm.stats import Stats
 
 if TYPE_CHECKING:
@@ -323,6 +325,65 @@ class Handle:
         return f"<chm.Handle {self.token:#x} {state}>"
 
 
+def _flock_holder(path: str) -> str:
+    """Who holds a flock on path ('pid N', from /proc/locks), or a hint."""
+    try:
+        ino = os.stat(path).st_ino
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].endswith(f":{ino}"):
+                    return f"pid {parts[4]}"
+    except (OSError, ValueError):
+        pass
+    return "an unknown process"
+
+
+def _lock_targets(paths: Sequence[str], fds: dict[str, int]) -> None:
+    """Takes exclusive non-blocking flocks on the regular-file targets not in fds.
+
+    A second embedded opener of the same backing file (in this process or
+    another) gets Busy naming the path and the holder, instead of two
+    devices sharing a file with private caches. Block devices are opened
+    O_EXCL by the C core instead.
+    """
+    new: list[int] = []
+    try:
+        for p in paths:
+            if p in fds:
+                continue
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # the C core reports it (or creates it)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                err = Busy(
+                    errno.EBUSY,
+                    f"target {p}: already open by {_flock_holder(p)} (one device per backing "
+                    "file; close the other first)",
+                    call="chm_dev_open",
+                )
+                err.filename = p
+                raise err from None
+            fds[p] = fd
+            new.append(fd)
+    except BaseException:
+        for fd in new:
+            os.close(fd)
+        raise
+
+
+def _unlock(fds: dict[str, int]) -> None:
+    while fds:
+        os.close(fds.popitem()[1])
+
+
 def _default_tmp_parent() -> str | None:
     env = os.environ.get("CHM_TMPDIR")
     if env:
@@ -350,6 +411,7 @@ class Device:
         self._handles: dict[int, weakref.ref[Handle]] = {}
         self._tmpdir: str | None = None
         self._cleanup: weakref.finalize[Any, Any] | None = None
+        self._locks: dict[str, int] = {}  # target path -> fd holding its flock
         # Reentrant: a Handle finaliser may run in a thread inside a locked section.
         self._lock = threading.RLock()
         cfg = config.copy() if config is not None else Config()
@@ -367,7 +429,19 @@ class Device:
                 raise
         try:
             cfg.validate()
-            self._ptr = open_device(cfg)
+            targets = list(cfg.to_dict()["targets"])
+            _lock_targets(targets, self._locks)
+            # a Device collected without close() gives its locks back too
+            weakref.finalize(self, _unlock, self._locks)
+            try:
+                self._ptr = open_device(cfg)
+                _lock_targets(targets, self._locks)  # the files this open created
+            except BaseException:
+                if self._ptr is not None:
+                    _ll.dev_shutdown(self._ptr)
+                    self._ptr = None
+                _unlock(self._locks)
+                raise
         except BaseException:
             if self._cleanup is not None:
                 self._cleanup()
@@ -431,6 +505,7 @@ class Device:
         # destructor frees once the last reference is gone.
         _ll.dev_shutdown(ptr)
         del ptr
+        _unlock(self._locks)
         if self._cleanup is not None:
             self._cleanup()
 

@@ -35,7 +35,6 @@ missed.
 
 from __future__ import annotations
 
-import collections
 import os
 import sys
 import threading
@@ -49,6 +48,7 @@ import click
 import numpy as np
 
 import chm
+from chm.kv.window import SlidingWindow, w_max
 
 # _benchlib.py sits next to this file, which is on sys.path when the script is
 # run as a file; `python -m tools.bench.lru_vs_prefetch` puts the repository there instead.
@@ -58,14 +58,8 @@ import _benchlib as bl
 
 TARGET_LRU_RATIO = 1.35
 TARGET_WRITE_KEEP = 0.9
-WINDOW_BYTES = 128 * bl.MiB  # the paper's 128 MB per-request window (8 x 16 MB blocks)
 DEFAULT_FILE = "/var/tmp/chm-bench-lru.img"
 VERDICTS = bl.Verdicts("lru_vs_prefetch")  # every target this run checks
-
-
-def w_max(block: int, n: int) -> int:
-    """Eq. 2: W_max = min(128 MB / S_block, N_hits), at least 1."""
-    return max(1, min(WINDOW_BYTES // block, n))
 
 
 # ---------------------------------------------------------------- clocks
@@ -167,31 +161,19 @@ def read_prefetch(
     """Reads blocks [first, first+n) through a sliding prefetch window.
 
     Returns how many were read (fewer when stop() turned true)."""
-    q: collections.deque[tuple[int, chm.Handle]] = collections.deque()
-    nxt = first
-    end = first + n
     done = 0
-    while nxt < end and len(q) < window:
-        q.append((nxt, dev.prefetch(nxt * block, block)))
-        nxt += 1
-    while q:
-        i, h = q.popleft()
-        v = h.wait()
-        if via_read:
-            del v
-            dev.read_into(i * block, dst)
-        else:
-            copy_out(dst, v)
-            del v
-        h.release()
-        done += 1
-        if stop is not None and stop():
-            break
-        if nxt < end:
-            q.append((nxt, dev.prefetch(nxt * block, block)))
-            nxt += 1
-    for _, h in q:
-        h.release()
+    with SlidingWindow(dev, [(i * block, block) for i in range(first, first + n)], window) as win:
+        for j, h in win:
+            v = h.wait()
+            if via_read:
+                del v
+                dev.read_into((first + j) * block, dst)
+            else:
+                copy_out(dst, v)
+                del v
+            done += 1
+            if stop is not None and stop():
+                break
     return done
 
 
@@ -206,26 +188,16 @@ def read_plain(
     stop: Callable[[], bool] | None = None,
 ) -> int:
     """dev.read_into() block by block; with hints, prefetch calls W ahead."""
-    q: collections.deque[chm.Handle] = collections.deque()
-    nxt = first
-    end = first + n
+    ranges = [(i * block, block) for i in range(first, first + n)] if hints else []
     done = 0
-    if hints:
-        while nxt < end and len(q) < window:
-            q.append(dev.prefetch(nxt * block, block))
-            nxt += 1
-    for i in range(first, end):
-        dev.read_into(i * block, dst)
-        done += 1
-        if hints:
-            q.popleft().release()
-            if nxt < end:
-                q.append(dev.prefetch(nxt * block, block))
-                nxt += 1
-        if stop is not None and stop():
-            break
-    for h in q:
-        h.release()
+    with SlidingWindow(dev, ranges, window) as win:
+        for i in range(first, first + n):
+            dev.read_into(i * block, dst)
+            done += 1
+            if hints:
+                win.release(win.pop()[1])
+            if stop is not None and stop():
+                break
     return done
 
 
@@ -755,18 +727,10 @@ def replay(
             window = w_max(block, n)
             for u in range(users):
                 base = u * region
-                q: collections.deque[chm.Handle] = collections.deque()
-                nxt = 0
-                while nxt < n and len(q) < window:
-                    q.append(dev.prefetch((base + nxt) * block, block))
-                    nxt += 1
-                while q:
-                    h = q.popleft()
-                    h.wait()
-                    h.release()
-                    if nxt < n:
-                        q.append(dev.prefetch((base + nxt) * block, block))
-                        nxt += 1
+                ranges = [((base + i) * block, block) for i in range(n)]
+                with SlidingWindow(dev, ranges, window) as win:
+                    for _, h in win:
+                        h.wait()
                 reads += n
                 for j in range(growth if appends else 0):
                     if dev.write((base + n + j) * block, src):

@@ -1,0 +1,197 @@
+"""The allocator: the device address space as a log of fixed segments.
+
+Blocks are appended to the open segment; when it is full the next free
+segment opens; when none is free a sealed segment is reclaimed whole, its
+blocks dropped (KV blocks are immutable, so nothing is copied). The victim is
+the least recently used sealed segment (``lru``, by the last get or put of
+any of its blocks) or the oldest sealed one (``fifo``). A segment holding a
+pinned block is never a victim; when every candidate is pinned, allocation
+fails and the put reports the block not stored, so a full device never
+blocks a put. Not thread-safe: the store serialises calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from chm.errors import InvalidArgument
+
+__all__ = ["ALIGN", "EVICTIONS", "SegmentLog", "SegmentStats"]
+
+ALIGN = 4096  # every block starts on a 4 KiB boundary (O_DIRECT, staging fills)
+EVICTIONS = ("lru", "fifo")
+
+FREE, OPEN, SEALED = 0, 1, 2
+
+
+def _align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class SegmentStats:
+    segments: int
+    segment_bytes: int
+    free: int
+    open: int
+    sealed: int
+    pinned: int
+    allocated_bytes: int  # bytes handed out in open and sealed segments
+    live_bytes: int  # bytes of blocks still in the index
+    reclaimed_segments: int
+
+
+class SegmentLog:
+    """Segments of ``segment_bytes`` over ``[0, capacity)``."""
+
+    def __init__(self, capacity: int, segment_bytes: int, eviction: str = "lru") -> None:
+        if eviction not in EVICTIONS:
+            raise InvalidArgument(
+                None, f"eviction={eviction!r}: expected one of {', '.join(EVICTIONS)}"
+            )
+        if segment_bytes <= 0 or segment_bytes % ALIGN:
+            raise InvalidArgument(
+                None, f"segment_bytes={segment_bytes}: must be a positive multiple of {ALIGN}"
+            )
+        n = capacity // segment_bytes
+        if n < 2:
+            raise InvalidArgument(
+                None,
+                f"segment_bytes={segment_bytes}: the device ({capacity} bytes) must hold at "
+                "least 2 segments",
+            )
+        self.capacity = capacity
+        self.segment_bytes = segment_bytes
+        self.eviction = eviction
+        self.n = n
+        self.state = np.zeros(n, dtype=np.uint8)
+        self.used = np.zeros(n, dtype=np.int64)  # bump offset within the segment
+        self.live = np.zeros(n, dtype=np.int64)  # live block bytes
+        self.pins = np.zeros(n, dtype=np.int64)
+        self.last_use = np.zeros(n, dtype=np.int64)  # lru clock
+        self.sealed_at = np.zeros(n, dtype=np.int64)  # fifo clock
+        self._clock = 0
+        self._open = -1
+        self.reclaimed = 0
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    # ---- allocation
+
+    def alloc(self, length: int) -> tuple[int, int] | None:
+        """``(segment, addr)`` for a block, or None when a victim is needed
+        (call :meth:`victim`, drop its blocks, :meth:`reuse` it, then retry)
+        or when ``length`` does not fit a segment."""
+        need = _align_up(length)
+        if need > self.segment_bytes:
+            return None
+        s = self._open
+        if s >= 0 and self.used[s] + need > self.segment_bytes:
+            self._seal(s)
+            s = -1
+        if s < 0:
+            free = np.flatnonzero(self.state == FREE)
+            if free.size == 0:
+                return None
+            s = int(free[0])
+            self._open_segment(s)
+        addr = s * self.segment_bytes + int(self.used[s])
+        self.used[s] += need
+        self.live[s] += length
+        self.last_use[s] = self._tick()
+        return s, addr
+
+    def unalloc(self, segment: int, addr: int, length: int) -> None:
+        """Takes back the last allocation (a write that was skipped)."""
+        need = _align_up(length)
+        if segment == self._open and segment * self.segment_bytes + self.used[segment] == (
+            addr + need
+        ):
+            self.used[segment] -= need
+        self.live[segment] -= length
+
+    def _open_segment(self, s: int) -> None:
+        self.state[s] = OPEN
+        self.used[s] = 0
+        self.live[s] = 0
+        self._open = s
+
+    def _seal(self, s: int) -> None:
+        self.state[s] = SEALED
+        self.sealed_at[s] = self._tick()
+        if self._open == s:
+            self._open = -1
+
+    def victim(self) -> int | None:
+        """The segment to reclaim now (unpinned, sealed), or None."""
+        cand = (self.state == SEALED) & (self.pins == 0)
+        if not cand.any():
+            return None
+        key = self.last_use if self.eviction == "lru" else self.sealed_at
+        masked = np.where(cand, key, np.iinfo(np.int64).max)
+        return int(masked.argmin())
+
+    def reuse(self, s: int) -> None:
+        """Marks a reclaimed victim free (its blocks must be dropped first)."""
+        if self.pins[s]:
+            raise AssertionError(f"segment {s} is pinned: it cannot be reclaimed")
+        self.state[s] = FREE
+        self.used[s] = 0
+        self.live[s] = 0
+        self.reclaimed += 1
+
+    # ---- accounting
+
+    def touch(self, segments: Any) -> None:
+        segs = np.asarray(segments, dtype=np.int64)
+        if segs.size:
+            self.last_use[segs] = self._tick()
+
+    def pin(self, segments: Any, delta: int = 1) -> None:
+        segs = np.asarray(segments, dtype=np.int64)
+        if segs.size:
+            np.add.at(self.pins, segs, delta)
+            if (self.pins[segs] < 0).any():
+                raise AssertionError("segment pin count below zero")
+
+    def dropped(self, segments: Any, lengths: Any) -> None:
+        """Blocks removed from the index: their bytes are no longer live."""
+        segs = np.asarray(segments, dtype=np.int64)
+        if segs.size:
+            np.add.at(self.live, segs, -np.asarray(lengths, dtype=np.int64))
+
+    def restore(self, segments: Any, ends: Any, lengths: Any, ages: Any) -> None:
+        """After a restart: segments holding recovered blocks are sealed."""
+        segs = np.asarray(segments, dtype=np.int64)
+        if segs.size == 0:
+            return
+        offs = np.asarray(ends, dtype=np.int64) - segs * self.segment_bytes
+        np.maximum.at(self.used, segs, offs)
+        np.add.at(self.live, segs, np.asarray(lengths, dtype=np.int64))
+        ages = np.asarray(ages, dtype=np.int64)
+        np.maximum.at(self.last_use, segs, ages)
+        np.maximum.at(self.sealed_at, segs, ages)
+        self.state[np.unique(segs)] = SEALED
+        self._clock = max(self._clock, int(ages.max()))
+        self.used[:] = np.minimum(
+            np.where(self.used > 0, -(-self.used // ALIGN) * ALIGN, 0), self.segment_bytes
+        )
+
+    def stats(self) -> SegmentStats:
+        st = self.state
+        return SegmentStats(
+            segments=self.n,
+            segment_bytes=self.segment_bytes,
+            free=int(np.count_nonzero(st == FREE)),
+            open=int(np.count_nonzero(st == OPEN)),
+            sealed=int(np.count_nonzero(st == SEALED)),
+            pinned=int(np.count_nonzero(self.pins > 0)),
+            allocated_bytes=int(self.used.sum()),
+            live_bytes=int(self.live.sum()),
+            reclaimed_segments=self.reclaimed,
+        )

@@ -1,0 +1,177 @@
+"""Prefix lookup and the load pipeline.
+
+A lookup asks the index about at most ``LOOKUP_BATCH`` (32) keys at once
+with prefix semantics: the match stops at the first key that is absent.
+As soon as the hits are known their prefetches are issued (the paper's early
+hit), through a sliding window whose size is the request's fair share of
+``w_max``; :meth:`Lookup.load` then copies the staged blocks, in order, into
+the caller's buffers, verifying each block's checksum first.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xxhash
+
+from chm.errors import ChmError, DeviceIOError, InvalidArgument, WaitTimeout
+from chm.kv.buffers import as_dst
+from chm.kv.window import SlidingWindow, w_max
+
+if TYPE_CHECKING:
+    from chm.kv.store import Store
+
+__all__ = ["LOOKUP_BATCH", "Lookup", "prefix_hits"]
+
+LOOKUP_BATCH = 32
+_hash = xxhash.xxh3_64_intdigest
+_requests = itertools.count(1)
+# Blocks this large are hashed on a helper thread while the loading thread
+# copies them (both release the GIL), so verifying costs no extra time.
+_OVERLAP_BYTES = 1 << 20
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _hasher() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="chm-kv-hash")
+    return _pool
+
+
+def prefix_hits(found: np.ndarray[Any, Any]) -> int:
+    """How many leading entries of a found-mask are True (the prefix length)."""
+    miss = np.flatnonzero(~found)
+    return int(miss[0]) if miss.size else int(found.size)
+
+
+class Lookup:
+    """Pinned hits of one request with their prefetches issued.
+
+    ``hits`` is the prefix length, ``tokens`` the opaque read tokens of the
+    prefetches issued so far. Use :meth:`load` to copy the blocks out, or
+    :meth:`close` to give everything back (a context manager).
+    """
+
+    def __init__(self, store: Store, rows: np.ndarray[Any, Any], request: object = None) -> None:
+        self._store = store
+        self._rows = rows
+        self._ents = store._pin_rows(rows)
+        self._request = request if request is not None else ("lookup", next(_requests))
+        self._closed = False
+        self.hits = int(rows.size)
+        self.loaded = 0
+        mgr = store.manager
+        biggest = int(self._ents["length"].max()) if rows.size else 1
+        mgr.admit(self._request, w_max(biggest, self.hits, store.window_bytes))
+        ranges = list(zip(self._ents["addr"].tolist(), self._ents["length"].tolist(), strict=True))
+        req = self._request
+        try:
+            self._win = SlidingWindow(store.device, ranges, lambda: mgr.window(req))
+        except BaseException:
+            self.close()
+            raise
+        self.tokens = [h.token for _, h in self._win._q]
+
+    def load(self, dsts: Any, timeout: float | None = None, *, prefix: bool = True) -> list[bool]:
+        """Copies the hits into ``dsts`` (one writable buffer per hit, in order).
+
+        Returns per hit whether it was loaded. A block that fails its
+        checksum or its read is a miss (counted; a large block's buffer may
+        have been written before its checksum was known); with ``prefix`` the load
+        stops there, as it does at ``timeout`` (seconds for the whole load),
+        leaving the rest unloaded. Never waits past the timeout. Closes the
+        lookup.
+        """
+        try:
+            outs = self._destinations(dsts)
+        except BaseException:
+            self.close()  # a refused load gives its pins and prefetches back
+            raise
+        n = self.hits
+        ok = [False] * n
+        st = self._store
+        deadline = None if timeout is None else time.monotonic() + timeout
+        checks = self._ents["checksum"].tolist()
+        lens = self._ents["length"].tolist()
+        bad: list[int] = []
+        try:
+            for j, h in self._win:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    v = h.wait(left)
+                except WaitTimeout:
+                    st._count("timeouts")
+                    break
+                except DeviceIOError:
+                    st._count("io_errors")
+                    if prefix:
+                        break
+                    continue
+                if lens[j] >= _OVERLAP_BYTES:  # hash on the helper while this thread copies
+                    fut = _hasher().submit(_hash, v)
+                    outs[j][: lens[j]] = np.frombuffer(v, np.uint8)
+                    good = fut.result() == checks[j]
+                else:
+                    good = _hash(v) == checks[j]
+                    if good:
+                        outs[j][: lens[j]] = np.frombuffer(v, np.uint8)
+                del v
+                if not good:
+                    st._count("checksum_errors")
+                    bad.append(j)
+                    if prefix:
+                        break
+                    continue
+                ok[j] = True
+        except ChmError:
+            st._count("io_errors")
+        finally:
+            if self._win.blocked:
+                st._count("window_blocked", self._win.blocked)
+            self.close(bad)
+        self.loaded = sum(ok)
+        st._count("gets_hit", self.loaded)
+        return ok
+
+    def _destinations(self, dsts: Any) -> list[np.ndarray[Any, Any]]:
+        n = self.hits
+        if len(dsts) < n:
+            raise InvalidArgument(None, f"load: {len(dsts)} destination buffers for {n} hits")
+        outs = []
+        for j in range(n):
+            d = as_dst(dsts[j], f"destination {j}")
+            need = int(self._ents["length"][j])
+            if d.size < need:
+                raise InvalidArgument(
+                    None, f"destination {j}: {d.size} bytes, the block has {need}"
+                )
+            outs.append(d)
+        return outs
+
+    def close(self, bad: list[int] | None = None) -> None:
+        """Releases the prefetches and the pins (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            win = getattr(self, "_win", None)
+            if win is not None:
+                win.close()
+        finally:
+            self._store.manager.leave(self._request)
+            self._store._unpin_rows(self._rows, self._ents, bad or [])
+
+    def __enter__(self) -> Lookup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,705 @@
+"""The KV block store: index + allocator + journal over one device.
+
+    with Store.open("/var/tmp/kv", capacity="8G") as st:
+        st.put([h1, h2], [blk1, blk2])   # -> [STORED, STORED]
+        st.flush()                       # durable: found after a crash
+        st.prefix_len([h1, h2, h3])      # -> 2
+        st.get([h1], [out])              # -> [True], out holds blk1's bytes
+
+Keys are engine block hashes in the store's :class:`Namespace` (or
+``KEY_DTYPE`` arrays of digests). A put writes the block through the
+device's write buffer; the index learns it only once it is readable, marks
+it durable once ``flush()`` has made it so, and journals it then. Every load
+verifies the block's XXH3-64: a torn or corrupted block is a miss, counted
+in ``stats().checksum_errors``, and is dropped from the index. Every method
+is thread-safe; the data of a load moves with no store lock held.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import os
+import stat
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import xxhash
+
+from chm.errors import Busy, ChmError, InvalidArgument
+from chm.kv import journal as jn
+from chm.kv.alloc import ALIGN, SegmentLog
+from chm.kv.buffers import as_dst, as_src
+from chm.kv.index import DURABLE, PENDING, Index
+from chm.kv.keys import KEY_DTYPE, Namespace
+from chm.kv.lookup import LOOKUP_BATCH, Lookup, prefix_hits
+from chm.kv.protocol import DeviceLike
+from chm.kv.tickets import Ticket
+from chm.kv.window import WINDOW_BYTES, KVManager
+
+__all__ = ["PutStatus", "Store", "StoreStats"]
+
+_T = TypeVar("_T")
+_hash = xxhash.xxh3_64_intdigest
+_ZEROS = bytes(512)
+
+
+class PutStatus(enum.IntEnum):
+    """Outcome of one key of a put."""
+
+    STORED = 0  # written (readable now, durable after flush())
+    EXISTS = 1  # the key was already there (or earlier in the same batch)
+    SKIPPED = 2  # not written: the write buffer was full, or no segment could be reclaimed
+    ERROR = 3  # the device failed the write
+
+
+_COUNTERS = (
+    "puts_stored",
+    "puts_exists",
+    "puts_skipped",
+    "puts_error",
+    "gets_hit",
+    "gets_miss",
+    "checksum_errors",
+    "io_errors",
+    "timeouts",
+    "window_blocked",
+    "evicted_blocks",
+)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """A snapshot of the store's counters and capacity accounting."""
+
+    entries: int
+    durable_entries: int
+    pending_entries: int
+    index_bytes: int
+    capacity_bytes: int
+    segment_bytes: int
+    segments: int
+    segments_free: int
+    segments_pinned: int
+    allocated_bytes: int
+    live_bytes: int
+    reclaimed_segments: int
+    journal_path: str
+    journal_bytes: int
+    journal_records: int
+    compactions: int
+    recovered_entries: int
+    recovery_dropped: int
+    torn_journal_bytes: int
+    puts_stored: int
+    puts_exists: int
+    puts_skipped: int
+    puts_error: int
+    gets_hit: int
+    gets_miss: int
+    checksum_errors: int
+    io_errors: int
+    timeouts: int
+    window_blocked: int  # prefetches a load could not issue (the refill queue was full)
+    evicted_blocks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _default_journal(dev: DeviceLike) -> str:
+    targets = dev.config.targets
+    if targets:
+        t = targets[0]
+        try:
+            regular = stat.S_ISREG(os.stat(t).st_mode)
+        except OSError:
+            regular = False
+        if regular:
+            return t + ".kvjournal"
+    raise InvalidArgument(
+        None,
+        f"Store: no journal path given and the device's first target "
+        f"({targets[0] if targets else 'none'}) is not a regular file to put one beside; "
+        "pass journal=PATH",
+    )
+
+
+class Store:
+    """KV blocks on one device (see the module doc).
+
+    ``segment_bytes`` (default: 8 slots) is the unit of eviction;
+    ``eviction`` is ``"lru"`` or ``"fifo"``; ``manager`` shares the staging
+    window among concurrent loads (default: one per store, sized to the
+    device's slots); ``device_id`` is the number written into index entries
+    (an AddressSpace numbers its devices). The device must move data (not
+    the ghost backend). ``own_device`` closes it with the store.
+    """
+
+    def __init__(
+        self,
+        device: DeviceLike,
+        *,
+        journal: str | os.PathLike[str] | None = None,
+        namespace: Namespace | None = None,
+        segment_bytes: int | None = None,
+        eviction: str = "lru",
+        device_id: int = 0,
+        window_bytes: int = WINDOW_BYTES,
+        manager: KVManager | None = None,
+        compact_ratio: float = 2.0,
+        own_device: bool = False,
+    ) -> None:
+        cfg = device.config
+        if cfg.backend == "ghost":
+            raise InvalidArgument(
+                None, "Store: the ghost backend moves no data; use uring or pread"
+            )
+        if cfg.mode != "prefetch":
+            raise InvalidArgument(
+                None, f"Store: needs a device in prefetch mode, not mode={cfg.mode!r}"
+            )
+        self.device = device
+        self.namespace = namespace or Namespace()
+        self.slot_bytes = int(device.slot_bytes)
+        seg = segment_bytes if segment_bytes is not None else 8 * self.slot_bytes
+        if seg < self.slot_bytes:
+            raise InvalidArgument(
+                None,
+                f"Store: segment_bytes={seg} is smaller than a slot ({self.slot_bytes}): "
+                "a block must fit a segment",
+            )
+        self.max_block = self.slot_bytes
+        self.window_bytes = window_bytes
+        self.device_id = device_id
+        self._own = own_device
+        self._alloc = SegmentLog(int(device.capacity), seg, eviction)
+        self.manager = manager or KVManager(max(1, int(device.stats().slots_total)))
+        self._lock = threading.RLock()
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._pending: dict[int, int] = {}  # row -> epoch, written but not yet durable
+        self._compact_ratio = compact_ratio
+        self._closed = False
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        path = os.fspath(journal) if journal is not None else _default_journal(device)
+        self._journal = jn.Journal(path, int(device.capacity), seg)
+        try:
+            self._recover()
+        except BaseException:
+            self._journal.close()
+            raise
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        capacity: int | str = "1G",
+        backend: str = "uring",
+        dram: int | str | None = None,
+        slot_size: int | str | None = None,
+        device_options: dict[str, Any] | None = None,
+        **store_options: Any,
+    ) -> Store:
+        """Opens (creating) a store in ``directory``: ``kv.img`` and ``kv.img.kvjournal``.
+
+        The device is opened here and closed with the store.
+        """
+        import chm
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        opts: dict[str, Any] = dict(device_options or {})
+        if slot_size is not None:
+            opts["slot_size"] = slot_size
+        dev = chm.Device.open(
+            targets=[d / "kv.img"],
+            capacity=capacity,
+            dram=dram,
+            backend=backend,
+            mode="prefetch",
+            create=True,
+            **opts,
+        )
+        try:
+            return cls(dev, own_device=True, **store_options)
+        except BaseException:
+            dev.close()
+            raise
+
+    # ---- recovery
+
+    def _recover(self) -> None:
+        rep = self._journal.replay
+        puts = rep.puts
+        seg_bytes = self._alloc.segment_bytes
+        ok = (
+            (puts["addr"] % ALIGN == 0)
+            & (puts["length"] > 0)
+            & (puts["length"] <= self.max_block)
+            & (puts["addr"] + puts["length"] <= self._alloc.n * seg_bytes)
+            & (puts["addr"] // seg_bytes == puts["segment"])
+        )
+        self.recovery_dropped = int(np.count_nonzero(~ok))
+        puts = puts[ok]
+        self.torn_journal_bytes = rep.torn_bytes
+        keys = np.zeros(puts.size, dtype=KEY_DTYPE)
+        keys["hi"], keys["lo"] = puts["hi"], puts["lo"]
+        self._index = Index(max(1024, 2 * int(puts.size)))
+        self._index.put(
+            keys,
+            addr=puts["addr"],
+            length=puts["length"],
+            checksum=puts["checksum"],
+            epoch=puts["epoch"],
+            segment=puts["segment"],
+            device=self.device_id,
+            state=DURABLE,
+        )
+        ends = puts["addr"].astype(np.int64) + puts["length"].astype(np.int64)
+        self._alloc.restore(puts["segment"], ends, puts["length"], puts["epoch"])
+        self._epoch = rep.max_epoch + 1
+        self.recovered_entries = int(puts.size)
+
+    # ---- helpers
+
+    def _keys(self, keys: Any) -> np.ndarray[Any, Any]:
+        return self.namespace.keys(keys)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            from chm.errors import Cancelled
+
+            raise Cancelled(None, f"Store.{what}: the store is closed", call=f"Store.{what}")
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def _pin_rows(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Pins rows (under the lock) and returns a copy of their entries."""
+        with self._lock:
+            e = self._index.e
+            np.add.at(e["pins"], rows, 1)
+            self._alloc.pin(e["segment"][rows])
+            self._alloc.touch(e["segment"][rows])
+            ents: np.ndarray[Any, Any] = e[rows].copy()
+            return ents
+
+    def _unpin_rows(
+        self, rows: np.ndarray[Any, Any], ents: np.ndarray[Any, Any], bad: Sequence[int]
+    ) -> None:
+        """Unpins; entries in ``bad`` (failed their checksum) are dropped."""
+        with self._lock:
+            e = self._index.e
+            np.add.at(e["pins"], rows, -1)
+            self._alloc.pin(ents["segment"], -1)
+            if bad:
+                b = np.asarray(bad, dtype=np.int64)
+                r = rows[b]
+                same = (e["epoch"][r] == ents["epoch"][b]) & (e["pins"][r] == 0)
+                self._drop_rows(r[same], journal=True)
+
+    def _drop_rows(self, rows: np.ndarray[Any, Any], *, journal: bool) -> None:
+        """Removes rows from the index (lock held); DEL records for durable ones."""
+        if rows.size == 0:
+            return
+        e = self._index.e
+        if journal:
+            durable = rows[e["state"][rows] == DURABLE]
+            if durable.size:
+                recs = np.zeros(durable.size, dtype=jn.REC_DTYPE)
+                recs["type"] = jn.DEL
+                recs["hi"], recs["lo"] = e["hi"][durable], e["lo"][durable]
+                recs["epoch"] = self._epoch
+                self._journal.append(recs)
+        for r in rows.tolist():
+            self._pending.pop(r, None)
+        self._alloc.dropped(e["segment"][rows], e["length"][rows])
+        self._index.delete_rows(rows)
+
+    def _reclaim(self, segment: int) -> None:
+        rows = self._index.rows_in_segment(segment)
+        rec = np.zeros(1, dtype=jn.REC_DTYPE)
+        rec["type"] = jn.RECLAIM
+        rec["segment"] = segment
+        rec["epoch"] = self._epoch
+        self._journal.append(rec)
+        self._drop_rows(rows, journal=False)
+        self._alloc.reuse(segment)
+        self._counts["evicted_blocks"] += int(rows.size)
+
+    def _allocate(self, length: int) -> tuple[int, int] | None:
+        while True:
+            got = self._alloc.alloc(length)
+            if got is not None:
+                return got
+            victim = self._alloc.victim()
+            if victim is None:
+                return None
+            self._reclaim(victim)
+
+    # ---- queries
+
+    def contains(self, keys: Any) -> list[bool]:
+        """Per key: is it in the store (readable)."""
+        ks = self._keys(keys)
+        with self._lock:
+            return [bool(x) for x in self._index.contains(ks)]
+
+    def prefix_len(self, keys: Any) -> int:
+        """How many leading keys are in the store (stops at the first miss)."""
+        ks = self._keys(keys)
+        with self._lock:
+            return self._prefix_rows(ks).size
+
+    def _prefix_rows(self, ks: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Rows of the leading hits, asking the index 32 keys at a time."""
+        parts = []
+        for i in range(0, ks.size, LOOKUP_BATCH):
+            rows = self._index.find(ks[i : i + LOOKUP_BATCH])
+            n = prefix_hits(rows >= 0)
+            parts.append(rows[:n])
+            if n < rows.size:
+                break
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def lookup(self, keys: Any, request: object = None) -> Lookup:
+        """Prefix lookup of at most 32 keys; the hits' prefetches are issued now.
+
+        The returned :class:`Lookup` holds the hits pinned: ``load()`` it or
+        ``close()`` it.
+        """
+        self._check_open("lookup")
+        ks = self._keys(keys)
+        if ks.size > LOOKUP_BATCH:
+            raise InvalidArgument(None, f"lookup: {ks.size} keys; at most {LOOKUP_BATCH} per call")
+        with self._lock:
+            rows = self._prefix_rows(ks)
+            return Lookup(self, rows, request)
+
+    def load_prefix(
+        self, keys: Any, dsts: Sequence[Any], timeout: float | None = None, request: object = None
+    ) -> int:
+        """Loads the leading hits of ``keys`` into ``dsts`` in order; returns how many.
+
+        Stops at the first miss, the first block that fails its checksum or
+        read, or at ``timeout`` seconds, whichever comes first.
+        """
+        self._check_open("load_prefix")
+        ks = self._keys(keys)
+        with self._lock:
+            rows = self._prefix_rows(ks)
+            lk = Lookup(self, rows, request)
+        ok = lk.load(dsts, timeout, prefix=True)
+        n = prefix_hits(np.asarray(ok, dtype=bool)) if ok else 0
+        self._count("gets_miss", ks.size - n)
+        return n
+
+    def get(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> list[bool]:
+        """Copies each key's block into its destination; per key whether it was loaded.
+
+        ``dsts`` are writable buffers (bytearray, numpy arrays, CPU torch
+        tensors, ...) at least as long as their block. A key that is absent,
+        fails its checksum or its read, or is not staged before ``timeout``
+        seconds (for the whole call) is False.
+        """
+        self._check_open("get")
+        ks = self._keys(keys)
+        if len(dsts) != ks.size:
+            raise InvalidArgument(None, f"get: {ks.size} keys but {len(dsts)} destinations")
+        for j, d in enumerate(dsts):
+            as_dst(d, f"destination {j}")
+        with self._lock:
+            rows = self._index.find(ks)
+            hit = np.flatnonzero(rows >= 0)
+            lk = Lookup(self, rows[hit], None)
+        ok = [False] * ks.size
+        got = lk.load([dsts[i] for i in hit.tolist()], timeout, prefix=False)
+        for i, g in zip(hit.tolist(), got, strict=True):
+            ok[i] = g
+        self._count("gets_miss", ks.size - sum(got))
+        return ok
+
+    def info(self, key: Any) -> dict[str, int] | None:
+        """The index entry of one key (addr, length, checksum, epoch, ...) or None."""
+        ks = self._keys([key])
+        with self._lock:
+            found, ent = self._index.get(ks)
+        if not found[0]:
+            return None
+        e = ent[0]
+        return {
+            n: int(e[n])
+            for n in ("addr", "length", "checksum", "epoch", "segment", "device", "pins", "state")
+        }
+
+    # ---- updates
+
+    def put(self, keys: Any, srcs: Sequence[Any]) -> list[PutStatus]:
+        """Writes each key's block; a status per key (see :class:`PutStatus`).
+
+        Never blocks on the device: a full write buffer, or a full device
+        whose every segment is pinned, gives SKIPPED. Blocks are readable at
+        once and durable after :meth:`flush`. Raises InvalidArgument (and
+        writes nothing) for a bad source or a block longer than a slot.
+        """
+        self._check_open("put")
+        ks = self._keys(keys)
+        if len(srcs) != ks.size:
+            raise InvalidArgument(None, f"put: {ks.size} keys but {len(srcs)} sources")
+        bufs = []
+        for j, s in enumerate(srcs):
+            b = as_src(s, f"source {j}")
+            if b.size == 0 or b.size > self.max_block:
+                raise InvalidArgument(
+                    None, f"source {j}: {b.size} bytes; a block has 1..{self.max_block} bytes"
+                )
+            bufs.append(b)
+        out: list[PutStatus] = []
+        with self._lock:
+            present = self._index.contains(ks)
+            seen: set[tuple[int, int]] = set()
+            his, los = ks["hi"].tolist(), ks["lo"].tolist()
+            for j, b in enumerate(bufs):
+                k = (his[j], los[j])
+                if present[j] or k in seen:
+                    out.append(PutStatus.EXISTS)
+                    continue
+                out.append(self._put_one(ks[j : j + 1], b))
+                if out[-1] == PutStatus.STORED:
+                    seen.add(k)
+            for s in out:
+                self._counts[f"puts_{s.name.lower()}"] += 1
+        return out
+
+    def _put_one(self, key: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> PutStatus:
+        n = int(b.size)
+        got = self._allocate(n)
+        if got is None:
+            return PutStatus.SKIPPED
+        seg, addr = got
+        data: Any = b
+        if n % 512:  # the device writes whole 512-byte sectors
+            data = np.concatenate([b, np.frombuffer(_ZEROS[: 512 - n % 512], np.uint8)])
+        try:
+            admitted = self.device.write(addr, data)
+        except ChmError:
+            self._alloc.unalloc(seg, addr, n)
+            return PutStatus.ERROR
+        if not admitted:
+            self._alloc.unalloc(seg, addr, n)
+            return PutStatus.SKIPPED
+        epoch = self._epoch
+        self._epoch += 1
+        rows = self._index.put(
+            key,
+            addr=addr,
+            length=n,
+            checksum=_hash(b.data),
+            epoch=epoch,
+            segment=seg,
+            device=self.device_id,
+            state=PENDING,
+        )
+        self._pending[int(rows[0])] = epoch
+        return PutStatus.STORED
+
+    def pin(self, keys: Any) -> list[bool]:
+        """Keeps the blocks from eviction until unpin(); per key whether it was there."""
+        ks = self._keys(keys)
+        with self._lock:
+            rows = self._index.find(ks)
+            hit = rows[rows >= 0]
+            np.add.at(self._index.e["pins"], hit, 1)
+            self._alloc.pin(self._index.e["segment"][hit])
+            return [bool(r >= 0) for r in rows]
+
+    def unpin(self, keys: Any) -> None:
+        """Undoes pin(); InvalidArgument (nothing changed) for a key that is not pinned."""
+        ks = self._keys(keys)
+        with self._lock:
+            rows = self._index.find(ks)
+            e = self._index.e
+            if (rows < 0).any():
+                raise InvalidArgument(
+                    None, f"unpin: key #{int(np.flatnonzero(rows < 0)[0])} is not in the store"
+                )
+            counts = np.zeros(e.shape[0], dtype=np.int64)
+            np.add.at(counts, rows, 1)
+            if (counts[rows] > e["pins"][rows]).any():
+                j = int(np.flatnonzero(counts[rows] > e["pins"][rows])[0])
+                raise InvalidArgument(None, f"unpin: key #{j} is not pinned")
+            np.add.at(e["pins"], rows, -1)
+            self._alloc.pin(e["segment"][rows], -1)
+
+    def remove(self, keys: Any) -> list[bool]:
+        """Drops the keys; per key whether it was there. Busy for a pinned key."""
+        self._check_open("remove")
+        ks = self._keys(keys)
+        with self._lock:
+            rows = self._index.find(ks)
+            e = self._index.e
+            hit = np.unique(rows[rows >= 0])
+            if (e["pins"][hit] > 0).any():
+                j = int(np.flatnonzero((rows >= 0) & (e["pins"][np.maximum(rows, 0)] > 0))[0])
+                raise Busy(
+                    None,
+                    f"remove: key #{j} is pinned (being loaded, or pin()ed)",
+                    call="Store.remove",
+                )
+            self._drop_rows(hit, journal=True)
+            return [bool(r >= 0) for r in rows]
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Makes every block stored before the call durable, journaled and synced.
+
+        After it returns, those blocks survive a crash (``kill -9``, power
+        loss) of this process. If the device fails the flush, the blocks
+        that were waiting for it are dropped (they are misses, never wrong
+        data) and the DeviceIOError is raised.
+        """
+        self._check_open("flush")
+        with self._lock:
+            snap = dict(self._pending)
+        try:
+            self.device.flush(timeout)
+        except ChmError as exc:
+            if exc.errno != 0 and not isinstance(exc, TimeoutError):
+                with self._lock:
+                    rows = np.asarray(
+                        [r for r, ep in snap.items() if self._pending.get(r) == ep], dtype=np.int64
+                    )
+                    self._drop_rows(rows, journal=False)
+            raise
+        with self._lock:
+            e = self._index.e
+            rows = np.asarray(
+                [r for r, ep in snap.items() if self._pending.get(r) == ep], dtype=np.int64
+            )
+            if rows.size:
+                recs = np.zeros(rows.size, dtype=jn.REC_DTYPE)
+                recs["type"] = jn.PUT
+                for f in ("segment", "hi", "lo", "addr", "checksum", "epoch", "length", "device"):
+                    recs[f] = e[f][rows]
+                self._journal.append(recs)
+                e["state"][rows] = DURABLE
+                for r in rows.tolist():
+                    del self._pending[r]
+            self._journal.sync()
+            if self._journal.records > self._compact_ratio * len(self._index) + 4096:
+                self._compact()
+
+    def _compact(self) -> None:
+        e = self._index.e
+        rows = self._index.live_rows()
+        rows = rows[e["state"][rows] == DURABLE]
+        recs = np.zeros(rows.size, dtype=jn.REC_DTYPE)
+        recs["type"] = jn.PUT
+        for f in ("segment", "hi", "lo", "addr", "checksum", "epoch", "length", "device"):
+            recs[f] = e[f][rows]
+        self._journal.compact(recs)
+
+    def compact(self) -> None:
+        """Rewrites the journal as the durable entries only (flush() does it when due)."""
+        with self._lock:
+            self._compact()
+
+    # ---- asynchronous forms
+
+    def _submit(self, what: str, fn: Callable[[], _T]) -> Ticket:
+        self._check_open(what)
+        t = Ticket(f"Store.{what}")
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chm-kv")
+            pool = self._pool
+
+        def run() -> None:
+            try:
+                r = fn()
+            except BaseException as exc:
+                t._finish(exc=exc)
+            else:
+                t._finish(r)
+
+        pool.submit(run)
+        return t
+
+    def put_async(self, keys: Any, srcs: Sequence[Any]) -> Ticket:
+        """put() on the store's worker thread; the ticket's result is the statuses."""
+        ks = self._keys(keys)
+        return self._submit("put_async", lambda: self.put(ks, srcs))
+
+    def get_async(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> Ticket:
+        """get() on the store's worker thread; the ticket's result is the per-key list."""
+        ks = self._keys(keys)
+        return self._submit("get_async", lambda: self.get(ks, dsts, timeout))
+
+    # ---- stats and lifecycle
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            a = self._alloc.stats()
+            n = len(self._index)
+            return StoreStats(
+                entries=n,
+                durable_entries=n - len(self._pending),
+                pending_entries=len(self._pending),
+                index_bytes=self._index.nbytes,
+                capacity_bytes=a.segments * a.segment_bytes,
+                segment_bytes=a.segment_bytes,
+                segments=a.segments,
+                segments_free=a.free,
+                segments_pinned=a.pinned,
+                allocated_bytes=a.allocated_bytes,
+                live_bytes=a.live_bytes,
+                reclaimed_segments=a.reclaimed_segments,
+                journal_path=self._journal.path,
+                journal_bytes=self._journal.nbytes,
+                journal_records=self._journal.records,
+                compactions=self._journal.compactions,
+                recovered_entries=self.recovered_entries,
+                recovery_dropped=self.recovery_dropped,
+                torn_journal_bytes=self.torn_journal_bytes,
+                **self._counts,
+            )
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Flushes, compacts the journal and closes it (and the device if owned). Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self.flush()
+            with self._lock:
+                self._compact()
+        finally:
+            self._closed = True
+            self._journal.close()
+            if self._own:
+                self.device.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<chm.kv.Store {'closed' if self._closed else 'open'} entries={len(self._index)} "
+            f"journal={self._journal.path}>"
+        )
