@@ -422,6 +422,11 @@ int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 		}
 	}
 	w->barriers--;
+	/* the batch may have turned durable while a read of its epoch was in
+	 * flight; that read has ended by now, so give the space back here
+	 * rather than whenever the flusher next wakes */
+	if (!rc)
+		reclaim(w);
 	if (!rc && dev->cfg.clock == CHM_CLOCK_VIRTUAL)
 		chm_pace(dev, w->durable_model_ns);
 	pthread_mutex_unlock(&dev->lock);
