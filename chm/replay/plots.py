@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_capacity_sweep", "plot_per_turn"]
+__all__ = ["plot_capacity_sweep", "plot_load_bandwidth", "plot_per_turn"]
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -89,6 +89,29 @@ def plot_capacity_sweep(
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(ticks), [format_size(t, exact=False) for t in sorted(ticks)])
     ax.set(xlabel="tier capacity", ylabel="prefix hit rate (%)", ylim=(0, 100))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=120)
+
+
+def plot_load_bandwidth(
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    path: str | os.PathLike[str],
+    *,
+    xlabel: str = "turn",
+    title: str = "",
+) -> None:
+    """Effective load bandwidth (B/s, plotted in GB/s) per x, one line per system."""
+    if not series or not any(series.values()):
+        raise ValueError("plot_load_bandwidth: no points")
+    fig, (ax,) = _figure(6, 4)
+    for i, (label, points) in enumerate(series.items()):
+        pts = sorted(points)
+        m, ls = _MARKERS[i % len(_MARKERS)], _DASHES[i % len(_DASHES)]
+        ax.plot([x for x, _ in pts], [y / 1e9 for _, y in pts], label=label, marker=m, ls=ls)
+    ax.set(xlabel=xlabel, ylabel="effective load bandwidth (GB/s)", ylim=(0, None))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     if title:
