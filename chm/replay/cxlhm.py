@@ -180,6 +180,7 @@ class CxlhmReplay:
         self._hbm = hbm_kv_bytes or prefill.hbm_kv_bytes()
         self._dev_block = device_block_bytes
         self._virtual = dev.config["clock"] == "virtual"
+        self._moves_data = dev.config.backend != "ghost"
         self._g1: list[LruBlocks] = []
         self._tier: DeviceTier | None = None
         self._block_bytes = 0
@@ -236,10 +237,12 @@ class CxlhmReplay:
                 self.dev.read_into(a, dst)
             return
         size = w_max(self._block_bytes, len(addrs), self.window_bytes)
+        copy = self._moves_data
         with SlidingWindow(self.dev, [(a, db) for a in addrs], size) as win:
             for _, h in win:
                 view = h.wait(self.wait_timeout_s)
-                dst[:] = np.frombuffer(view, dtype=np.uint8, count=db)
+                if copy:  # into the host buffer, as lru mode's read_into does
+                    dst[:] = np.frombuffer(view, dtype=np.uint8, count=db)
                 del view
 
     def step(self, r: Request) -> CxlhmRequest:
