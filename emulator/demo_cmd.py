@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from chm.backend import uring_unavailable
 from chm.errors import ChmError
 from chm.replay.demo import DEMO_SYSTEMS, DemoConfig, demo_turns, run_demo, summary_sentences
 from chm.replay.results import per_turn, write_csv, write_json
@@ -20,7 +21,7 @@ from chm.sizes import format_size
 
 console = Console(highlight=False)
 
-_SHORT = {"local-dram-lru": "local DRAM", "cxlhm-lru": "CXL-HM lru", "cxlhm-prefetch": "prefetch"}
+_SHORT = {"local-dram-lru": "local", "cxlhm-lru": "lru", "cxlhm-prefetch": "pf"}
 
 
 @click.command()
@@ -37,12 +38,11 @@ _SHORT = {"local-dram-lru": "local DRAM", "cxlhm-lru": "CXL-HM lru", "cxlhm-pref
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("chm-demo-out"),
-    show_default=True,
-    help="Directory for the JSON, CSV and PNG results.",
+    default=None,
+    help="Directory for the JSON, CSV and PNG results [default: chm-demo in the temp directory].",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-def demo(users: int, turns: int, backend: str, out_dir: Path, seed: int) -> None:
+def demo(users: int, turns: int, backend: str, out_dir: Path | None, seed: int) -> None:
     """Replay a small multi-turn chat through a local DRAM cache and CXL-HM (lru, prefetch).
 
     The CXL-HM devices run in real time on sparse files in a temporary
@@ -51,6 +51,8 @@ def demo(users: int, turns: int, backend: str, out_dir: Path, seed: int) -> None
     per-turn table and writes the results (and plots, with matplotlib) to
     --out. `chm-emu stage-demo` shows the staging window itself.
     """
+    if out_dir is None:
+        out_dir = Path(tempfile.gettempdir()) / "chm-demo"
     cfg = DemoConfig(users=users, turns=turns, backend=backend, seed=seed)
     n = len(cfg.workload())
     console.print(
@@ -70,8 +72,14 @@ def demo(users: int, turns: int, backend: str, out_dir: Path, seed: int) -> None
                 raise click.ClickException(f"could not run the devices in {tmp}: {exc}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    refused = uring_unavailable()
+    if backend == "auto" and used == "pread" and refused:
+        console.print(f"[yellow]io_uring is unavailable here ({refused}); using the pread backend.")
     rows = demo_turns(results, skips)
-    table = Table(title=f"per turn (backend {used}, {time.perf_counter() - t0:.1f} s)")
+    table = Table(
+        title=f"per turn (backend {used}, {time.perf_counter() - t0:.1f} s)",
+        caption="local: local DRAM cache; lru, pf: CXL-HM in lru and prefetch mode",
+    )
     table.add_column("turn", justify="right")
     for s in DEMO_SYSTEMS:
         table.add_column(f"{_SHORT[s]}\nhit", justify="right")

@@ -55,7 +55,7 @@ def _bw(rs: list[CxlhmRequest]) -> float:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--users", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--turns", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--scale", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option(
