@@ -11,6 +11,7 @@ device fills host memory up to its DRAM size, as its lines hold data.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from chm.replay.params import param
 from chm.replay.prefill import PrefillModel
 from chm.workloads.records import Request
 
-__all__ = ["GhostSetup", "open_ghost", "replay_virtual"]
+__all__ = ["GhostSetup", "WbufPoint", "open_ghost", "replay_virtual", "wbuf_sweep"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +96,60 @@ def replay_virtual(
             device_block_bytes=block,
         )
         return replay_cxlhm(requests, rp, progress=progress)
+
+
+@dataclass(frozen=True)
+class WbufPoint:
+    """One write-buffer size of :func:`wbuf_sweep` (size before scaling)."""
+
+    wbuf_bytes: int
+    writes_offered: int
+    writes_skipped: int
+    load_bw_Bps: float
+    hit_rate: float
+
+    @property
+    def skip_rate(self) -> float:
+        return self.writes_skipped / self.writes_offered if self.writes_offered else 0.0
+
+
+def wbuf_sweep(
+    requests: Sequence[Request],
+    prefill: PrefillModel,
+    setup: GhostSetup,
+    wbuf_sizes: Sequence[int],
+    *,
+    workers: int = 1,
+    hbm_kv_bytes: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> list[WbufPoint]:
+    """Prefetch-mode replays, one per write-buffer size: skips, load bandwidth, hits.
+
+    The ghost device's flusher drains the write buffer in wall time, not on
+    the simulated clock, so the skip counts depend on the host's speed.
+    """
+    out = []
+    for wb in wbuf_sizes:
+        s = dataclasses.replace(setup, wbuf_bytes=wb)
+        rs = replay_virtual(
+            requests,
+            "cxlhm-prefetch",
+            prefill,
+            s,
+            workers=workers,
+            hbm_kv_bytes=hbm_kv_bytes,
+            progress=progress,
+        )
+        b = sum(r.device_load_bytes for r in rs)
+        t = sum(r.device_load_s for r in rs)
+        inp = sum(r.result.input_tokens for r in rs)
+        out.append(
+            WbufPoint(
+                wbuf_bytes=wb,
+                writes_offered=sum(r.writes_offered for r in rs),
+                writes_skipped=sum(r.writes_skipped for r in rs),
+                load_bw_Bps=b / t if t > 0 else 0.0,
+                hit_rate=sum(r.result.cached_tokens for r in rs) / inp,
+            )
+        )
+    return out

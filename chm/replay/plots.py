@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_capacity_sweep", "plot_load_bandwidth", "plot_per_turn"]
+__all__ = ["plot_capacity_sweep", "plot_load_bandwidth", "plot_per_turn", "plot_wbuf_sweep"]
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -114,6 +114,31 @@ def plot_load_bandwidth(
     ax.set(xlabel=xlabel, ylabel="effective load bandwidth (GB/s)", ylim=(0, None))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=120)
+
+
+def plot_wbuf_sweep(
+    points: Sequence[tuple[int, float, float]],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "",
+) -> None:
+    """Write skip rate and load bandwidth (B/s) vs write-buffer size (bytes)."""
+    if not points:
+        raise ValueError("plot_wbuf_sweep: no points")
+    pts = sorted(points)
+    fig, (skip, bw) = _figure(10, 4, panels=2)
+    xs = [p[0] for p in pts]
+    skip.plot(xs, [100 * p[1] for p in pts], marker="o")
+    bw.plot(xs, [p[2] / 1e9 for p in pts], marker="s", ls="--")
+    skip.set(xlabel="write buffer", ylabel="writes skipped (%)", ylim=(0, 100))
+    bw.set(xlabel="write buffer", ylabel="load bandwidth (GB/s)", ylim=(0, None))
+    for ax in (skip, bw):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [format_size(x, exact=False) for x in xs])
+        ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=120)

@@ -29,6 +29,8 @@ def test_paper_scale_reduced_covers_seven_systems(tmp_path: Path) -> None:
         "--no-plots",
         "--hbm-kv",
         "64M",
+        "--wbuf-sweep",
+        "256M,1G",
     ]
     p = subprocess.run(
         [sys.executable, str(TOOL), *args, "--out", str(tmp_path)],
@@ -43,6 +45,9 @@ def test_paper_scale_reduced_covers_seven_systems(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "results.json").read_text())
     systems = {t["system"] for t in doc["per_turn"]}
     assert len(systems) == 7 and {"cxlhm-lru", "cxlhm-prefetch"} <= systems
+    sweep = doc["wbuf_sweep"]
+    assert [p["wbuf_bytes"] for p in sweep] == [256 << 20, 1 << 30]
+    assert all(0 <= p["skip_rate"] <= 1 and p["writes_offered"] > 0 for p in sweep)
     bw = doc["load_bw_Bps"]
     assert doc["prefetch_over_lru"] == pytest.approx(bw["cxlhm-prefetch"] / bw["cxlhm-lru"])
 

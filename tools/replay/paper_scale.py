@@ -14,6 +14,7 @@ prefetch/lru load-bandwidth ratio, checks it against the paper's >= 1.35x
     per_turn.csv     one row per (system, turn)
     per_turn.png     hit rate and modeled TTFT per turn, all seven systems
     load_bw.png      CXL-HM load bandwidth over simulated time, lru vs prefetch
+    wbuf.png         prefetch mode: writes skipped and load bandwidth vs write buffer
 
     python tools/replay/paper_scale.py --out out/paper
     python tools/replay/paper_scale.py --scale 1 --out out/paper-full   # needs RAM = DRAM
@@ -35,10 +36,12 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import _benchlib as bl
 
+import chm
 from chm.errors import InvalidArgument
 from chm.replay import RequestResult, configure, per_turn, simulate, write_csv, write_json
 from chm.replay.cxlhm import CxlhmRequest
 from chm.replay.cxlhm_run import GhostSetup, replay_virtual
+from chm.replay.cxlhm_run import wbuf_sweep as run_wbuf_sweep
 from chm.sizes import format_size, parse_size
 from chm.workloads import ChatWorkload, generate_chat
 
@@ -63,6 +66,12 @@ def _bw(rs: list[CxlhmRequest]) -> float:
     default="0",
     help="G1 (HBM) KV bytes per worker for every system; 0: from the GPU preset.",
 )
+@click.option(
+    "--wbuf-sweep",
+    default="64M,256M,1G,4G",
+    show_default=True,
+    help="Write-buffer sizes (before --scale) for prefetch-mode replays; '' for none.",
+)
 @click.option("--no-plots", is_flag=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def main(
@@ -72,6 +81,7 @@ def main(
     scale: int,
     seed: int,
     hbm_kv: str,
+    wbuf_sweep: str,
     no_plots: bool,
     out: Path,
 ) -> None:
@@ -80,6 +90,10 @@ def main(
         hbm = parse_size(hbm_kv)
     except InvalidArgument as exc:
         raise click.BadParameter(f"--hbm-kv {hbm_kv!r}: {exc.strerror}") from None
+    try:
+        wbufs = [parse_size(w) for w in wbuf_sweep.split(",") if w.strip()]
+    except InvalidArgument as exc:
+        raise click.BadParameter(f"--wbuf-sweep {wbuf_sweep!r}: {exc.strerror}") from None
     wl = ChatWorkload(
         users=users,
         turns=turns,
@@ -108,7 +122,8 @@ def main(
     cx: dict[str, list[CxlhmRequest]] = {}
     wall: dict[str, float] = {}
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("replaying", total=len(requests) * (len(setup.systems) + 2))
+        total = len(requests) * (len(setup.systems) + 2 + len(wbufs))
+        task = bar.add_task("replaying", total=total)
         for spec in setup.systems.values():
             results += simulate(
                 requests, spec, pm, workers=workers, progress=lambda n: bar.advance(task, n)
@@ -126,6 +141,18 @@ def main(
             )
             wall[system] = time.perf_counter() - t0
             results += [r.result for r in cx[system]]
+        try:
+            sweep = run_wbuf_sweep(
+                requests,
+                pm,
+                ghost,
+                wbufs,
+                workers=workers,
+                hbm_kv_bytes=hbm,
+                progress=lambda n: bar.advance(task, n),
+            )
+        except (chm.ChmError, ValueError) as exc:
+            raise click.ClickException(f"--wbuf-sweep: {exc}") from None
     turns_summary = per_turn(results)
 
     table = Table(title="prefix hit rate per turn", title_justify="left")
@@ -149,6 +176,12 @@ def main(
             f"{skipped[s]} of {offered[s]} writes skipped, {wall[s]:.1f} s wall"
         )
 
+    for p in sweep:
+        console.print(
+            f"write buffer {format_size(p.wbuf_bytes, exact=False)} (/ {scale}): "
+            f"{p.writes_skipped} of {p.writes_offered} writes skipped ({p.skip_rate:.1%}), "
+            f"load bandwidth {bl.fmt_bw(p.load_bw_Bps)}, hit rate {p.hit_rate:.1%}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
         "workload": dataclasses.asdict(wl) | {"requests": len(requests), "blocks": blocks},
@@ -159,6 +192,7 @@ def main(
         "writes_skipped": skipped,
         "writes_offered": offered,
         "per_turn": [t.row() for t in turns_summary],
+        "wbuf_sweep": [dataclasses.asdict(p) | {"skip_rate": p.skip_rate} for p in sweep],
     }
     write_json(out / "results.json", doc)
     rows = [r.row() for r in results if r.system not in cx]
@@ -168,7 +202,7 @@ def main(
     write_csv(out / "per_turn.csv", [t.row() for t in turns_summary])
     if not no_plots:
         try:
-            from chm.replay.plots import plot_load_bandwidth, plot_per_turn
+            from chm.replay.plots import plot_load_bandwidth, plot_per_turn, plot_wbuf_sweep
 
             plot_per_turn(turns_summary, out / "per_turn.png", title="Llama-3.1-8B, 32x8 chat")
             plot_load_bandwidth(
@@ -180,6 +214,12 @@ def main(
                 xlabel="simulated time (s)",
                 title="CXL-HM load bandwidth per request",
             )
+            if sweep:
+                plot_wbuf_sweep(
+                    [(p.wbuf_bytes, p.skip_rate, p.load_bw_Bps) for p in sweep],
+                    out / "wbuf.png",
+                    title=f"prefetch mode, sizes / {scale}",
+                )
         except ImportError as exc:
             console.print(f"no plots: {exc}")
     console.print(f"wrote results to {out}")
