@@ -105,7 +105,7 @@ def demo(users: int, turns: int, backend: str, out_dir: Path | None, seed: int) 
     if importlib.util.find_spec("matplotlib") is None:
         console.print(
             f"results in {out_dir}/; for the plots install matplotlib "
-            "(pip install 'chm[plots]') and run again"
+            "(.venv/bin/pip install matplotlib) and run again"
         )
         return
     from chm.replay.plots import plot_load_bandwidth, plot_per_turn
