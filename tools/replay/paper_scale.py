@@ -59,7 +59,13 @@ def _bw(rs: list[CxlhmRequest]) -> float:
 @click.option("--users", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--turns", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--scale", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--scale",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Divide device sizes and blocks by this (4: lru mode needs up to 16 GB of host RAM).",
+)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option(
     "--hbm-kv",
