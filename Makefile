@@ -28,7 +28,7 @@ BIN_san := $(patsubst tests/c/%.c,$(BUILD)/san/%,$(CTESTS))
 OBJ_tsan := $(patsubst csrc/%.c,$(BUILD)/tsan/obj/%.o,$(CSRC))
 BIN_tsan := $(patsubst tests/c/%.c,$(BUILD)/tsan/%,$(CTESTS))
 
-.PHONY: all demo test setup setup-runtime ext c-build c-tests pytest lint lint-py lint-c format clean distclean
+.PHONY: all demo test setup setup-runtime integrations ext c-build c-tests pytest lint lint-py lint-c format clean distclean
 
 all: setup
 
@@ -49,6 +49,11 @@ test: setup
 ## setup: what `make test` needs (system packages, .venv with chm and its test tools)
 setup:
 	@scripts/setup.sh test
+
+## integrations: install the serving engines (EXTRAS=lmcache,vllm,sglang; default
+## lmcache) with a CPU build of torch, for tests/integration/test_integration_*.py
+integrations: setup
+	@scripts/integrations.sh
 
 ## setup-runtime: what `make demo` needs (system packages, .venv with chm)
 setup-runtime:

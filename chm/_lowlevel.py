@@ -84,6 +84,7 @@ SLOT_STATES: dict[str, int] = {
     "ready": int(lib.CHM_SLOT_READY),
     "held": int(lib.CHM_SLOT_HELD),
     "failed": int(lib.CHM_SLOT_FAILED),
+    "draining": int(lib.CHM_SLOT_DRAINING),
 }
 WBUF_STATES: dict[str, int] = {
     "free": int(lib.CHM_WB_FREE),
@@ -141,15 +142,20 @@ def _check(
     """
     if rc >= 0:
         return rc
-    code = -rc
-    text = strerror(code)
-    message = f"{call}({args}): {text}"
-    if detail:
-        message = f"{message}: {detail}"
-    err = error_for(code)(code, message, call=call, detail=detail)
+    err = status_error(rc, call, args, detail)
     if filename is not None:
         err.filename = filename
     raise err
+
+
+def status_error(rc: int, call: str = "chm", args: str = "", detail: str | None = None) -> Any:
+    """The exception (not raised) for a -errno status, e.g. one element of a
+    batched call; :func:`_check` raises the same."""
+    code = -rc
+    message = f"{call}({args}): {strerror(code)}"
+    if detail:
+        message = f"{message}: {detail}"
+    return error_for(code)(code, message, call=call, detail=detail)
 
 
 def _arg_error(call: str, args: str, exc: Exception | str) -> InvalidArgument:
@@ -559,6 +565,91 @@ def stats(dev: CData) -> dict[str, Any]:
         v = getattr(s, name)
         d[name] = list(v) if ft.kind == "array" else v
     return d
+
+
+BATCH_MAX = int(lib.CHM_BATCH_MAX)
+
+
+def _u64_array(call: str, name: str, values: Any) -> CData:
+    if bool in set(map(type, values)):
+        raise _arg_error(call, f"{name}=...", "a bool is not an integer")
+    try:
+        return ffi.new("uint64_t[]", values)
+    except OverflowError as exc:
+        raise _arg_error(call, f"{name}=...", exc) from None
+    except TypeError as exc:
+        raise _type_error(call, f"{name}=...", exc) from None
+
+
+def _batch_len(call: str, n: int, *others: int) -> None:
+    if any(m != n for m in others):
+        raise _arg_error(call, f"n={n}", f"array lengths differ: {(n, *others)}")
+    if n > BATCH_MAX:
+        raise _arg_error(call, f"n={n}", f"more than CHM_BATCH_MAX ({BATCH_MAX}) elements")
+
+
+def prefetch_objects(
+    dev: CData, addrs: Any, lens: Any, flags: int = 0
+) -> tuple[list[int], list[int]]:
+    """chm_prefetch_objects(): (tokens, statuses), one per element; a token
+    is meaningful where its status is 0."""
+    call = "chm_prefetch_objects"
+    n = len(addrs)
+    _batch_len(call, n, len(lens))
+    a = _u64_array(call, "addrs", addrs)
+    ln = _u64_array(call, "lens", lens)
+    hs = ffi.new("chm_handle[]", n)
+    res = ffi.new("int32_t[]", n)
+    _check(lib.chm_prefetch_objects(dev, n, a, ln, flags, hs, res), call, f"n={n}")
+    return ffi.unpack(hs, n), ffi.unpack(res, n)
+
+
+def prefetch_release_many(dev: CData, tokens: Any) -> list[int]:
+    """chm_prefetch_release_many(): a status per token."""
+    call = "chm_prefetch_release_many"
+    n = len(tokens)
+    _batch_len(call, n)
+    try:
+        hs = ffi.new("chm_handle[]", tokens)  # Handle tokens: ints already
+    except (OverflowError, TypeError) as exc:
+        raise _arg_error(call, f"n={n}", exc) from None
+    res = ffi.new("int32_t[]", n)
+    _check(lib.chm_prefetch_release_many(dev, n, hs, res), call, f"n={n}")
+    return list(ffi.unpack(res, n))
+
+
+def write_objects(dev: CData, addrs: Any, bufs: Any, flags: int = 0) -> list[int]:
+    """chm_write_objects(): a status per element (0, WRITE_SKIPPED, -errno)."""
+    call = "chm_write_objects"
+    n = len(addrs)
+    _batch_len(call, n, len(bufs))
+    a = _u64_array(call, "addrs", addrs)
+    ptrs = ffi.new("void *[]", n)
+    lens = ffi.new("uint64_t[]", n)
+    keep = []
+    for i, b in enumerate(bufs):
+        try:
+            cb = ffi.from_buffer("char[]", b)
+        except (TypeError, BufferError, ValueError) as exc:
+            raise _arg_error(call, f"bufs[{i}]=...", exc) from None
+        keep.append(cb)
+        ptrs[i] = cb
+        lens[i] = len(cb)
+    res = ffi.new("int32_t[]", n)
+    _check(lib.chm_write_objects(dev, n, a, ptrs, lens, flags, res), call, f"n={n}")
+    del keep
+    return list(ffi.unpack(res, n))
+
+
+def new_stats() -> CData:
+    """A ``struct chm_stats *`` for :func:`stats_into`."""
+    return ffi.new("struct chm_stats *")
+
+
+def stats_into(dev: CData, out: CData) -> None:
+    """chm_stats() into a struct from :func:`new_stats`, nothing converted
+    (for measuring the call itself)."""
+    _check(lib.chm_stats(dev, out), "chm_stats")
 
 
 def fault_inject(dev: CData, kind: int, nth: int, arg: int) -> None:

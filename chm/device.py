@@ -108,7 +108,9 @@ class Handle:
         """Blocks until the object is staged; returns a read-only memoryview.
 
         Waiting again returns the same view while it is alive (or a new one
-        over the same bytes). Raises WaitTimeout when not staged within
+        over the same bytes). The view holds every write admitted before the
+        first wait and is a snapshot: later writes never change it (they
+        reach ``Device.read`` and the next prefetch). Raises WaitTimeout when not staged within
         ``timeout`` seconds (``0`` polls), DeviceIOError when the fill failed
         (release the handle), StaleHandle after release, InvalidArgument for a
         handle of another device, Cancelled when the device is closed.
@@ -552,6 +554,92 @@ class Device:
         h = Handle(self, _prefetch(ptr, addr, length, _NOQUEUE if noqueue else 0))
         self._handles[h.token] = _ref(h)
         return h
+
+    def prefetch_many(
+        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+    ) -> list[Handle | ChmError]:
+        """Issues one prefetch per ``(addrs[i], lengths[i])`` in one call;
+        never blocks. Returns, in order, a Handle for each object issued and,
+        for each one refused, the exception :meth:`prefetch` would have raised
+        for it (not raised: the others are issued regardless). The handles
+        follow the rules of :meth:`prefetch`'s. Raises InvalidArgument only for
+        the call as a whole (lengths of the sequences differ, more than
+        CHM_BATCH_MAX elements, a bool or negative value), Cancelled (closed).
+        """
+        ptr = self._ptr
+        if ptr is None:
+            raise _closed_error("chm_prefetch_objects")
+        toks, res = _ll.prefetch_objects(ptr, addrs, lengths, _NOQUEUE if noqueue else 0)
+        out: list[Handle | ChmError] = [Handle(self, tok) for tok in toks]
+        if any(res):  # refused elements: their exceptions instead
+            for i, rc in enumerate(res):
+                if rc:
+                    args = f"addr={addrs[i]:#x}, len={lengths[i]}"
+                    out[i] = _ll.status_error(rc, "chm_prefetch_objects", args)
+            self._handles.update((h.token, _ref(h)) for h in out if isinstance(h, Handle))
+        else:
+            self._handles.update((h.token, _ref(h)) for h in out)  # type: ignore[union-attr,arg-type]
+        return out
+
+    def release_many(self, handles: Sequence[Handle]) -> list[ChmError | None]:
+        """Releases several handles in one device call. Returns, in order,
+        None for each released (or already released) handle and the exception
+        :meth:`Handle.release` would have raised otherwise; a handle whose view
+        is still exported gets ViewInUse and keeps its slot, as there."""
+        out: list[ChmError | None] = [None] * len(handles)
+        toks: list[int] = []
+        where: list[int] = []
+        reg_pop = self._handles.pop
+        tok_add, where_add = toks.append, where.append
+        with self._lock:
+            for i, h in enumerate(handles):
+                if h._dev is self and not h._done and h._buf is None:  # no view: the usual
+                    h._done = True
+                    reg_pop(h.token, None)
+                    tok_add(h.token)
+                    where_add(i)
+                    continue
+                if h._dev is not self:
+                    out[i] = InvalidArgument(None, f"{h!r} belongs to another device")
+                    continue
+                if h._done:
+                    continue
+                if h._buf is not None and h._buf() is not None:
+                    try:
+                        h._end_view()
+                    except ViewInUse as e:
+                        out[i] = e
+                        continue
+                h._done = True
+                self._handles.pop(h.token, None)
+                toks.append(h.token)
+                where.append(i)
+        ptr = self._ptr
+        if ptr is None or not toks:
+            return out  # a closed device released everything
+        try:
+            res = _ll.prefetch_release_many(ptr, toks)
+        except Cancelled:
+            return out  # close() raced us: all released
+        for i, rc in zip(where, res, strict=True):
+            if rc < 0 and rc != -errno.ECANCELED:
+                out[i] = _ll.status_error(rc, "chm_prefetch_release_many", f"h={toks[0]:#x}")
+        return out
+
+    def write_many(self, addrs: Sequence[int], datas: Sequence[Any]) -> list[bool | ChmError]:
+        """Offers several objects for writing in one call. Returns, in order,
+        True (admitted), False (skipped) or the exception :meth:`write` would
+        have raised for that object (e.g. InvalidArgument when its address or
+        length is not a multiple of 512 bytes, CHM_IO_ALIGN)."""
+        rcs = _ll.write_objects(self._p("chm_write_objects"), addrs, datas)
+        out: list[bool | ChmError] = []
+        for i, rc in enumerate(rcs):
+            if rc < 0:
+                args = f"addr={addrs[i]:#x}, len={len(datas[i])}"
+                out.append(_ll.status_error(rc, "chm_write_objects", args))
+            else:
+                out.append(rc != _ll.WRITE_SKIPPED)
+        return out
 
     def adopt(self, token: int) -> Handle:
         """The Handle of a raw token (e.g. received from a client).

@@ -131,9 +131,11 @@ struct chm_req {
 	uint8_t state; /* enum chm_req_state */
 	int32_t slot;  /* CHM_REQ_SLOTTED: slot index */
 	uint64_t addr, len;
-	uint64_t issue_ns; /* device clock at issue */
-	uint32_t qnext;    /* FIFO link (index+1, 0 = end) */
-	uint32_t fnext;    /* free-list link (index+1, 0 = end) */
+	uint64_t issue_ns;   /* device clock at issue */
+	uint32_t qnext;      /* FIFO link (index+1, 0 = end) */
+	uint32_t fnext;      /* free-list link (index+1, 0 = end) */
+	pthread_cond_t cond; /* its waiters sleep here: a completion, release,
+	                      * unpin or close wakes only them */
 };
 
 struct chm_slot {
@@ -150,6 +152,13 @@ struct chm_slot {
 	uint64_t ready_ns;        /* modeled completion (device clock) */
 	struct chm_read_tok rtok; /* write-buffer read token of the fill */
 	uint64_t link_credit;     /* host-link bytes already paid by wait */
+	uint32_t pins;            /* hits copying from the slot without the lock */
+	bool behind;              /* READY and pinned when a write was admitted
+	                           * over it: the last unpin re-overlays the log
+	                           * (holding a log pin until then); no hits */
+	bool stale;               /* HELD, and a write was admitted over the fill
+	                           * range since wait: the view is a snapshot
+	                           * (W11), chm_read goes around the slot */
 	struct chm_io *ios;       /* preallocated, max_ios entries */
 	struct chm_io **ioptrs;   /* pointers to ios, for backend submit */
 	uint32_t nios;            /* ios of the current fill */
@@ -183,7 +192,7 @@ struct chm_dev {
 	struct chm_slot *slots;
 	uint32_t nslots;
 	uint32_t slot_free_head; /* index+1 */
-	uint32_t slot_count_by_state[5];
+	uint32_t slot_count_by_state[6];
 	struct chm_req *reqs;
 	uint32_t nreqs;           /* nslots + refill_queue */
 	uint32_t req_free_head;   /* index+1 */
@@ -257,11 +266,15 @@ int chm_ssd_sync_all(struct chm_dev *dev);
 /* Staging window (staging.c); callers hold dev->lock unless noted. */
 int chm_staging_init(struct chm_dev *dev);
 void chm_staging_fini(struct chm_dev *dev);
-/* Copies [addr,addr+len) from a READY/HELD slot covering it; true on hit.
+/* Copies [addr,addr+len) from a READY/HELD slot covering it that is not
+ * stale or behind; true on hit. Called with the lock held; the slot is
+ * pinned and the copy made with the lock dropped, so the caller looks at
+ * device state again afterwards. Fills started by the unpin (a DRAINING slot
+ * freed) are chained on *start for chm_staging_submit.
  * *link_bytes is what the copy costs on the host link: a view handed out by
  * wait already paid for one pass over its object, which reads consume. */
 bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len,
-                          uint64_t *link_bytes);
+                          uint64_t *link_bytes, uint32_t *start);
 /* Test-only hooks (tests/c/test_regress_handle_wrap.c), not part of the API:
  * set the generation of FREE request record idx to gen (1..last), so a test
  * reaches the last generation without 2^47 prefetches; returns 0, -EINVAL or
@@ -270,7 +283,7 @@ int chm_staging_test_set_generation(struct chm_dev *dev, uint32_t idx, uint64_t 
 uint64_t chm_staging_last_generation(struct chm_dev *dev);
 /* Stops lru-mode filler threads after draining their queue (close). */
 void chm_staging_stop_fillers(struct chm_dev *dev);
-/* Cancels queued requests (close). Lock held. */
+/* Cancels queued requests and wakes every waiter (close). Lock held. */
 void chm_staging_cancel_all(struct chm_dev *dev);
 /* Submits fills started under the lock; call with the lock NOT held.
  * head is the start list (slot index+1) returned by the locked section. */
@@ -294,6 +307,10 @@ void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t le
  * Lock held; no-ops when the device has no write buffer. */
 void chm_wbuf_read_begin(struct chm_dev *dev, struct chm_read_tok *tok);
 void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok);
+/* A log pin keeps every entry from reclaim (a slot that is behind the log
+ * needs them for its re-overlay). Lock held. */
+void chm_wbuf_pin_log(struct chm_dev *dev);
+void chm_wbuf_unpin_log(struct chm_dev *dev);
 void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
 
 /* LRU mode (lru.c): the whole pool is one transparent cache of lru_line

@@ -762,10 +762,11 @@ static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len
 		chm_wbuf_read_begin(dev, &tok);
 		pthread_mutex_unlock(&dev->lock);
 		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0, &done);
+		if (!rc) /* the caller's buffer: no lock needed for the bulk copy */
+			memcpy(buf, (char *)bounce + (addr - a0), n);
 		pthread_mutex_lock(&dev->lock);
 		chm_wbuf_read_end(dev, &tok);
 		if (!rc) {
-			memcpy(buf, (char *)bounce + (addr - a0), n);
 			chm_wbuf_overlay(dev, addr, buf, n);
 			chm_pace(dev, done);
 		}
@@ -792,13 +793,18 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 	if (rc)
 		goto out_unlock;
 	uint64_t link_bytes;
+	uint32_t start = 0;
 	if (dev->cfg.mode == CHM_MODE_PREFETCH &&
-	    chm_staging_read_hit(dev, addr, buf, len, &link_bytes)) {
+	    chm_staging_read_hit(dev, addr, buf, len, &link_bytes, &start)) {
 		dev->st.read_hits++;
 		dev->st.bytes_from_dram += len;
 		if (link_bytes)
 			chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), link_bytes));
-		goto out_leave;
+		chm_leave(dev);
+		pthread_mutex_unlock(&dev->lock);
+		if (start)
+			chm_staging_submit(dev, start);
+		return 0;
 	}
 	pthread_mutex_unlock(&dev->lock);
 	if (dev->cfg.mode == CHM_MODE_LRU) {
@@ -810,7 +816,6 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 		rc = read_miss(dev, addr, buf, len);
 	}
 	pthread_mutex_lock(&dev->lock);
-out_leave:
 	chm_leave(dev);
 out_unlock:
 	pthread_mutex_unlock(&dev->lock);
@@ -868,6 +873,19 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 	return rc;
 }
 
+int chm_write_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const void *const *bufs,
+                      const uint64_t *lens, uint32_t flags, int32_t *results)
+{
+	if (!dev || !addrs || !bufs || !lens || !results || n > CHM_BATCH_MAX)
+		return -EINVAL;
+	int ok = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		results[i] = chm_write_object(dev, addrs[i], bufs[i], lens[i], flags);
+		ok += results[i] == 0;
+	}
+	return ok;
+}
+
 int chm_flush(chm_dev *dev, uint64_t timeout_ns)
 {
 	if (!dev)
@@ -899,7 +917,8 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	out->slots_free = dev->slot_count_by_state[CHM_SLOT_FREE];
 	out->slots_filling = dev->slot_count_by_state[CHM_SLOT_FILLING];
 	out->slots_ready = dev->slot_count_by_state[CHM_SLOT_READY];
-	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD];
+	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD] +
+	                  dev->slot_count_by_state[CHM_SLOT_DRAINING];
 	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
 	out->queue_len = dev->q_len;
 	out->queue_cap = dev->cfg.mode != CHM_MODE_DIRECT ? dev->cfg.refill_queue : 0;

@@ -30,6 +30,15 @@
  * changing bytes under the I/O, so every write-back writes one consistent
  * image of its line and WRITING_BACK -> DIRTY only happens on an I/O error.
  *
+ * Whole accesses (L7): a read or write drops the lock between batches and
+ * around each batch's I/O, so on its own a read could return some lines
+ * from before and some from after a concurrent write. Every access
+ * therefore holds its byte range for its whole duration: an access waits at
+ * entry, holding nothing, until no earlier access with an overlapping range
+ * is left in which one of the two writes (readers share, a writer is
+ * alone, first come first served). Each read, and each prefetch hint fill
+ * made of one, is then all old or all new bytes of any write.
+ *
  * In virtual time (clock=virtual) there is no write-back thread: the
  * write-back runs inline at the end of each write and flush, charging the
  * timing model without pacing the caller, so that a trace replays the same
@@ -81,10 +90,18 @@ struct lru_fill {
 	struct lru_fill *pnext; /* pending list */
 };
 
+/* The byte range of an access in progress or waiting to start (L7). */
+struct lru_range {
+	uint64_t a, b; /* [a, b) */
+	bool write;
+	struct lru_range *prev, *next; /* arrival order */
+};
+
 struct chm_lru {
 	struct chm_dev *dev;
-	uint64_t line;  /* bytes per line */
-	unsigned shift; /* log2(line) */
+	struct lru_range *rhead, *rtail; /* accesses, oldest first */
+	uint64_t line;                   /* bytes per line */
+	unsigned shift;                  /* log2(line) */
 	uint32_t nlines;
 	char *base;
 	struct lru_line *lines;
@@ -644,6 +661,48 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 
 static unsigned wb_drain_inline(struct chm_lru *c);
 
+static bool range_conflicts(const struct lru_range *x, const struct lru_range *y)
+{
+	return (x->write || y->write) && x->a < y->b && y->a < x->b;
+}
+
+/* Queues r and waits until no earlier access conflicts with it. The caller
+ * holds nothing else, and an access waits only for earlier ones, so these
+ * waits form no cycle. Lock held. */
+static void range_enter(struct chm_dev *dev, struct lru_range *r)
+{
+	struct chm_lru *c = dev->lru;
+	r->next = NULL;
+	r->prev = c->rtail;
+	if (c->rtail)
+		c->rtail->next = r;
+	else
+		c->rhead = r;
+	c->rtail = r;
+	for (;;) {
+		const struct lru_range *e = r->prev;
+		while (e && !range_conflicts(e, r))
+			e = e->prev;
+		if (!e)
+			return;
+		pthread_cond_wait(&dev->cond, &dev->lock);
+	}
+}
+
+static void range_leave(struct chm_dev *dev, struct lru_range *r)
+{
+	struct chm_lru *c = dev->lru;
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		c->rhead = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+	else
+		c->rtail = r->prev;
+	pthread_cond_broadcast(&dev->cond);
+}
+
 static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const char *wbuf,
                         uint64_t len)
 {
@@ -663,7 +722,9 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 		goto out_free;
 	}
 
+	struct lru_range range = {.a = addr, .b = addr + len, .write = wbuf != NULL};
 	pthread_mutex_lock(&dev->lock);
+	range_enter(dev, &range);
 	while (cur < addr + len && !rc) {
 		bool grow;
 		unsigned n = plan_batch(dev, &a, &cur, &grow);
@@ -704,6 +765,7 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 		if (!rc)
 			dev->st.bytes_from_dram += len;
 	}
+	range_leave(dev, &range);
 	if (!rc)
 		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
 	pthread_mutex_unlock(&dev->lock);

@@ -9,10 +9,16 @@
  * request record by index and generation, so a recycled record never
  * answers to an old handle.
  *
- * Locking: dev->lock guards every field here. I/O is submitted to the backend
- * after the lock is dropped (a backend may complete inline and its done()
- * takes the lock); fills started under the lock are chained on a start list
- * and submitted by chm_staging_submit().
+ * Locking: dev->lock guards every field here and is held for state changes
+ * only. A read hit pins its slot (pins > 0), copies with the lock dropped and
+ * unpins; a pinned slot is neither freed nor patched: released, it goes
+ * DRAINING and the last unpin frees it; a write admitted over a pinned READY
+ * slot marks it behind, and the last unpin re-overlays the log on it. Each
+ * request record has its own condition variable, so a completion, release
+ * or unpin wakes only that request's waiters. I/O is submitted to the
+ * backend after the lock is dropped (a backend may complete inline and its
+ * done() takes the lock); fills started under the lock are chained on a
+ * start list and submitted by chm_staging_submit().
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -158,6 +164,9 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	s->fill_len = end - s->fill_start;
 	s->err = 0;
 	s->link_credit = 0;
+	s->stale = false;
+	s->behind = false;
+	s->pins = 0;
 	s->issue_ns = chm_now_ns(dev);
 	int n;
 	if (dev->cfg.mode == CHM_MODE_LRU) {
@@ -203,11 +212,29 @@ static void queue_kick(struct chm_dev *dev, uint32_t *start)
 	}
 }
 
+static void req_wake(struct chm_dev *dev, int32_t ri)
+{
+	if (ri >= 0)
+		pthread_cond_broadcast(&dev->reqs[ri].cond);
+}
+
+/* A behind slot leaves that condition (re-overlaid, or freed). Lock held. */
+static void slot_catch_up(struct chm_dev *dev, struct chm_slot *s, bool overlay)
+{
+	if (!s->behind)
+		return;
+	if (overlay)
+		chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
+	s->behind = false;
+	chm_wbuf_unpin_log(dev);
+}
+
 /* A slot becomes FREE (from any state via the event that fits). */
 static void slot_free(struct chm_dev *dev, struct chm_slot *s, uint32_t *start)
 {
 	if (s->state == CHM_SLOT_READY || s->state == CHM_SLOT_HELD)
 		staged_unlink(dev, s);
+	slot_catch_up(dev, s, false);
 	slot_set(dev, s, CHM_SLOT_FREE);
 	s->req = -1;
 	s->fnext = dev->slot_free_head;
@@ -266,7 +293,7 @@ static void fill_io_done(struct chm_io *io)
 			staged_link(dev, s);
 			dev->st.prefetch_completed++;
 		}
-		pthread_cond_broadcast(&dev->cond);
+		req_wake(dev, s->req);
 	}
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
@@ -379,11 +406,16 @@ int chm_staging_init(struct chm_dev *dev)
 	}
 	dev->slot_free_head = dev->nslots ? 1 : 0;
 	dev->slot_count_by_state[CHM_SLOT_FREE] = dev->nslots;
+	pthread_condattr_t rca;
+	pthread_condattr_init(&rca);
+	pthread_condattr_setclock(&rca, CLOCK_MONOTONIC);
 	for (uint32_t i = 0; i < dev->nreqs; i++) {
+		pthread_cond_init(&dev->reqs[i].cond, &rca);
 		dev->reqs[i].gen = 1;
 		dev->reqs[i].slot = -1;
 		dev->reqs[i].fnext = i + 1 < dev->nreqs ? i + 2 : 0;
 	}
+	pthread_condattr_destroy(&rca);
 	dev->req_free_head = dev->nreqs ? 1 : 0;
 	dev->req_free_tail = dev->nreqs;
 	if (dev->cfg.mode == CHM_MODE_LRU) {
@@ -450,6 +482,8 @@ void chm_staging_fini(struct chm_dev *dev)
 		free(dev->slots[0].ios);
 		free(dev->slots[0].ioptrs);
 	}
+	for (uint32_t i = 0; dev->reqs && i < dev->nreqs; i++)
+		pthread_cond_destroy(&dev->reqs[i].cond);
 	free(dev->slots);
 	free(dev->reqs);
 	dev->slots = NULL;
@@ -467,32 +501,60 @@ void chm_staging_cancel_all(struct chm_dev *dev)
 		req_free(dev, r);
 	}
 	dev->q_tail = 0;
+	for (uint32_t i = 0; i < dev->nreqs; i++)
+		pthread_cond_broadcast(&dev->reqs[i].cond);
 }
 
 bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len,
-                          uint64_t *link_bytes)
+                          uint64_t *link_bytes, uint32_t *start)
 {
+	struct chm_slot *s = NULL;
 	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
-		struct chm_slot *s = &dev->slots[i];
+		struct chm_slot *c = &dev->slots[i];
 		/* staged in memory but not yet by the model: not a hit */
-		if (dev->timing.enabled && s->ready_ns > chm_now_ns(dev))
+		if (dev->timing.enabled && c->ready_ns > chm_now_ns(dev))
 			continue;
-		if (addr >= s->fill_start && addr + len <= s->fill_start + s->fill_len) {
-			memcpy(buf, s->buf + (addr - s->fill_start), len);
-			uint64_t paid = len < s->link_credit ? len : s->link_credit;
-			s->link_credit -= paid;
-			*link_bytes = len - paid;
-			return true;
+		/* a held snapshot older than an admitted write, or a copy a
+		 * write could not patch yet: read around it */
+		if (c->stale || c->behind)
+			continue;
+		if (addr >= c->fill_start && addr + len <= c->fill_start + c->fill_len) {
+			s = c;
+			break;
 		}
 	}
-	return false;
+	if (!s)
+		return false;
+	uint64_t paid = len < s->link_credit ? len : s->link_credit;
+	s->link_credit -= paid;
+	*link_bytes = len - paid;
+	s->pins++;
+	pthread_mutex_unlock(&dev->lock);
+	/* pinned: not refilled, freed or patched while this copies */
+	memcpy(buf, s->buf + (addr - s->fill_start), len);
+	pthread_mutex_lock(&dev->lock);
+	if (--s->pins == 0) {
+		if (s->state == CHM_SLOT_DRAINING) {
+			slot_set(dev, s, CHM_SLOT_FREE); /* unpin_last */
+			slot_catch_up(dev, s, false);
+			s->fnext = dev->slot_free_head;
+			dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
+			queue_kick(dev, start);
+		} else if (s->behind) {
+			slot_catch_up(dev, s, true); /* the writes it missed */
+			req_wake(dev, s->req);
+		}
+	}
+	return true;
 }
 
 /* ---- the API ---- */
 
-int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
+/* Checks a prefetch's arguments (no lock needed: the configuration is
+ * fixed at open). */
+static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
 {
-	if (!dev || !h || len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
+	if (len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
 		return -EINVAL;
 	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
 		return -EINVAL;
@@ -500,16 +562,17 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 		return -EOPNOTSUPP;
 	if (len > dev->cfg.slot_bytes)
 		return -EINVAL;
-	uint32_t start = 0;
-	pthread_mutex_lock(&dev->lock);
-	int rc = chm_enter(dev);
-	if (rc)
-		goto out_unlock;
+	return 0;
+}
+
+/* One prefetch with valid arguments, inside the device (lock held). */
+static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
+                           chm_handle *h, uint32_t *start)
+{
 	if (!dev->slot_free_head &&
 	    ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue)) {
 		dev->st.prefetch_rejected++;
-		rc = -EAGAIN;
-		goto out_leave;
+		return -EAGAIN;
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
 	 * (after 2^47 handles or more): then -EAGAIN while a release can still
@@ -517,15 +580,14 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 	struct chm_req *r = req_alloc(dev);
 	if (!r) {
 		dev->st.prefetch_rejected++;
-		rc = dev->reqs_live ? -EAGAIN : -ENOSPC;
-		goto out_leave;
+		return dev->reqs_live ? -EAGAIN : -ENOSPC;
 	}
 	r->addr = addr;
 	r->len = len;
 	r->issue_ns = chm_now_ns(dev);
 	dev->st.prefetch_issued++;
 	if (dev->slot_free_head) {
-		fill_start(dev, r, &start);
+		fill_start(dev, r, start);
 	} else {
 		r->state = CHM_REQ_QUEUED;
 		uint32_t ri = (uint32_t)(r - dev->reqs) + 1;
@@ -538,13 +600,51 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 		dev->st.prefetch_queued++;
 	}
 	*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
-out_leave:
-	chm_leave(dev);
-out_unlock:
+	return 0;
+}
+
+int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
+{
+	if (!dev || !h)
+		return -EINVAL;
+	int rc = prefetch_args(dev, addr, len, flags);
+	if (rc)
+		return rc;
+	uint32_t start = 0;
+	pthread_mutex_lock(&dev->lock);
+	rc = chm_enter(dev);
+	if (!rc) {
+		rc = prefetch_locked(dev, addr, len, flags, h, &start);
+		chm_leave(dev);
+	}
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
 	return rc;
+}
+
+int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
+                         uint32_t flags, chm_handle *handles, int32_t *results)
+{
+	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
+		return -EINVAL;
+	uint32_t start = 0;
+	int ok = 0;
+	pthread_mutex_lock(&dev->lock);
+	int rc = chm_enter(dev);
+	for (uint32_t i = 0; i < n; i++) {
+		int r = rc ? rc : prefetch_args(dev, addrs[i], lens[i], flags);
+		if (!r)
+			r = prefetch_locked(dev, addrs[i], lens[i], flags, &handles[i], &start);
+		results[i] = r;
+		ok += r == 0;
+	}
+	if (!rc)
+		chm_leave(dev);
+	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
+	return ok;
 }
 
 static struct timespec ns_to_ts(uint64_t ns)
@@ -592,7 +692,8 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 		if (s && s->state == CHM_SLOT_HELD)
 			break;
 		uint64_t until = deadline; /* how long to sleep, if at all */
-		if (s && s->state == CHM_SLOT_READY) {
+		/* behind: the last unpin brings it up to date, then wakes us */
+		if (s && s->state == CHM_SLOT_READY && !s->behind) {
 			if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
 				if (dev->vclock_ns < s->ready_ns)
 					dev->vclock_ns = s->ready_ns;
@@ -615,10 +716,10 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 			goto out_leave;
 		}
 		if (until == UINT64_MAX) {
-			pthread_cond_wait(&dev->cond, &dev->lock);
+			pthread_cond_wait(&r->cond, &dev->lock);
 		} else {
 			struct timespec ts = ns_to_ts(until);
-			pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
+			pthread_cond_timedwait(&r->cond, &dev->lock, &ts);
 		}
 	}
 	/* pacing may have dropped the lock: the handle could be gone */
@@ -640,18 +741,15 @@ out_unlock:
 	return rc;
 }
 
-int chm_prefetch_release(chm_dev *dev, chm_handle h)
+/* One release (lock held). */
+static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
 {
-	if (!dev)
-		return -EINVAL;
-	uint32_t start = 0;
 	struct chm_req *r;
-	pthread_mutex_lock(&dev->lock);
 	/* release works while closing too (it only returns resources), but not
 	 * after shutdown freed the request table */
 	int rc = dev->shut ? -ECANCELED : handle_lookup(dev, h, &r);
 	if (rc)
-		goto out_unlock;
+		return rc;
 	dev->st.prefetch_released++;
 	if (r->state == CHM_REQ_QUEUED) {
 		uint32_t ri = (uint32_t)(r - dev->reqs) + 1, prev = 0;
@@ -674,15 +772,46 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 		if (s->state == CHM_SLOT_FILLING) {
 			s->req = -1; /* orphan: freed by fill_io_done */
 			dev->st.prefetch_cancelled++;
+		} else if (s->pins) {
+			/* hits still copy from it: the last unpin frees it */
+			staged_unlink(dev, s);
+			slot_set(dev, s, CHM_SLOT_DRAINING); /* release_pinned */
+			s->req = -1;
 		} else {
-			slot_free(dev, s, &start);
+			slot_free(dev, s, start);
 		}
 	}
 	req_free(dev, r);
-	pthread_cond_broadcast(&dev->cond);
-out_unlock:
+	pthread_cond_broadcast(&r->cond);
+	return 0;
+}
+
+int chm_prefetch_release(chm_dev *dev, chm_handle h)
+{
+	if (!dev)
+		return -EINVAL;
+	uint32_t start = 0;
+	pthread_mutex_lock(&dev->lock);
+	int rc = release_locked(dev, h, &start);
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
 	return rc;
+}
+
+int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles, int32_t *results)
+{
+	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
+		return -EINVAL;
+	uint32_t start = 0;
+	int ok = 0;
+	pthread_mutex_lock(&dev->lock);
+	for (uint32_t i = 0; i < n; i++) {
+		results[i] = release_locked(dev, handles[i], &start);
+		ok += results[i] == 0;
+	}
+	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
+	return ok;
 }

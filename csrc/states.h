@@ -14,7 +14,8 @@ struct chm_transition {
 	const char *event; /* the named transition function / event */
 };
 
-/* Staging slot: FREE -> FILLING -> READY -> HELD -> FREE, plus FAILED. */
+/* Staging slot: FREE -> FILLING -> READY -> HELD -> FREE, plus FAILED, and
+ * DRAINING for a slot released while hits still copy from it. */
 static const struct chm_transition chm_slot_transitions[] = {
         {CHM_SLOT_FREE, CHM_SLOT_FILLING, "fill_start"},
         {CHM_SLOT_FILLING, CHM_SLOT_READY, "fill_done"},
@@ -24,6 +25,9 @@ static const struct chm_transition chm_slot_transitions[] = {
         {CHM_SLOT_READY, CHM_SLOT_FREE, "release"},
         {CHM_SLOT_HELD, CHM_SLOT_FREE, "release"},
         {CHM_SLOT_FAILED, CHM_SLOT_FREE, "release"},
+        {CHM_SLOT_READY, CHM_SLOT_DRAINING, "release_pinned"},
+        {CHM_SLOT_HELD, CHM_SLOT_DRAINING, "release_pinned"},
+        {CHM_SLOT_DRAINING, CHM_SLOT_FREE, "unpin_last"},
 };
 
 /* Write-buffer entry. SKIPPED is terminal and never occupies space. */

@@ -59,6 +59,7 @@ struct chm_wbuf {
 	uint64_t epoch, lo_epoch;
 	uint32_t inflight[EPOCHS];
 	uint32_t reads_inflight;
+	uint32_t log_pins;         /* slots behind the log: nothing is reclaimed */
 	uint64_t durable_model_ns; /* modeled time of the last durable batch */
 	pthread_cond_t cond;       /* wakes the flusher */
 	pthread_t thread;
@@ -85,6 +86,8 @@ static uint64_t oldest_read_epoch(struct chm_wbuf *w)
 
 static void reclaim(struct chm_wbuf *w)
 {
+	if (w->log_pins)
+		return; /* a slot behind the log still needs every entry */
 	uint64_t oldest = oldest_read_epoch(w);
 	while (w->count) {
 		struct wb_entry *e = ent(w, 0);
@@ -131,10 +134,18 @@ static bool log_alloc(struct chm_wbuf *w, uint64_t len, uint64_t *off, uint64_t 
 	return false;
 }
 
-/* Brings staged copies that overlap a newly admitted object up to date. The
- * whole overlap is re-overlaid from the log, oldest entry first, rather than
- * patched with this object alone: an older overlapping write whose copy
- * finished later must not end up on top of a newer one. */
+/* Brings staged copies that overlap a newly admitted object up to date
+ * (W10) without touching a held view (W11). A READY slot has no view, and
+ * its readers copy under the lock, so it is patched: the whole overlap is
+ * re-overlaid from the log, oldest entry first, rather than with this
+ * object alone, so an older overlapping write whose copy finished later
+ * does not end up on top of a newer one. A HELD slot is read through its
+ * view without the lock: its bytes stay as wait handed them out, and the
+ * slot is marked stale so that chm_read of its range goes to the SSD with
+ * the write-buffer overlay (read-your-writes) instead. A READY slot that a
+ * hit is copying from (pinned) is not patched under the copy either: it is
+ * marked behind, holds a log pin, and is re-overlaid by the last unpin. Lock
+ * held. */
 static void patch_staged(struct chm_dev *dev, uint64_t addr, uint64_t len)
 {
 	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
@@ -142,8 +153,18 @@ static void patch_staged(struct chm_dev *dev, uint64_t addr, uint64_t len)
 		uint64_t a = addr > s->fill_start ? addr : s->fill_start;
 		uint64_t b = addr + len < s->fill_start + s->fill_len ? addr + len
 		                                                      : s->fill_start + s->fill_len;
-		if (a < b)
+		if (a >= b)
+			continue;
+		if (s->state == CHM_SLOT_HELD) {
+			s->stale = true;
+		} else if (s->pins) {
+			if (!s->behind) {
+				s->behind = true;
+				chm_wbuf_pin_log(dev);
+			}
+		} else {
 			chm_wbuf_overlay(dev, a, s->buf + (a - s->fill_start), b - a);
+		}
 	}
 }
 
@@ -207,6 +228,19 @@ void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t le
 		if (a < b)
 			memcpy((char *)buf + (a - addr), w->base + e->off + (a - e->addr), b - a);
 	}
+}
+
+void chm_wbuf_pin_log(struct chm_dev *dev)
+{
+	if (dev->wbuf)
+		dev->wbuf->log_pins++;
+}
+
+void chm_wbuf_unpin_log(struct chm_dev *dev)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	if (w && --w->log_pins == 0 && w->count)
+		pthread_cond_signal(&w->cond); /* reclaim can go on */
 }
 
 void chm_wbuf_read_begin(struct chm_dev *dev, struct chm_read_tok *tok)

@@ -80,6 +80,13 @@ RUNS: dict[str, Run] = {
             "everything at once: 1 requester, writer, engine, flusher, close",
         ),
         Run(
+            "views",
+            ("-DDATA=1", "-DREADER=1", "-DNUSERS=1", "-DCLOSER=0", "-DFILL_ERRORS=0"),
+            None,
+            "object bytes as versions, a pinned-hit reader: held views are snapshots (W11), views "
+            "and reads hold every admitted write (W10), pins hold (S17)",
+        ),
+        Run(
             "staging_S11",
             ("-DWBUF=0", "-DCLOSER=0"),
             "S11_fill_progress",

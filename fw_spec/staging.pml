@@ -20,6 +20,12 @@
  *
  * Sizes can be overridden with -D (spin -DROUNDS=2 ...). STAGING=0 or WBUF=0
  * leaves the requesters and engine, or the writer and flusher, out of a run.
+ * DATA=1 adds the bytes of one object as a version number: every write
+ * covers object DOBJ (handle 0 of requester 0), a slot holding it carries
+ * the version its memory shows, and the requester reads the object with
+ * chm_read while it holds a view (W10 read-your-writes, W11 snapshots).
+ * READER=1 adds a reader that copies hits of DOBJ the way the C core does:
+ * pin under the lock, copy without it, unpin (S17).
  * Broken variants in fw_spec/broken/ define one BUG_* and include this file.
  *
  * Run: python3 fw_spec/check_model.py fw_spec/staging.pml
@@ -56,6 +62,14 @@
 #ifndef FILL_ERRORS
 #define FILL_ERRORS	1	/* fills may fail with -EIO */
 #endif
+#ifndef DATA
+#define DATA		0	/* model object DOBJ's bytes as a version */
+#endif
+#define DOBJ		1	/* the object every write covers (DATA=1) */
+#ifndef READER
+#define READER		0	/* a reader copying pinned hits (needs DATA) */
+#endif
+#define NREADS		2	/* hits the reader copies */
 #ifndef EXTRAS
 #define EXTRAS		1	/* NOQUEUE prefetch, repeated and stale calls */
 #endif
@@ -72,6 +86,7 @@
 #define SLOT_READY	2
 #define SLOT_HELD	3
 #define SLOT_FAILED	4
+#define SLOT_DRAINING	5
 
 /* enum chm_req_state (csrc/dev.h) */
 #define R_FREE		0
@@ -107,7 +122,10 @@
 	(f == SLOT_READY && t == SLOT_HELD) ||		/* wait */ \
 	(f == SLOT_READY && t == SLOT_FREE) ||		/* release */ \
 	(f == SLOT_HELD && t == SLOT_FREE) ||		/* release */ \
-	(f == SLOT_FAILED && t == SLOT_FREE))		/* release */
+	(f == SLOT_FAILED && t == SLOT_FREE) ||		/* release */ \
+	(f == SLOT_READY && t == SLOT_DRAINING) ||	/* release_pinned */ \
+	(f == SLOT_HELD && t == SLOT_DRAINING) ||	/* release_pinned */ \
+	(f == SLOT_DRAINING && t == SLOT_FREE))		/* unpin_last */
 
 #define WB_LEGAL(f, t) ( \
 	(f == WB_FREE && t == WB_ADMITTED) ||		/* admit */ \
@@ -131,12 +149,15 @@ hidden byte S10 = 1;	/* wait on HELD returns the same view */
 hidden byte S13 = 1;	/* close cancels waiters and the queue, drains fills */
 hidden byte S14 = 1;	/* a staged object's range is a chm_read hit */
 hidden byte S15 = 1;	/* prefetch counters balance when nothing is pending */
+hidden byte S17 = 1;	/* a pinned slot is never refilled, freed or patched */
 hidden byte W1 = 1;	/* an admitted write stays readable */
 hidden byte W2 = 1;	/* a skipped write changes nothing */
 hidden byte W3 = 1;	/* flush barrier 0 => earlier admitted writes durable */
 hidden byte W4 = 1;	/* a failed flush is never reported durable */
 hidden byte W5 = 1;	/* every wbuf transition is a row of the table */
 hidden byte W6 = 1;	/* write-buffer space accounting sums */
+hidden byte W10 = 1;	/* views and reads hold every admitted write */
+hidden byte W11 = 1;	/* a held view is a snapshot */
 
 #define CHECK(id, e)	assert(id && (e))
 
@@ -146,6 +167,10 @@ typedef slot_t {
 	byte obj;	/* object held or being filled, 0 when free */
 	bit valid;	/* the slot memory holds obj completely */
 	bit io;		/* a fill I/O is in flight */
+	byte ver;	/* DATA: version of DOBJ the slot memory shows */
+	bit stale;	/* HELD and written over since wait (W11) */
+	byte pins;	/* hits copying from it without the lock (S17) */
+	bit behind;	/* READY, written over while pinned: no hits */
 };
 
 typedef req_t {
@@ -164,9 +189,10 @@ slot_t slot[NSLOTS];
 req_t req[NREQS];
 byte q[QCAP];			/* refill FIFO of request indices */
 byte qlen;
-byte nslot[5];			/* slot count by state (stats slots_*) */
+byte nslot[6];			/* slot count by state (stats slots_*) */
 bit pending[5];			/* issued, not yet READY/FAILED/released */
 byte view[4];		/* slot+1 of the live view of handle v, or 0 */
+byte vsnap[4];		/* DATA: the version view v showed at wait */
 byte nwaiting;			/* callers blocked in wait or flush */
 bit user_waiting[2];
 byte issued, completed, failed, cancelled;
@@ -204,7 +230,8 @@ bit closing, closed;
  * and every queued request belongs to exactly one live request. */
 #define INV_S4 (nslot[0] == SCOUNT(0) && nslot[1] == SCOUNT(1) && \
 	nslot[2] == SCOUNT(2) && nslot[3] == SCOUNT(3) && nslot[4] == SCOUNT(4) && \
-	nslot[0] + nslot[1] + nslot[2] + nslot[3] + nslot[4] == NSLOTS && \
+	nslot[5] == SCOUNT(5) && \
+	nslot[0] + nslot[1] + nslot[2] + nslot[3] + nslot[4] + nslot[5] == NSLOTS && \
 	qlen <= QCAP && RCOUNT(R_QUEUED) == qlen && \
 	RCOUNT(R_SLOTTED) == OWNED(0) + OWNED(1) + OWNED(2) && \
 	LINK_OK(0) && LINK_OK(1) && LINK_OK(2))
@@ -218,6 +245,9 @@ bit closing, closed;
 #define READABLE(s) (s > NWRITES || !admitted[s] || durable[s] || \
 	WB_HOLDS(0, s) || WB_HOLDS(1, s))
 #define INV_W1 (READABLE(1) && READABLE(2) && READABLE(3))
+/* W11: every live view still shows the version it showed at wait */
+#define SNAP_OK(v) (view[v] == 0 || slot[view[v] - 1].ver == vsnap[v])
+#define INV_W11 (SNAP_OK(0) && SNAP_OK(1) && SNAP_OK(2) && SNAP_OK(3))
 #define INV_W6 (nwb[WB_FREE] + nwb[WB_ADMITTED] + nwb[WB_FLUSHING] + \
 	nwb[WB_DURABLE] == NWB && nwb[WB_SKIPPED] == 0 && \
 	nwb[WB_FREE] == (wb[0].state == WB_FREE) + (wb[1].state == WB_FREE))
@@ -225,13 +255,15 @@ bit closing, closed;
 proctype monitor()
 {
 end:	atomic {
-		!(INV_S1 && INV_S4 && INV_S6 && INV_S7 && INV_W1 && INV_W6) ->
+		!(INV_S1 && INV_S4 && INV_S6 && INV_S7 && INV_W1 && INV_W6 &&
+		  INV_W11) ->
 		CHECK(S1, INV_S1);
 		CHECK(S4, INV_S4);
 		CHECK(S6, INV_S6);
 		CHECK(S7, INV_S7);
 		CHECK(W1, INV_W1);
-		CHECK(W6, INV_W6)
+		CHECK(W6, INV_W6);
+		CHECK(W11, INV_W11)
 	}
 }
 
@@ -261,10 +293,13 @@ inline fill_start(i, r)
 	}
 	vi = 0;
 	CHECK(S6, !slot[i].io);
+	CHECK(S17, slot[i].pins == 0);
 	slot_set(i, SLOT_FILLING);
 	slot[i].req = r;
 	slot[i].obj = req[r].obj;
 	slot[i].valid = 0;
+	slot[i].ver = 0;
+	slot[i].stale = 0;
 	slot[i].io = 1
 }
 
@@ -363,8 +398,11 @@ inline wait_finish(k)
 	:: slot[s].state == SLOT_READY ->
 		CHECK(S2, slot[s].valid && !slot[s].io && slot[s].req == r &&
 		      slot[s].obj == req[r].obj);
+		/* W10: the view holds every write admitted before wait */
+		CHECK(W10, !DATA || slot[s].obj != DOBJ || slot[s].ver == last_admitted);
 		slot_set(s, SLOT_HELD);
 		view[u * NH + k] = s + 1;
+		vsnap[u * NH + k] = slot[s].ver;
 		ret = OK
 	:: slot[s].state == SLOT_HELD ->
 		CHECK(S10, view[u * NH + k] == s + 1);
@@ -391,7 +429,8 @@ inline do_wait(k, forever)
 		:: !closing && req[r].gen == hg[k] && req[r].state != R_FREE ->
 			if
 			:: req[r].state == R_QUEUED ||
-			   slot[req[r].slot].state == SLOT_FILLING ->
+			   slot[req[r].slot].state == SLOT_FILLING ||
+			   slot[req[r].slot].behind ->
 				if
 				:: !forever -> ret = ETIMEDOUT
 				:: forever ->
@@ -407,7 +446,8 @@ inline do_wait(k, forever)
 	:: ret == BLOCKED ->
 		atomic {
 			(closing || (req[r].state == R_SLOTTED &&
-				     slot[req[r].slot].state != SLOT_FILLING)) ->
+				     slot[req[r].slot].state != SLOT_FILLING &&
+				     !slot[req[r].slot].behind)) ->
 			nwaiting--;
 			user_waiting[u] = 0;
 			if
@@ -419,6 +459,31 @@ inline do_wait(k, forever)
 	fi;
 	r = 0;
 	s = 0
+}
+
+/* chm_read() of object DOBJ (DATA=1): a hit from a staged slot holding it
+ * that is not stale, else a miss (the SSD with the write-buffer overlay,
+ * which shows the newest admitted write, W1/W7). */
+inline do_read()
+{
+	atomic {
+		got = 255;
+		for (i : 0 .. NSLOTS - 1) {
+			if
+			:: got == 255 && slot[i].obj == DOBJ && !slot[i].stale && !slot[i].behind &&
+			   (slot[i].state == SLOT_READY || slot[i].state == SLOT_HELD) ->
+				got = slot[i].ver
+			:: else
+			fi
+		}
+		if
+		:: got == 255 -> got = last_admitted	/* miss */
+		:: else
+		fi;
+		CHECK(W10, got == last_admitted);
+		i = 0;
+		got = 0
+	}
 }
 
 /* chm_prefetch_release() */
@@ -467,7 +532,16 @@ inline do_release(k)
 				:: slot[s].state == SLOT_FILLING ->
 					/* orphaned: fill_done_orphan frees it */
 					cancelled++
+#ifndef BUG_UNPIN_EARLY
+				:: slot[s].state != SLOT_FILLING && slot[s].pins > 0 ->
+					/* a hit copies from it: the last unpin frees it */
+					slot[s].stale = 0;
+					slot_set(s, SLOT_DRAINING)	/* release_pinned */
+				:: slot[s].state != SLOT_FILLING && slot[s].pins == 0 ->
+#else
+				/* bug: the slot is freed under a copy */
 				:: else ->
+#endif
 					slot[s].valid = 0;
 					slot[s].obj = 0;
 					slot_set(s, SLOT_FREE);
@@ -503,6 +577,7 @@ inline consume(k)
 				if
 				:: skip
 				:: EXTRAS && k == 0 -> do_wait(k, 0); CHECK(S10, ret == OK || dead)
+				:: DATA && u == 0 && k == 0 -> do_read()
 				fi
 			:: else
 			fi
@@ -531,7 +606,7 @@ proctype user(byte u)
 {
 	byte hi[NH], hg[NH];
 	bit live[NH];
-	byte k, round, ret, r, s, i, gi, gr, vi;
+	byte k, round, ret, r, s, i, gi, gr, vi, got;
 	bit dead;
 
 	do
@@ -589,6 +664,11 @@ end:	do
 			if
 			:: ok ->
 				slot[i].valid = 1;
+				/* the overlay of the admitted writes (W10) */
+				if
+				:: DATA && slot[i].obj == DOBJ -> slot[i].ver = last_admitted
+				:: else
+				fi;
 				slot_set(i, SLOT_READY);	/* fill_done */
 				completed++
 			:: else ->
@@ -604,6 +684,33 @@ end:	do
 }
 
 /* ---- the write buffer ---- */
+
+/* Write w (DATA=1: over object DOBJ) was admitted: READY copies are
+ * re-overlaid from the log, ending with w, atomically under the lock (W10);
+ * a HELD copy is a snapshot and is only marked stale (W11). */
+inline patch_staged(w)
+{
+	for (i : 0 .. NSLOTS - 1) {
+		if
+		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && slot[i].pins == 0 ->
+			slot[i].ver = w
+		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && slot[i].pins > 0 ->
+			slot[i].behind = 1	/* the last unpin catches up */
+		:: slot[i].obj == DOBJ && slot[i].state == SLOT_HELD ->
+#ifdef BUG_PATCH_HELD
+			/* bug: the held copy is re-overlaid too, oldest entry
+			 * first, while its view is read without the lock: the
+			 * oldest entry's bytes land now, the newer ones later */
+			slot[i].ver = (wb[0].state != WB_FREE && wb[0].seq < w -> wb[0].seq :
+				       (wb[1].state != WB_FREE && wb[1].seq < w -> wb[1].seq : w));
+			patch_slot = i + 1
+#else
+			slot[i].stale = 1
+#endif
+		:: else
+		fi
+	}
+}
 
 /* chm_write_object() of write number w */
 inline do_write(w)
@@ -625,6 +732,10 @@ inline do_write(w)
 				wb[e].seq = w;
 				admitted[w] = 1;
 				last_admitted = w;
+				if
+				:: DATA -> patch_staged(w)
+				:: else
+				fi;
 				ret = OK
 			:: else ->
 				ret = SKIPPED;			/* skip */
@@ -686,6 +797,10 @@ inline do_flush()
 	fi
 }
 
+#ifdef BUG_PATCH_HELD
+byte patch_slot;	/* slot+1 of a held copy half re-overlaid */
+#endif
+
 proctype writer()
 {
 	byte w, ret, e, i;
@@ -696,6 +811,20 @@ proctype writer()
 	:: dead || w > NWRITES -> break
 	:: else ->
 		do_write(w);
+#ifdef BUG_PATCH_HELD
+		/* the rest of the oldest-first re-overlay, a copy later */
+		if
+		:: patch_slot > 0 -> atomic {
+			if
+			:: slot[patch_slot - 1].state == SLOT_HELD &&
+			   slot[patch_slot - 1].obj == DOBJ -> slot[patch_slot - 1].ver = w
+			:: else
+			fi;
+			patch_slot = 0
+		}
+		:: else
+		fi;
+#endif
 		if
 		:: skip
 		:: !dead -> do_flush()
@@ -707,6 +836,66 @@ proctype writer()
 	:: else
 	fi;
 	w = 0
+}
+
+/* chm_read hits of DOBJ as the C core copies them: pin under the lock, copy
+ * with it dropped, unpin; the last unpin frees a DRAINING slot or brings a
+ * behind one up to date. */
+proctype reader()
+{
+	byte n, p, pinv, i, gi, gr, vi;
+
+	do
+	:: n == NREADS -> break
+	:: else ->
+		atomic {
+			p = NSLOTS;
+			for (i : 0 .. NSLOTS - 1) {
+				if
+				:: p == NSLOTS && slot[i].obj == DOBJ && !slot[i].stale &&
+				   !slot[i].behind && (slot[i].state == SLOT_READY ||
+						       slot[i].state == SLOT_HELD) -> p = i
+				:: else
+				fi
+			}
+			i = 0;
+			if
+			:: p < NSLOTS ->
+				slot[p].pins++;
+				pinv = slot[p].ver;
+				CHECK(W10, pinv == last_admitted)
+			:: else
+			fi
+		}
+		if
+		:: p < NSLOTS ->
+			/* the copy, lock dropped: the slot must still hold it */
+			atomic {
+				CHECK(S17, slot[p].pins > 0 && slot[p].obj == DOBJ &&
+				      slot[p].ver == pinv &&
+				      (slot[p].state == SLOT_READY || slot[p].state == SLOT_HELD ||
+				       slot[p].state == SLOT_DRAINING))
+			}
+			atomic {
+				slot[p].pins--;
+				if
+				:: slot[p].pins == 0 && slot[p].state == SLOT_DRAINING ->
+					slot[p].valid = 0;
+					slot[p].obj = 0;
+					slot_set(p, SLOT_FREE);		/* unpin_last */
+					grant(p)
+				:: slot[p].pins == 0 && slot[p].state != SLOT_DRAINING && slot[p].behind ->
+					slot[p].ver = last_admitted;	/* the re-overlay */
+					slot[p].behind = 0
+				:: else
+				fi
+			}
+		:: else
+		fi;
+		p = 0;
+		pinv = 0;
+		n++
+	od
 }
 
 /* Batches every ADMITTED entry when no SSD read is in flight, at high
@@ -835,6 +1024,9 @@ init {
 #endif
 #if CLOSER
 		run closer();
+#endif
+#if READER
+		run reader();
 #endif
 		run monitor();
 		i = 0

@@ -93,6 +93,7 @@ enum chm_slot_state {
 	CHM_SLOT_READY = 2,
 	CHM_SLOT_HELD = 3,
 	CHM_SLOT_FAILED = 4,
+	CHM_SLOT_DRAINING = 5, /* released while hits still copy from it */
 };
 
 /* Write-buffer entry states (fw_spec/wbuf.yaml). SKIPPED is never stored:
@@ -196,7 +197,7 @@ struct chm_stats {
 	uint32_t slots_free;
 	uint32_t slots_filling;
 	uint32_t slots_ready;
-	uint32_t slots_held;
+	uint32_t slots_held; /* HELD, and DRAINING: released, a hit still copying */
 	uint32_t slots_failed;
 	uint32_t queue_len;
 	uint32_t queue_cap;
@@ -338,7 +339,10 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 
 /* Waits up to timeout_ns (0: poll; UINT64_MAX: forever) for the object to be
  * staged; on success fills *view and the slot becomes HELD. Waiting again on
- * a HELD handle returns the same view. Returns 0, -ETIMEDOUT, -EIO (the fill
+ * a HELD handle returns the same view. The view holds every write admitted
+ * before wait and is a snapshot: writes admitted later do not change it (in
+ * prefetch mode they reach chm_read and the next prefetch; in lru mode the
+ * view is a host copy, all old or all new bytes of each write). Returns 0, -ETIMEDOUT, -EIO (the fill
  * failed; release the handle), -ESTALE (released), -EINVAL (foreign or
  * malformed handle, NULL view), -ECANCELED (device closing). */
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view);
@@ -352,10 +356,37 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
  * issued), -EINVAL (foreign or malformed), -ECANCELED (shut down). */
 int chm_prefetch_release(chm_dev *dev, chm_handle h);
 
+/* Batched calls take at most this many elements. */
+#define CHM_BATCH_MAX 4096
+
+/* Batched chm_prefetch_object: n objects in one call, the device lock taken
+ * once and the fills started after it is dropped; never blocks. results[i]
+ * is exactly what chm_prefetch_object would return for element i at its
+ * turn, in order (0, -EINVAL, -EAGAIN, -ENOSPC, -EOPNOTSUPP, -ECANCELED), and
+ * handles[i] is set where it is 0. Returns the number of elements issued, or
+ * -EINVAL (NULL dev or array, n > CHM_BATCH_MAX) with none attempted. */
+int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
+                         uint32_t flags, chm_handle *handles, int32_t *results);
+
+/* Batched chm_prefetch_release: results[i] is what chm_prefetch_release
+ * would return for handles[i] (0, -ESTALE, -EINVAL, -ECANCELED), in order.
+ * Returns the number released, or -EINVAL (NULL dev or array,
+ * n > CHM_BATCH_MAX) with none attempted. */
+int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles,
+                              int32_t *results);
+
+/* Batched chm_write_object: results[i] is 0 (admitted), CHM_WRITE_SKIPPED or
+ * the -errno chm_write_object gives element i, in order; never blocks in
+ * prefetch mode. Returns the number admitted, or -EINVAL (NULL dev or array,
+ * n > CHM_BATCH_MAX) with none attempted. */
+int chm_write_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const void *const *bufs,
+                      const uint64_t *lens, uint32_t flags, int32_t *results);
+
 /* ---- data path ---- */
 
 /* Reads [addr, addr+len) into buf. Served from DRAM when a READY/HELD staged
- * object covers the whole range (a hit; in lru mode, per line), otherwise
+ * object covers the whole range and no write landed on a held one since its
+ * wait (a hit; in lru mode, per line), otherwise
  * read from the SSD without touching the staging window (a miss). Sees
  * admitted-but-unflushed writes. Blocks until the data is in buf. Returns 0,
  * -EINVAL (range, NULL buf), -EIO, -ECANCELED. */

@@ -192,6 +192,9 @@ class ModelRequest:
     view: memoryview | None = None
     pool_offset: int = -1
     lru_image: bytes | None = None  # lru mode: the bytes the hint fill copied
+    # prefetch mode, HELD: a write was admitted over the fill range since wait,
+    # so reads go around the slot (W11); None when a race leaves it unknown
+    stale: bool | None = False
 
     @property
     def end(self) -> int:
@@ -260,11 +263,30 @@ class StagingModel:
         return promoted
 
     def covering(self, addr: int, length: int) -> ModelRequest | None:
-        """A staged request whose (widened) fill covers the whole range."""
+        """A staged request whose (widened) fill covers the whole range and
+        that reads may use (not stale, W11)."""
         for r in self.slotted:
-            if r.staged and r.fill[0] <= addr and addr + length <= r.fill[1]:
+            if r.staged and r.stale is False and r.fill[0] <= addr and addr + length <= r.fill[1]:
                 return r
         return None
+
+    def read_outcome(self, addr: int, length: int) -> str:
+        """``hit``, ``miss`` or ``either`` (a covering slot whose staleness a
+        race left unknown) for a chm_read of the range in prefetch mode."""
+        if self.covering(addr, length) is not None:
+            return "hit"
+        for r in self.slotted:
+            if r.staged and r.stale is None and r.fill[0] <= addr and addr + length <= r.fill[1]:
+                return "either"
+        return "miss"
+
+    def mark_stale(self, addr: int, length: int, *, maybe: bool = False) -> None:
+        """A write admitted over [addr, addr+length): held slots whose fill
+        range overlaps it become stale (W11); ``maybe`` when it is unknown
+        whether the write landed before or after their wait."""
+        for r in self.held:
+            if r.fill[0] < addr + length and addr < r.fill[1] and r.stale is False:
+                r.stale = None if maybe else True
 
 
 # ---------------------------------------------------------------- counters

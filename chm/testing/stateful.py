@@ -31,6 +31,7 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -328,11 +329,14 @@ class DeviceMachine(RuleBasedStateMachine):
         note(f"prefetch [{addr:#x}+{length}) -> {outcome} {req!r}")
         return req
 
-    def _release(self, req: ModelRequest) -> list[ModelRequest]:
+    def _release(self, req: ModelRequest, *, done: bool = False) -> list[ModelRequest]:
+        """Releases req (``done``: a batched release already did) and applies
+        it to the model; returns the queued requests that got its slot."""
         view = req.view
         req.view = None
         was = req.state
-        req.handle.release()
+        if not done:
+            req.handle.release()
         self.c.add("prefetch_released")
         if was == "queued":
             self.c.add("prefetch_cancelled")
@@ -357,10 +361,18 @@ class DeviceMachine(RuleBasedStateMachine):
     def _expect_read(self, addr: int, length: int) -> None:
         """Counters of one chm_read (prefetch/direct: hit or miss is known)."""
         if self.mode == "prefetch":
-            if self.staging.covering(addr, length) is not None:
+            outcome = self.staging.read_outcome(addr, length)
+            if outcome == "hit":
                 event("read: hit")
                 self.c.add("read_hits")
                 self.c.add("bytes_from_dram", length)
+            elif outcome == "either":
+                event("read: hit or miss (staleness unknown)")
+                self.c.add("read_hits+read_misses")
+                self.c.add("bytes_from_dram", 0, maybe=length)
+                self.c.add(
+                    "bytes_read_ssd", 0, maybe=_widened(addr, length, self.geometry.capacity)
+                )
             else:
                 event("read: miss")
                 self.c.add("read_misses")
@@ -389,6 +401,23 @@ class DeviceMachine(RuleBasedStateMachine):
         admitted = self.d.write(addr, data)
         event("write: admitted" if admitted else "write: skipped")
         note(f"{what} [{addr:#x}+{length}) -> {'admitted' if admitted else 'SKIPPED'}")
+        self._count_write(addr, length, admitted)
+        if not admitted:
+            if self.data:
+                # the model knows hit from miss only with no fill in flight
+                # (write_during_fill races one on purpose)
+                self._settle()
+                self._read(addr, length, "W2: a skipped write changed the device")
+            return False
+        self.image[addr : addr + length] = data
+        if self.mode == "prefetch":
+            # READY copies are patched (W10); held views are snapshots that
+            # reads now go around (W11)
+            self.staging.mark_stale(addr, length)
+        return True
+
+    def _count_write(self, addr: int, length: int, admitted: bool) -> None:
+        """Counters of one write (W2: a skip counts only as a skip)."""
         if self.mode == "prefetch":
             if length > self.wbuf_bytes:
                 assert not admitted, (
@@ -403,21 +432,6 @@ class DeviceMachine(RuleBasedStateMachine):
                 self.c.add("bytes_written_ssd", length)
             else:
                 self.c.add("lru_lookups", _lines(addr, length, self.geometry.lru_line))
-        if not admitted:
-            if self.data:
-                # the model knows hit from miss only with no fill in flight
-                # (write_during_fill races one on purpose)
-                self._settle()
-                self._read(addr, length, "W2: a skipped write changed the device")
-            return False
-        self.image[addr : addr + length] = data
-        if self.mode == "prefetch":
-            # admitted writes are patched into staged copies (read-your-writes)
-            for req in self.staging.held:
-                a, b = max(addr, req.addr), min(addr + length, req.end)
-                if a < b and req.snapshot is not None:
-                    req.snapshot[a - req.addr : b - req.addr] = data[a - addr : b - addr]
-        return True
 
     def _check_backing(self, what: str) -> None:
         disk = read_backing(self.geometry, self.paths)
@@ -520,6 +534,63 @@ class DeviceMachine(RuleBasedStateMachine):
     def release(self, req: ModelRequest) -> ModelRequest:
         return self._release_settled(req)
 
+    @precondition(lambda self: self.mode != "direct")
+    @rule(
+        target=handles,
+        objs=st.lists(OBJ, min_size=1, max_size=8),
+        noqueue=st.booleans(),
+        bad=st.integers(-1, 7),
+    )
+    def prefetch_batch(self, objs: list[tuple[int, int]], noqueue: bool, bad: int) -> Any:
+        """S8 per element: one prefetch_many call gives every object, in
+        order, what prefetch() would have (a slot, the queue or EAGAIN); an
+        element of length 0 (``bad``) is refused alone."""
+        lens = [n if i != bad else 0 for i, (_, n) in enumerate(objs)]
+        out = self.d.prefetch_many([a for a, _ in objs], lens, noqueue=noqueue)
+        assert len(out) == len(objs)
+        reqs = []
+        for i, ((addr, length), got) in enumerate(zip(objs, out, strict=True)):
+            if i == bad:
+                assert isinstance(got, InvalidArgument), f"S8: element {i} of len 0 gave {got!r}"
+                continue
+            outcome = self.staging.predict_issue(noqueue)
+            if isinstance(got, WouldBlock):
+                assert outcome == "reject", f"S8: batch element {i} got EAGAIN, model {outcome}"
+                self.c.add("prefetch_rejected")
+                continue
+            assert isinstance(got, chm.Handle), f"S8: batch element {i}: {got!r}"
+            assert outcome != "reject", f"S8: batch element {i} issued, the model rejects it"
+            req = ModelRequest(addr, length, fill_range(addr, length, self.geometry.capacity), got)
+            self.staging.issue(req, outcome)
+            self.c.add("prefetch_issued")
+            if outcome == "queue":
+                self.c.add("prefetch_queued")
+            else:
+                self._fill_started(req)
+            reqs.append(req)
+        event(f"prefetch batch: {len(reqs)} of {len(objs)} issued")
+        note(f"prefetch_many {objs} (noqueue={noqueue}, bad={bad}) -> {reqs}")
+        self._settle()
+        return multiple(*reqs)
+
+    @rule(reqs=st.lists(consumes(handles), min_size=1, max_size=6), target=dead)
+    def release_batch(self, reqs: list[ModelRequest]) -> Any:
+        """S3, S7: one release_many call releases every handle, in order; the
+        queue's head takes each freed slot as with one release at a time."""
+        # queued ones first: a slot freed by the batch then goes to a request
+        # outside it (one promoted and released in the same call would be
+        # orphaned while FILLING, which one release at a time never is)
+        reqs = sorted(reqs, key=lambda r: r.state != "queued")
+        assert self.d.release_many([r.handle for r in reqs]) == [None] * len(reqs)
+        promoted: list[ModelRequest] = []
+        for req in reqs:
+            assert req.handle.released, f"S3: {req} not released by release_many"
+            promoted += self._release(req, done=True)
+        for p in promoted:
+            self._fill_started(p)
+        self._settle()
+        return multiple(*reqs)
+
     @precondition(lambda self: bool(self.staging.queue))
     @rule(req=consumes(handles), target=dead)
     def wait_then_release(self, req: ModelRequest) -> ModelRequest:
@@ -578,14 +649,21 @@ class DeviceMachine(RuleBasedStateMachine):
     )
     @rule(data=st.data())
     def read_staged(self, data: st.DataObject) -> None:
-        """S14: any range inside a staged object's (widened) fill is a hit."""
+        """S14: any range inside a staged object's (widened) fill is a hit,
+        unless a write landed on it since its view was handed out (W11: then
+        a miss, unless another staged slot covers it)."""
         req = data.draw(st.sampled_from(self._staged()), label="staged")
         a, b = req.fill
         addr = data.draw(st.integers(a, b - 1), label="addr")
         length = data.draw(st.integers(1, b - addr), label="length")
+        outcome = self.staging.read_outcome(addr, length)
         before = self.d.stats().read_hits
         self._read(addr, length, "S14")
-        assert self.d.stats().read_hits == before + 1, f"S14: read inside {req} was a miss"
+        hits = self.d.stats().read_hits - before
+        if outcome == "hit":
+            assert hits == 1, f"S14: read inside {req} was a miss"
+        elif outcome == "miss":
+            assert hits == 0, f"S14, W11: read inside {req}, written over since wait, was a hit"
 
     @rule(rng=WRITE)
     def write(self, rng: tuple[int, int]) -> None:
@@ -642,6 +720,141 @@ class DeviceMachine(RuleBasedStateMachine):
         self._settle()
         self._release(req)  # keeps the window small; release of READY
         self._settle()
+
+    # ---- rules: a second thread
+
+    @precondition(
+        lambda self: self.mode != "direct" and (bool(self.staging.held) or self.staging.free > 0)
+    )
+    @rule(data=st.data(), writes=st.integers(2, 24), fresh=st.booleans())
+    def concurrent_writer(self, data: st.DataObject, writes: int, fresh: bool) -> None:
+        """W11, W10, L9: a second thread rewrites an object's range ``writes``
+        times (every 8-byte word holds the write's version) while this one
+        scans a view of it. The view never changes and so never goes back in
+        time (W11; lru: a host copy); a view taken while the writer runs (a
+        fresh prefetch) is one whole version, no older than the newest write
+        admitted before wait (W10, L9: not a mix across lines); afterwards
+        chm_read returns the newest admitted version (read-your-writes)."""
+        fresh = (fresh and self.staging.free > 0) or not self.staging.held
+        if not fresh:
+            req = data.draw(st.sampled_from(self.staging.held), label="held")
+        g = self.geometry
+        tag = self.nwrites = self.nwrites + 1
+        phase = [0]  # 0: before wait, 1: in wait, 2: wait returned
+        log: list[tuple[int, bool, int, int]] = []  # (version, admitted, phase at start, end)
+        newest = [0]  # newest admitted version
+        started, stop = threading.Event(), threading.Event()
+        failed: list[BaseException] = []
+        span: tuple[int, int] | None = None
+
+        def payload(v: int, length: int) -> bytes:
+            return ((tag << 32) | v).to_bytes(8, "little") * (length // 8)
+
+        def writer(addr: int, length: int) -> None:
+            try:
+                for v in range(1, writes + 1):
+                    if stop.is_set():
+                        break
+                    p0 = phase[0]
+                    ok = self.d.write(addr, payload(v, length))
+                    if ok:
+                        newest[0] = v
+                    log.append((v, ok, p0, phase[0]))
+                    started.set()
+            except BaseException as e:  # re-raised by the rule's thread
+                failed.append(e)
+            finally:
+                started.set()
+
+        def versions(buf: bytes, base: int) -> set[int]:
+            """The versions of this rule's writes in buf (device address
+            base), or {-1} for bytes that are not such a version."""
+            out: set[int] = set()
+            if span is None:
+                return out
+            for i in range(0, len(buf) - 7):
+                a = base + i
+                if (a - span[0]) % 8 == 0 and span[0] <= a and a + 8 <= span[1]:
+                    w = int.from_bytes(buf[i : i + 8], "little")
+                    out.add(w & 0xFFFFFFFF if w >> 32 == tag else -1)
+            return out
+
+        obj = data.draw(OBJ, label="object") if fresh else (req.addr, req.length)
+        wa = obj[0] // IO_ALIGN * IO_ALIGN
+        wb = min(g.capacity, -(-(obj[0] + obj[1]) // IO_ALIGN) * IO_ALIGN)
+        span = (wa, wb)
+        t = threading.Thread(target=writer, args=(wa, wb - wa), daemon=True)
+        t.start()
+        try:
+            started.wait(SETTLE_TIMEOUT_S)
+            before = 0
+            if fresh:
+                before = newest[0]
+                issued = self._issue(obj)
+                assert issued is not None and issued.state == "ready", issued
+                req = issued
+                self._fill_started(req)
+                self._settle()
+                if self.mode == "prefetch":
+                    before = newest[0]  # wait hands out every write admitted so far
+                phase[0] = 1
+                mv = req.handle.wait(SETTLE_TIMEOUT_S)
+                phase[0] = 2
+                _, _, req.pool_offset = self.view_info(req)
+                req.view, req.state = mv, "held"
+                req.snapshot = bytearray(mv.tobytes())
+                req.lru_image = bytes(req.snapshot)
+                if self.data:
+                    got = versions(bytes(req.snapshot), req.addr)
+                    assert len(got) <= 1, (
+                        f"W10, L9: a view of {req} taken while it was rewritten mixes "
+                        f"versions {sorted(got)} (-1: bytes from before the writer)"
+                    )
+                    if got and got != {-1}:
+                        (v0,) = got
+                        assert v0 >= before, (
+                            f"W10: the view of {req} shows version {v0}, older than version "
+                            f"{before}, admitted before wait"
+                        )
+                    elif got:
+                        assert before == 0, (
+                            f"W10: the view of {req} shows bytes from before the writer, though "
+                            f"version {before} was admitted before wait"
+                        )
+            assert req.view is not None and req.snapshot is not None
+            scans = 0
+            while t.is_alive() or scans < 3:
+                got_b = req.view.tobytes()
+                scans += 1
+                if got_b != req.snapshot:
+                    raise AssertionError(
+                        f"W11: scan {scans} of the held view of {req} changed while another thread "
+                        f"wrote over it: versions {sorted(versions(got_b, req.addr))}, at wait "
+                        f"{sorted(versions(bytes(req.snapshot), req.addr))} "
+                        + _first_diff(got_b, bytes(req.snapshot), req.addr)
+                    )
+        except BaseException:
+            stop.set()  # no writer left running behind a failed check
+            t.join(SETTLE_TIMEOUT_S)
+            raise
+        t.join(SETTLE_TIMEOUT_S)
+        assert not t.is_alive(), "the writer thread hangs"
+        if failed:
+            raise failed[0]
+        admitted = [v for v, ok, _, _ in log if ok]
+        for _, ok, _, _ in log:
+            self._count_write(wa, wb - wa, ok)
+        event("concurrent writer: " + ("fresh view" if fresh else "held view"))
+        note(f"concurrent writer over [{wa:#x}, {wb:#x}): {log}; {scans} scans of {req!r}")
+        if admitted:
+            self.image[wa:wb] = payload(admitted[-1], wb - wa)
+            if self.mode == "prefetch":
+                self.staging.mark_stale(wa, wb - wa)
+                if fresh:
+                    after = any(ok and p0 == 2 for _, ok, p0, _ in log)
+                    unsure = any(ok and p0 < 2 and p1 > 0 for _, ok, p0, p1 in log)
+                    req.stale = True if after else (None if unsure else False)
+        self._read(wa, wb - wa, "W10: read-your-writes after a concurrent writer")
 
     @rule()
     def flush(self) -> None:
@@ -747,9 +960,9 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @invariant()
     def inv_S1_held_views_unchanged(self) -> None:
-        """S1: a slot is never refilled while held: every held view still shows
-        what it showed at wait (plus the admitted writes patched into it), and
-        no two held views share slot memory."""
+        """S1, W11: a slot is never refilled while held and a held view is a
+        snapshot: every held view still shows what it showed at wait, whatever
+        was written since, and no two held views share slot memory."""
         if self.dev is None:
             return
         spans = []
@@ -774,12 +987,14 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @invariant()
     def inv_S2_held_views_match_model(self) -> None:
-        """S2: a held view shows the object's bytes (prefetch mode: including
-        every write admitted since; lru mode: a host copy made at the fill)."""
+        """S2: a held view shows the object's bytes (prefetch mode: until a
+        write lands over it, W11; lru mode: a host copy made at the fill)."""
         if self.dev is None or not self.data or self.mode != "prefetch":
             return
         for req in self.staging.held:
             assert req.snapshot is not None
+            if req.stale is not False:
+                continue
             assert req.snapshot == self.image[req.addr : req.end], f"S2: {req}"
 
     @invariant()

@@ -36,7 +36,7 @@ struct named {
 
 static const struct named slot_states[] = {
         N(CHM_SLOT_FREE), N(CHM_SLOT_FILLING), N(CHM_SLOT_READY),
-        N(CHM_SLOT_HELD), N(CHM_SLOT_FAILED),
+        N(CHM_SLOT_HELD), N(CHM_SLOT_FAILED),  N(CHM_SLOT_DRAINING),
 };
 static const struct named wbuf_states[] = {
         N(CHM_WB_FREE),    N(CHM_WB_ADMITTED), N(CHM_WB_FLUSHING),

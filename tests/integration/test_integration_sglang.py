@@ -1,0 +1,108 @@
+"""SGLang HiCache storage with chm, loaded as SGLang loads ``--hicache-storage-backend
+dynamic``: through ``StorageBackendFactory.create_backend`` with the extra config.
+
+SGLang itself cannot run on a CPU-only machine (its package requires CUDA
+kernels and torch 2.14.1), so on one ``make integrations EXTRAS=sglang``
+installs the sglang package without its dependencies; its HiCache base
+class and backend factory import with two small pure-Python packages. The
+test then drives the backend through SGLang's interface (set, batch_set,
+get, batch_get, exists, batch_exists) with page tensors as SGLang's host
+pool hands them out, byte-exact, with prefix semantics and across a
+restart. Skipped when sglang is not installed; CHM_REQUIRE_SGLANG=1 fails.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if os.environ.get("CHM_REQUIRE_SGLANG") != "1":
+    pytest.importorskip(
+        "sglang.srt.mem_cache.storage.backend_factory",
+        reason="SGLang is not installed (make integrations EXTRAS=sglang installs its "
+        "HiCache classes; the engine needs CUDA)",
+    )
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+from chm.errors import InvalidArgument
+from chm.integrations.sglang import ChmHiCacheStorage
+
+PAGE = 64 * 1024  # bytes per page (64 tokens x 1 KiB)
+EXTRA = {"backend_name": "chm", "module_path": "chm.integrations.sglang",
+         "class_name": "ChmHiCacheStorage", "capacity": "64M", "dram": "2M", "wbuf": "1M",
+         "slot_size": "64K"}  # fmt: skip
+
+
+def config(path: Path, **extra: Any) -> HiCacheStorageConfig:
+    return HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name="test/qwen", extra_config={**EXTRA, "path": str(path), **extra},
+    )  # fmt: skip
+
+
+def backend(path: Path, **extra: Any) -> ChmHiCacheStorage:
+    b = StorageBackendFactory.create_backend("dynamic", config(path, **extra), None)
+    assert isinstance(b, ChmHiCacheStorage)
+    return b
+
+
+def pages(n: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(-128, 127, (PAGE // 2,), generator=g).to(torch.bfloat16) for _ in range(n)
+    ]
+
+
+def test_pages_round_trip_through_sglang_interface(tmp_path: Path) -> None:
+    b = backend(tmp_path / "kv")
+    keys = [f"{i:064x}" for i in range(12)]  # 12 pages (768 KiB) > the 512 KiB staging DRAM
+    data = pages(12, 1)
+    assert b.batch_exists(keys) == 0 and not b.exists(keys[0])
+    assert b.set(keys[0], data[0])
+    assert b.batch_set(keys[1:6], data[1:6])
+    b.store.flush()  # drains the 1 MiB write buffer before the next batch
+    assert b.batch_set(keys[6:], data[6:])
+    assert b.batch_exists(keys) == 12 and b.exists(keys[11])
+    assert b.batch_exists([*keys[:3], "absent", keys[4]]) == 3  # a prefix, as SGLang asks
+
+    outs = [torch.empty_like(d) for d in data]
+    got = b.batch_get(keys, outs)
+    assert all(g is o for g, o in zip(got, outs, strict=True))
+    assert all(
+        torch.equal(o.view(torch.uint8), d.view(torch.uint8))
+        for o, d in zip(outs, data, strict=True)
+    )
+    one = torch.empty_like(data[3])
+    assert b.get(keys[3], one) is one and torch.equal(one, data[3])
+    assert b.get("absent", torch.empty_like(one)) is None
+    assert b.batch_get(["absent", keys[0]], [torch.empty_like(one), one])[0] is None
+    b.close()
+
+    b2 = backend(tmp_path / "kv")  # restart: every flushed page is found
+    assert b2.store.stats().recovered_entries == 12
+    outs2 = [torch.empty_like(d) for d in data]
+    assert all(g is not None for g in b2.batch_get(keys, outs2))
+    assert all(torch.equal(o, d) for o, d in zip(outs2, data, strict=True))
+    b2.close()
+
+
+def test_bad_configuration_and_calls_are_refused(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "kv")
+    del cfg.extra_config["path"]
+    with pytest.raises(InvalidArgument, match="'path'"):
+        StorageBackendFactory.create_backend("dynamic", cfg, None)
+    with pytest.raises(InvalidArgument, match="unknown extra-config"):
+        backend(tmp_path / "kv", capcity="1G")
+    b = backend(tmp_path / "kv")
+    with pytest.raises(InvalidArgument, match="one target_location per key"):
+        b.batch_get(["a", "b"], [torch.empty(4)])
+    with pytest.raises(InvalidArgument, match="non-empty str"):
+        b.exists(b"bytes")  # type: ignore[arg-type]
+    b.close()
