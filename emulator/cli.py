@@ -21,6 +21,7 @@ from chm.errors import ChmError, InvalidArgument
 from chm.sizes import format_size, parse_size
 
 from .cost_cmd import cost
+from .demo_cmd import demo
 
 console = Console(highlight=False)
 
@@ -33,6 +34,7 @@ def main() -> None:
 
 
 main.add_command(cost)
+main.add_command(demo)
 
 
 # ---------------------------------------------------------------- version
@@ -187,7 +189,7 @@ def _host_memory() -> int | None:
         return None
 
 
-@main.command()
+@main.command("stage-demo")
 @click.option(
     "--backend",
     type=click.Choice(["auto", "uring", "pread"]),
@@ -225,7 +227,7 @@ def _host_memory() -> int | None:
     callback=_check_timing,
     help="Timing preset to pace the device to (none, gen5-tlc-200g, fpga-cxlhm).",
 )
-def demo(backend: str, n_objects: int, obj_bytes: int, slots: int, timing: str) -> None:
+def stage_demo(backend: str, n_objects: int, obj_bytes: int, slots: int, timing: str) -> None:
     """Stage a few objects from a sparse backing file and show what the device did.
 
     Runs an embedded device over a temporary sparse file: writes recognisable

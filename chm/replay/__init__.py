@@ -6,6 +6,12 @@ DRAM tiers and a file system on SSD; :mod:`~chm.replay.prefill` and
 :mod:`~chm.replay.tiers` give the modeled TTFT; :mod:`~chm.replay.cost` the
 paper's Table 1. Every parameter prints and overrides by name
 (:mod:`~chm.replay.params`).
+
+The CXL-HM systems run on a device (import them explicitly, they need the C
+core): :mod:`~chm.replay.cxlhm` (lru mode and prefetch mode through
+``chm.kv``'s prefetch windows), :mod:`~chm.replay.cxlhm_run` (ghost devices in
+virtual time, write-buffer sweeps) and :mod:`~chm.replay.demo` (the
+real-time ``chm-emu demo``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_capacity_sweep", "plot_per_turn"]
+__all__ = ["plot_capacity_sweep", "plot_load_bandwidth", "plot_per_turn", "plot_wbuf_sweep"]
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -91,6 +91,54 @@ def plot_capacity_sweep(
     ax.set(xlabel="tier capacity", ylabel="prefix hit rate (%)", ylim=(0, 100))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=120)
+
+
+def plot_load_bandwidth(
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    path: str | os.PathLike[str],
+    *,
+    xlabel: str = "turn",
+    title: str = "",
+) -> None:
+    """Effective load bandwidth (B/s, plotted in GB/s) per x, one line per system."""
+    if not series or not any(series.values()):
+        raise ValueError("plot_load_bandwidth: no points")
+    fig, (ax,) = _figure(6, 4)
+    for i, (label, points) in enumerate(series.items()):
+        pts = sorted(points)
+        m, ls = _MARKERS[i % len(_MARKERS)], _DASHES[i % len(_DASHES)]
+        ax.plot([x for x, _ in pts], [y / 1e9 for _, y in pts], label=label, marker=m, ls=ls)
+    ax.set(xlabel=xlabel, ylabel="effective load bandwidth (GB/s)", ylim=(0, None))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=120)
+
+
+def plot_wbuf_sweep(
+    points: Sequence[tuple[int, float, float]],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "",
+) -> None:
+    """Write skip rate and load bandwidth (B/s) vs write-buffer size (bytes)."""
+    if not points:
+        raise ValueError("plot_wbuf_sweep: no points")
+    pts = sorted(points)
+    fig, (skip, bw) = _figure(10, 4, panels=2)
+    xs = [p[0] for p in pts]
+    skip.plot(xs, [100 * p[1] for p in pts], marker="o")
+    bw.plot(xs, [p[2] / 1e9 for p in pts], marker="s", ls="--")
+    skip.set(xlabel="write buffer", ylabel="writes skipped (%)", ylim=(0, 100))
+    bw.set(xlabel="write buffer", ylabel="load bandwidth (GB/s)", ylim=(0, None))
+    for ax in (skip, bw):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [format_size(x, exact=False) for x in xs])
+        ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=120)

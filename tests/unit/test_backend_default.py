@@ -139,7 +139,7 @@ def test_toml_backend_auto(tmp_path: Path, forced_no_uring: list[str]) -> None:
 
 
 def test_demo_names_the_fallback(forced_no_uring: list[str]) -> None:
-    args = ["demo", "--objects", "2", "--slots", "1", "--object-size", "1M"]
+    args = ["stage-demo", "--objects", "2", "--slots", "1", "--object-size", "1M"]
     result = CliRunner().invoke(cli_main, args)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
@@ -150,7 +150,17 @@ def test_demo_names_the_fallback(forced_no_uring: list[str]) -> None:
 
 
 def test_demo_explicit_uring_fails_cleanly(forced_no_uring: list[str]) -> None:
-    args = ["demo", "--backend", "uring", "--objects", "2", "--slots", "1", "--object-size", "1M"]
+    args = [
+        "stage-demo",
+        "--backend",
+        "uring",
+        "--objects",
+        "2",
+        "--slots",
+        "1",
+        "--object-size",
+        "1M",
+    ]
     result = CliRunner().invoke(cli_main, args)
     assert result.exit_code == 1
     assert 'use backend="pread"' in " ".join(result.output.split())
@@ -228,7 +238,8 @@ def test_real_seccomp_demo(tmp_path: Path) -> None:
         """
         import sys
         from chm_emu.cli import main
-        sys.argv = ["chm-emu", "demo", "--objects", "2", "--slots", "1", "--object-size", "1M"]
+        sys.argv = ["chm-emu", "stage-demo", "--objects", "2", "--slots", "1",
+                    "--object-size", "1M"]
         main()
         """,
         tmp_path,

@@ -558,7 +558,17 @@ def test_demo_command_runs() -> None:
 
     from chm_emu.cli import main
 
-    args = ["demo", "--backend", "pread", "--objects", "4", "--slots", "2", "--object-size", "1M"]
+    args = [
+        "stage-demo",
+        "--backend",
+        "pread",
+        "--objects",
+        "4",
+        "--slots",
+        "2",
+        "--object-size",
+        "1M",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())  # undo the console's line wrapping

@@ -1,0 +1,328 @@
+"""Replay of the two CXL-HM systems through a device: lru mode and prefetch mode.
+
+``cxlhm-lru`` is the commercial device: a transparent LRU over its DRAM, and
+the serving runtime reads each KV block with a plain load
+(``read_into``). ``cxlhm-prefetch`` is HyMCache: the hits of a request are
+prefetched in order through a :class:`~chm.kv.window.SlidingWindow` of
+``w_max(block, hits)`` blocks (eq. 2), each waited on and released.
+
+Both sit behind a GPU prefix cache per worker (G1, as the baselines) and keep
+one shared tier on the device: an index of block key -> device address with
+LRU eviction over ``capacity // stride`` block places. Per request the G1
+prefix is found first, then the tier's run from there on; the tier hits are
+loaded from the device and timed on the device's clock (``clock="virtual"``:
+``stats().clock_now_ns``; else wall time), then every block the tier lacks is
+written (``write`` may skip it when the write buffer is full: a skipped
+block is not indexed, so a later turn misses it).
+
+Blocks on the device may be smaller than the model's (``device_block_bytes``,
+so a real-time run fits a small disk): the load time of the model's bytes is
+then the measured time scaled by ``model block / device block``, which keeps
+the measured bandwidth. TTFT = prefill compute of the uncached tokens + that
+load time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from chm.kv.protocol import DeviceLike
+from chm.kv.window import WINDOW_BYTES, SlidingWindow, w_max
+from chm.replay.lru import LruBlocks
+from chm.replay.prefill import PrefillModel
+from chm.replay.results import RequestResult
+from chm.workloads.records import Request
+
+__all__ = ["CXLHM_SYSTEMS", "CxlhmReplay", "CxlhmRequest", "DeviceTier", "replay_cxlhm"]
+
+CXLHM_SYSTEMS = {"cxlhm-lru": "lru", "cxlhm-prefetch": "prefetch"}
+
+_ALIGN = 4096
+
+
+class DeviceTier:
+    """Block key -> device address, LRU over ``places`` equal block places."""
+
+    def __init__(self, capacity_bytes: int, stride: int) -> None:
+        if stride <= 0 or capacity_bytes < stride:
+            raise ValueError(
+                f"DeviceTier: capacity {capacity_bytes} bytes holds no {stride}-byte block"
+            )
+        self.places = capacity_bytes // stride
+        self.stride = stride
+        self.evictions = 0
+        self._addr: OrderedDict[bytes, int] = OrderedDict()
+        self._free: list[int] = []
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._addr)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._addr
+
+    def addr(self, key: bytes) -> int:
+        return self._addr[key]
+
+    def prefix_len(self, keys: tuple[bytes, ...], start: int = 0) -> int:
+        n = 0
+        for k in keys[start:]:
+            if k not in self._addr:
+                break
+            n += 1
+        return n
+
+    def touch(self, key: bytes) -> None:
+        self._addr.move_to_end(key)
+
+    def place(self) -> int:
+        """An address for a new block: a never-used place, a freed one, or the LRU's."""
+        if self._free:
+            return self._free.pop()
+        if self._next < self.places:
+            a = self._next * self.stride
+            self._next += 1
+            return a
+        _, a = self._addr.popitem(last=False)
+        self.evictions += 1
+        return a
+
+    def insert(self, key: bytes, addr: int) -> None:
+        self._addr[key] = addr
+
+    def unplace(self, addr: int) -> None:
+        """Gives back an address whose write was skipped."""
+        self._free.append(addr)
+
+
+@dataclass(frozen=True, slots=True)
+class CxlhmRequest:
+    """One request's result plus what the device did for it."""
+
+    result: RequestResult
+    device_load_bytes: int  # bytes loaded from the device (device-sized blocks)
+    device_load_s: float  # time of that load on the device's clock
+    dram_bytes: int  # of them served from device DRAM
+    ssd_bytes: int  # of them read from the SSD
+    writes_offered: int
+    writes_skipped: int
+    clock_end_s: float  # device clock after the request
+
+    @property
+    def load_bw_Bps(self) -> float:
+        """Effective load bandwidth: device bytes / device load time (0 without a load)."""
+        return self.device_load_bytes / self.device_load_s if self.device_load_s > 0 else 0.0
+
+    def row(self) -> dict[str, Any]:
+        d = self.result.row()
+        d.update(
+            device_load_bytes=self.device_load_bytes,
+            device_load_s=self.device_load_s,
+            load_bw_Bps=self.load_bw_Bps,
+            dram_bytes=self.dram_bytes,
+            ssd_bytes=self.ssd_bytes,
+            writes_offered=self.writes_offered,
+            writes_skipped=self.writes_skipped,
+            clock_end_s=self.clock_end_s,
+        )
+        return d
+
+
+class CxlhmReplay:
+    """One CXL-HM system over an open device, fed one request at a time.
+
+    ``system`` is ``"cxlhm-lru"`` (the device must be in lru mode) or
+    ``"cxlhm-prefetch"`` (prefetch mode). ``device_block_bytes`` 0 stores
+    blocks at the model's size.
+    """
+
+    def __init__(
+        self,
+        dev: DeviceLike,
+        system: str,
+        prefill: PrefillModel,
+        *,
+        workers: int = 1,
+        gpu_cache: bool = True,
+        hbm_kv_bytes: int = 0,
+        device_block_bytes: int = 0,
+        window_bytes: int = WINDOW_BYTES,
+        wait_timeout_s: float = 30.0,
+    ) -> None:
+        if system not in CXLHM_SYSTEMS:
+            raise ValueError(
+                f"unknown CXL-HM system {system!r} (known: {', '.join(CXLHM_SYSTEMS)})"
+            )
+        mode = CXLHM_SYSTEMS[system]
+        if dev.config.mode != mode:
+            raise ValueError(f"{system} needs a device in {mode} mode, not {dev.config.mode!r}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if device_block_bytes < 0 or device_block_bytes % 512:
+            raise ValueError(
+                f"device_block_bytes must be a multiple of 512, got {device_block_bytes}"
+            )
+        self.dev = dev
+        self.system = system
+        self.mode = mode
+        self.prefill = prefill
+        self.workers = workers
+        self.gpu_cache = gpu_cache
+        self.window_bytes = window_bytes
+        self.wait_timeout_s = wait_timeout_s
+        self.results: list[CxlhmRequest] = []
+        self._hbm = hbm_kv_bytes or prefill.hbm_kv_bytes()
+        self._dev_block = device_block_bytes
+        self._virtual = dev.config["clock"] == "virtual"
+        self._moves_data = dev.config.backend != "ghost"
+        self._g1: list[LruBlocks] = []
+        self._tier: DeviceTier | None = None
+        self._block_bytes = 0
+        self._payload: np.ndarray[Any, Any] | None = None
+        self._dst: np.ndarray[Any, Any] | None = None
+
+    # ---- clock
+
+    def _now_s(self) -> float:
+        if self._virtual:
+            return self.dev.stats().clock_now_ns / 1e9
+        return time.perf_counter()
+
+    def _setup(self, r: Request) -> int:
+        bb = self.prefill.model.block_bytes(r.block_tokens)
+        if not self._block_bytes:
+            self._block_bytes = bb
+            db = self._dev_block or bb
+            if db > bb:
+                raise ValueError(
+                    f"device_block_bytes {db} is larger than the model's block ({bb} bytes)"
+                )
+            if self.mode == "prefetch" and db > self.dev.slot_bytes:
+                raise ValueError(
+                    f"a {db}-byte block does not fit the device's {self.dev.slot_bytes}-byte slots"
+                )
+            self._dev_block = db
+            stride = -(-db // _ALIGN) * _ALIGN
+            self._tier = DeviceTier(int(self.dev.capacity), stride)
+            if self.gpu_cache:
+                self._g1 = [LruBlocks(self._hbm // bb) for _ in range(self.workers)]
+            self._payload = np.zeros(db, dtype=np.uint8)
+            self._dst = np.empty(db, dtype=np.uint8)
+        elif bb != self._block_bytes:
+            raise ValueError(
+                f"request {r.index} has {r.block_tokens}-token blocks; earlier requests "
+                "had another block size (one replay, one block size)"
+            )
+        return bb
+
+    @property
+    def scale(self) -> float:
+        """Model block bytes per device block byte (1 at full scale)."""
+        return self._block_bytes / self._dev_block if self._dev_block else 1.0
+
+    # ---- loads
+
+    def _load(self, addrs: list[int]) -> None:
+        db = self._dev_block
+        dst = self._dst
+        assert dst is not None
+        if self.mode == "lru":
+            for a in addrs:
+                self.dev.read_into(a, dst)
+            return
+        size = w_max(self._block_bytes, len(addrs), self.window_bytes)
+        copy = self._moves_data
+        with SlidingWindow(self.dev, [(a, db) for a in addrs], size) as win:
+            for _, h in win:
+                view = h.wait(self.wait_timeout_s)
+                if copy:  # into the host buffer, as lru mode's read_into does
+                    dst[:] = np.frombuffer(view, dtype=np.uint8, count=db)
+                del view
+
+    def step(self, r: Request) -> CxlhmRequest:
+        """Looks the request up, loads its tier hits, writes what the tier lacks."""
+        bb = self._setup(r)
+        tier = self._tier
+        assert tier is not None and self._payload is not None
+        w = (r.session if r.session is not None else r.index) % self.workers
+        keys = r.block_keys
+        gpu = self._g1[w] if self._g1 else None
+        p1 = gpu.prefix_len(keys) if gpu is not None else 0
+        p2 = tier.prefix_len(keys, p1)
+        hits = keys[p1 : p1 + p2]
+        addrs = [tier.addr(k) for k in hits]
+        before = self.dev.stats()
+        t0 = before.clock_now_ns / 1e9 if self._virtual else time.perf_counter()
+        if addrs:
+            self._load(addrs)
+        t1 = self._now_s()
+        mid = self.dev.stats()
+        if gpu is not None:
+            gpu.access(keys)
+        for k in keys:
+            if k in tier:
+                tier.touch(k)
+        offered = skipped = 0
+        for k in keys:
+            if k in tier:
+                continue
+            a = tier.place()
+            offered += 1
+            if self.dev.write(a, self._payload):
+                tier.insert(k, a)
+            else:
+                tier.unplace(a)
+                skipped += 1
+        end = self._now_s()
+        device_load_s = t1 - t0 if addrs else 0.0
+        cached = (p1 + p2) * r.block_tokens
+        result = RequestResult(
+            system=self.system,
+            index=r.index,
+            session=r.session,
+            turn=r.turn,
+            worker=w,
+            arrival_s=r.arrival_s,
+            input_tokens=r.input_tokens,
+            blocks=len(keys),
+            gpu_hit_blocks=p1,
+            tier_hit_blocks=p2,
+            block_tokens=r.block_tokens,
+            gpu_bytes=p1 * bb,
+            tier_name=self.system,
+            tier_bytes=p2 * bb,
+            compute_s=self.prefill.compute_s(r.input_tokens - cached, cached),
+            load_s=device_load_s * self.scale,
+        )
+        out = CxlhmRequest(
+            result=result,
+            device_load_bytes=len(addrs) * self._dev_block,
+            device_load_s=device_load_s,
+            dram_bytes=mid.bytes_from_dram - before.bytes_from_dram,
+            ssd_bytes=mid.bytes_read_ssd - before.bytes_read_ssd,
+            writes_offered=offered,
+            writes_skipped=skipped,
+            clock_end_s=end,
+        )
+        self.results.append(out)
+        return out
+
+
+def replay_cxlhm(
+    requests: Iterable[Request],
+    replay: CxlhmReplay,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> list[CxlhmRequest]:
+    """Feeds ``requests`` in order to ``replay``; its results."""
+    for r in requests:
+        replay.step(r)
+        if progress is not None:
+            progress(1)
+    return replay.results

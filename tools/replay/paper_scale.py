@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Paper-scale replay: the five baselines and both CXL-HM modes, one workload.
+
+Llama-3.1-8B (16 MiB blocks), 32 users x 8 turns of synthetic chat, a 2 TB
+CXL-HM device with 64 GB of DRAM in virtual time on the ghost backend (lru
+mode and prefetch mode), against the baselines of chm.replay.baselines with
+the paper's budgets. --scale divides the device's sizes and block size (see
+chm.replay.cxlhm_run). Prints the per-turn hit rate per system and the
+prefetch/lru load-bandwidth ratio, checks it against the paper's >= 1.35x
+(verdict last, exit 1 on a miss), and writes to --out:
+
+    results.json     setup, per-turn summaries, the ratio
+    per_request.csv  one row per (system, request); CXL-HM rows add device columns
+    per_turn.csv     one row per (system, turn)
+    per_turn.png     hit rate and modeled TTFT per turn, all seven systems
+    load_bw.png      CXL-HM load bandwidth over simulated time, lru vs prefetch
+    wbuf.png         prefetch mode: writes skipped and load bandwidth vs write buffer
+
+    python tools/replay/paper_scale.py --out out/paper
+    python tools/replay/paper_scale.py --scale 1 --out out/paper-full   # needs RAM = DRAM
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import _benchlib as bl
+
+import chm
+from chm.errors import InvalidArgument
+from chm.replay import RequestResult, configure, per_turn, simulate, write_csv, write_json
+from chm.replay.cxlhm import CxlhmRequest
+from chm.replay.cxlhm_run import GhostSetup, replay_virtual
+from chm.replay.cxlhm_run import wbuf_sweep as run_wbuf_sweep
+from chm.sizes import format_size, parse_size
+from chm.workloads import ChatWorkload, generate_chat
+
+console = Console(highlight=False, markup=False)
+TARGET_RATIO = 1.35  # paper, Fig. 13: prefetch >35 % average load bandwidth
+
+
+def _bw(rs: list[CxlhmRequest]) -> float:
+    b = sum(r.device_load_bytes for r in rs)
+    s = sum(r.device_load_s for r in rs)
+    return b / s if s > 0 else 0.0
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--users", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--turns", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--scale",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Divide device sizes and blocks by this (4: lru mode needs up to 16 GB of host RAM).",
+)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--hbm-kv",
+    default="0",
+    help="G1 (HBM) KV bytes per worker for every system; 0: from the GPU preset.",
+)
+@click.option(
+    "--wbuf-sweep",
+    default="64M,256M,1G,4G",
+    show_default=True,
+    help="Write-buffer sizes (before --scale) for prefetch-mode replays; '' for none.",
+)
+@click.option("--no-plots", is_flag=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+def main(
+    users: int,
+    turns: int,
+    workers: int,
+    scale: int,
+    seed: int,
+    hbm_kv: str,
+    wbuf_sweep: str,
+    no_plots: bool,
+    out: Path,
+) -> None:
+    """Replay the paper-scale workload through all seven systems."""
+    try:
+        hbm = parse_size(hbm_kv)
+    except InvalidArgument as exc:
+        raise click.BadParameter(f"--hbm-kv {hbm_kv!r}: {exc.strerror}") from None
+    try:
+        wbufs = [parse_size(w) for w in wbuf_sweep.split(",") if w.strip()]
+    except InvalidArgument as exc:
+        raise click.BadParameter(f"--wbuf-sweep {wbuf_sweep!r}: {exc.strerror}") from None
+    wl = ChatWorkload(
+        users=users,
+        turns=turns,
+        system_prompt_tokens=2048,
+        user_tokens=(4000, 12000),
+        output_tokens=(200, 1000),
+        seed=seed,
+    )
+    requests = generate_chat(wl)
+    setup = configure("llama-3.1-8b", "a100-80g")
+    if hbm:
+        systems = {n: dataclasses.replace(s, hbm_kv_bytes=hbm) for n, s in setup.systems.items()}
+        setup = dataclasses.replace(setup, systems=systems)
+    pm = setup.prefill
+    ghost = GhostSetup(scale=scale)
+    blocks = sum(len(r.block_keys) for r in requests)
+    console.print(
+        f"workload: {len(requests)} requests, {blocks} block accesses of "
+        f"{format_size(pm.model.block_bytes(128))}; CXL-HM: "
+        f"{format_size(ghost.capacity_bytes, exact=False)} device, "
+        f"{format_size(ghost.dram_bytes, exact=False)} DRAM, "
+        f"{format_size(ghost.wbuf_bytes, exact=False)} write buffer, {ghost.timing}, "
+        f"ghost backend in virtual time, sizes / {scale}"
+    )
+    results: list[RequestResult] = []
+    cx: dict[str, list[CxlhmRequest]] = {}
+    wall: dict[str, float] = {}
+    with Progress(console=console, transient=True) as bar:
+        total = len(requests) * (len(setup.systems) + 2 + len(wbufs))
+        task = bar.add_task("replaying", total=total)
+        for spec in setup.systems.values():
+            results += simulate(
+                requests, spec, pm, workers=workers, progress=lambda n: bar.advance(task, n)
+            )
+        for system in ("cxlhm-lru", "cxlhm-prefetch"):
+            t0 = time.perf_counter()
+            cx[system] = replay_virtual(
+                requests,
+                system,
+                pm,
+                ghost,
+                workers=workers,
+                hbm_kv_bytes=hbm,
+                progress=lambda n: bar.advance(task, n),
+            )
+            wall[system] = time.perf_counter() - t0
+            results += [r.result for r in cx[system]]
+        try:
+            sweep = run_wbuf_sweep(
+                requests,
+                pm,
+                ghost,
+                wbufs,
+                workers=workers,
+                hbm_kv_bytes=hbm,
+                progress=lambda n: bar.advance(task, n),
+            )
+        except (chm.ChmError, ValueError) as exc:
+            raise click.ClickException(f"--wbuf-sweep: {exc}") from None
+    turns_summary = per_turn(results)
+
+    table = Table(title="prefix hit rate per turn", title_justify="left")
+    names = [*setup.systems, *cx]
+    table.add_column("turn", justify="right")
+    for n in names:
+        table.add_column(n, justify="right")
+    by = {(t.system, t.turn): t for t in turns_summary}
+    for turn in range(turns):
+        table.add_row(str(turn + 1), *(f"{by[(n, turn)].hit_rate:.0%}" for n in names))
+    console.print(table)
+    lru_bw, pf_bw = _bw(cx["cxlhm-lru"]), _bw(cx["cxlhm-prefetch"])
+    ratio = bl.ratio(pf_bw, lru_bw)
+    skipped = {s: sum(r.writes_skipped for r in rs) for s, rs in cx.items()}
+    offered = {s: sum(r.writes_offered for r in rs) for s, rs in cx.items()}
+    for s, rs in cx.items():
+        console.print(
+            f"{s}: load bandwidth {bl.fmt_bw(_bw(rs))}, "
+            f"{format_size(sum(r.dram_bytes for r in rs), exact=False)} from device DRAM, "
+            f"{format_size(sum(r.ssd_bytes for r in rs), exact=False)} from SSD, "
+            f"{skipped[s]} of {offered[s]} writes skipped, {wall[s]:.1f} s wall"
+        )
+
+    for p in sweep:
+        console.print(
+            f"write buffer {format_size(p.wbuf_bytes, exact=False)} (/ {scale}): "
+            f"{p.writes_skipped} of {p.writes_offered} writes skipped ({p.skip_rate:.1%}), "
+            f"load bandwidth {bl.fmt_bw(p.load_bw_Bps)}, hit rate {p.hit_rate:.1%}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "workload": dataclasses.asdict(wl) | {"requests": len(requests), "blocks": blocks},
+        "ghost": dataclasses.asdict(ghost),
+        "workers": workers,
+        "load_bw_Bps": {"cxlhm-lru": lru_bw, "cxlhm-prefetch": pf_bw},
+        "prefetch_over_lru": ratio,
+        "writes_skipped": skipped,
+        "writes_offered": offered,
+        "per_turn": [t.row() for t in turns_summary],
+        "wbuf_sweep": [dataclasses.asdict(p) | {"skip_rate": p.skip_rate} for p in sweep],
+    }
+    write_json(out / "results.json", doc)
+    rows = [r.row() for r in results if r.system not in cx]
+    extra = [r.row() for rs in cx.values() for r in rs]
+    cols = list(extra[0])
+    write_csv(out / "per_request.csv", [{c: row.get(c, "") for c in cols} for row in rows + extra])
+    write_csv(out / "per_turn.csv", [t.row() for t in turns_summary])
+    if not no_plots:
+        try:
+            from chm.replay.plots import plot_load_bandwidth, plot_per_turn, plot_wbuf_sweep
+
+            plot_per_turn(turns_summary, out / "per_turn.png", title="Llama-3.1-8B, 32x8 chat")
+            plot_load_bandwidth(
+                {
+                    s: [(r.clock_end_s, r.load_bw_Bps) for r in rs if r.device_load_s > 0]
+                    for s, rs in cx.items()
+                },
+                out / "load_bw.png",
+                xlabel="simulated time (s)",
+                title="CXL-HM load bandwidth per request",
+            )
+            if sweep:
+                plot_wbuf_sweep(
+                    [(p.wbuf_bytes, p.skip_rate, p.load_bw_Bps) for p in sweep],
+                    out / "wbuf.png",
+                    title=f"prefetch mode, sizes / {scale}",
+                )
+        except ImportError as exc:
+            console.print(f"no plots: {exc}")
+    console.print(f"wrote results to {out}")
+    v = bl.Verdicts("paper_scale")
+    v.check("prefetch/lru load bandwidth", ratio, TARGET_RATIO, fmt=bl.fmt_ratio)
+    sys.exit(v.finish())
+
+
+if __name__ == "__main__":
+    main()
