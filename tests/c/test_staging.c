@@ -100,7 +100,7 @@ static void *wait_forever(void *arg)
 static void test_backend(const char *backend, const char *dir)
 {
 	char path[512];
-	snprintf(path, sizeof(path), "%s/t-%s.img", dir, backend);
+	snprintf(path, sizeof(path), "%s/chm-test-staging-%d-%s.img", dir, (int)getpid(), backend);
 	const uint64_t cap = 64ull << 20;
 	int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0644);
 	CHECK(fd >= 0);
