@@ -28,12 +28,13 @@ BIN_san := $(patsubst tests/c/%.c,$(BUILD)/san/%,$(CTESTS))
 OBJ_tsan := $(patsubst csrc/%.c,$(BUILD)/tsan/obj/%.o,$(CSRC))
 BIN_tsan := $(patsubst tests/c/%.c,$(BUILD)/tsan/%,$(CTESTS))
 
-.PHONY: all demo test setup ext c-build c-tests pytest lint lint-py lint-c format clean distclean
+.PHONY: all demo test setup setup-runtime ext c-build c-tests pytest lint lint-py lint-c format clean distclean
 
 all: setup
 
-## demo: install what is missing, then run the embedded-device demo
-demo: setup
+## demo: install what is missing to run chm (not the test tools), then run
+## the embedded-device demo
+demo: setup-runtime
 	$(VENV)/bin/chm-emu demo
 
 ## test: install what is missing, then the Python lint (ruff, mypy), the C tests
@@ -45,8 +46,13 @@ test: setup
 	$(MAKE) --no-print-directory pytest || rc=1; \
 	exit $$rc
 
+## setup: what `make test` needs (system packages, .venv with chm and its test tools)
 setup:
-	@scripts/setup.sh
+	@scripts/setup.sh test
+
+## setup-runtime: what `make demo` needs (system packages, .venv with chm)
+setup-runtime:
+	@scripts/setup.sh runtime
 
 ## ext: rebuild the cffi extension in place after C changes
 ext:

@@ -231,6 +231,11 @@ class Config:
                 call="chm_config_set",
                 detail=f"unknown option {key!r}",
             )
+        if name == "backend" and isinstance(value, str) and value == "auto":
+            # unset: chosen when the device opens (chm.backend)
+            _ll.config_set(self._cfg, name, "uring")
+            self._set.pop(name, None)
+            return self
         text = _to_text(name, value, types[name])
         try:
             _ll.config_set(self._cfg, name, text)
@@ -324,6 +329,13 @@ class Config:
     @property
     def backend(self) -> str:
         return str(_name_of(_ll.BACKENDS, int(self._cfg.backend)))
+
+    @property
+    def auto_backend(self) -> bool:
+        """True when ``backend`` was not set (or set to ``"auto"``): a device
+        opened from this config uses uring if this host allows io_uring, else
+        pread (see :mod:`chm.backend`)."""
+        return "backend" not in self._set
 
     @property
     def mode(self) -> str:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from chm import _lowlevel as _ll
 from chm._scratch import ScratchDir
+from chm.backend import open_device
 from chm.config import Config
 from chm.errors import Busy, Cancelled, ChmError, InvalidArgument, StaleHandle, ViewInUse
 from chm.stats import Stats
@@ -431,7 +432,7 @@ class Device:
             # a Device collected without close() gives its locks back too
             weakref.finalize(self, _unlock, self._locks)
             try:
-                self._ptr = _ll.dev_open(cfg.cdata)
+                self._ptr = open_device(cfg)
                 _lock_targets(targets, self._locks)  # the files this open created
             except BaseException:
                 if self._ptr is not None:
@@ -452,7 +453,7 @@ class Device:
         targets: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
         capacity: int | str = "64G",
         dram: int | str | None = None,
-        backend: str = "uring",
+        backend: str | None = None,
         mode: str = "prefetch",
         **options: Any,
     ) -> Device:
@@ -462,6 +463,9 @@ class Device:
         ``create=True`` a missing file is created (mode 0600, sparse) and a
         short one extended, else that is NotFound / NoSpace naming the path
         and sizes. ``None`` uses a file created in a temporary directory.
+        ``backend`` None (or ``"auto"``) is uring when this host allows
+        io_uring, else pread; ``dev.backend`` says which (see
+        :mod:`chm.backend`).
         """
         cfg = Config(capacity=capacity, backend=backend, mode=mode)
         if dram is not None:  # else the device default (chm-emu options)
@@ -534,6 +538,9 @@ class Device:
     def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Handle:
         """Issues a prefetch of ``[addr, addr+length)``; never blocks.
 
+        Any ``addr`` and ``length`` (no alignment needed): the fill is widened
+        to 4096-byte boundaries inside the device.
+
         Raises InvalidArgument (length 0, larger than a slot, beyond capacity,
         a bool for addr or length), WouldBlock (refill queue full, or no free
         slot with ``noqueue``), NotSupported (direct mode), Cancelled (closed),
@@ -573,7 +580,10 @@ class Device:
     # -- data path
 
     def read(self, addr: int, length: int) -> bytes:
-        """Reads ``length`` bytes at ``addr`` (DRAM hit when staged, else SSD)."""
+        """Reads ``length`` bytes at ``addr`` (DRAM hit when staged, else SSD).
+
+        Any ``addr`` and ``length`` (no alignment needed).
+        """
         ptr = self._p("chm_read")
         n: object = length  # any integer type; others fail in the C call
         if isinstance(n, numbers.Integral) and int(n) > self._capacity:
@@ -583,13 +593,18 @@ class Device:
         return _ll.read(ptr, addr, length)
 
     def read_into(self, addr: int, buf: Any) -> int:
-        """Reads ``len(buf)`` bytes at ``addr`` into a writable buffer."""
+        """Reads ``len(buf)`` bytes at ``addr`` into a writable buffer.
+
+        Any ``addr`` and length (no alignment needed).
+        """
         return _ll.read_into(self._p("chm_read"), addr, buf)
 
     def write(self, addr: int, data: Any) -> bool:
         """Offers an object for writing; True if admitted, False if skipped.
 
-        ``addr`` and ``len(data)`` must be multiples of 512 bytes.
+        ``addr`` and ``len(data)`` must be multiples of 512 bytes (the
+        direct-I/O granularity, ``chm._lowlevel.IO_ALIGN``); otherwise
+        InvalidArgument. Reads and prefetches have no such rule.
         """
         rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)
         return rc != _ll.WRITE_SKIPPED

@@ -18,12 +18,21 @@ def _name_of(table: Mapping[str, int], value: int) -> str:
     return str(value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Stats:
-    """Every field of ``struct chm_stats`` plus derived rates.
+    """Every field of ``struct chm_stats`` (but its reserved ones) plus derived rates.
 
     Field meanings are documented in include/chm.h. ``refill_lat_hist[i]``
     counts fills that took [2**i, 2**(i+1)) microseconds.
+
+    Two kinds of DRAM service are counted apart. A prefetch that completes
+    is *staged* (``prefetch_completed``, also ``staged``; ``staged_rate`` of
+    the prefetches issued): its data is read through the view that
+    ``Handle.wait()`` returns. ``read_hits`` / ``read_misses`` count only
+    ``read()`` / ``read_into()`` calls (``read_hit_rate``, also ``hit_rate``),
+    so a device that has only staged objects has a read hit rate of 0.0.
+    ``backend``, ``mode`` and ``pool_kind`` are the C enum values; the repr
+    and the ``*_name`` properties give their names.
     """
 
     # prefetch
@@ -85,7 +94,6 @@ class Stats:
     pool_hugepages: int = 0
     backend: int = 0
     mode: int = 0
-    reserved1: int = 0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Stats:
@@ -113,10 +121,28 @@ class Stats:
         return self.read_hits + self.read_misses
 
     @property
-    def hit_rate(self) -> float:
-        """Fraction of chm_read calls served from DRAM (0.0 when none)."""
+    def read_hit_rate(self) -> float:
+        """Fraction of ``read()`` / ``read_into()`` calls served from DRAM
+        (0.0 when none). Prefetched data read through its view is not a
+        read: see ``staged_rate``."""
         n = self.read_hits + self.read_misses
         return self.read_hits / n if n else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """The same as ``read_hit_rate`` (``read()`` calls only)."""
+        return self.read_hit_rate
+
+    @property
+    def staged(self) -> int:
+        """Prefetches whose fill completed: objects staged into DRAM
+        (``prefetch_completed``)."""
+        return self.prefetch_completed
+
+    @property
+    def staged_rate(self) -> float:
+        """Fraction of issued prefetches staged into DRAM so far (0.0 when none)."""
+        return self.prefetch_completed / self.prefetch_issued if self.prefetch_issued else 0.0
 
     @property
     def lru_hit_rate(self) -> float:
@@ -162,6 +188,15 @@ class Stats:
     def pool_kind_name(self) -> str:
         return _name_of(_ll.POOL_KINDS, self.pool_kind)
 
+    def __repr__(self) -> str:
+        enums = {"backend": self.backend_name, "mode": self.mode_name}
+        enums["pool_kind"] = self.pool_kind_name
+        parts = [
+            f"{f.name}={enums[f.name] if f.name in enums else getattr(self, f.name)!r}"
+            for f in fields(self)
+        ]
+        return f"Stats({', '.join(parts)})"
+
     def __sub__(self, other: Stats) -> Stats:
         """Counter deltas (``after - before``); gauges keep ``self``'s value."""
         if not isinstance(other, Stats):
@@ -202,6 +237,5 @@ _GAUGES = frozenset(
         "pool_hugepages",
         "backend",
         "mode",
-        "reserved1",
     }
 )

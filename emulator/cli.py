@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 import chm
-from chm.errors import ChmError, InvalidArgument, NotSupported
+from chm.backend import uring_unavailable
+from chm.errors import ChmError, InvalidArgument
 from chm.sizes import format_size, parse_size
 
 console = Console(highlight=False)
@@ -48,7 +49,7 @@ def options(plain: bool) -> None:
     opts = chm.options()
     if plain:
         for o in opts:
-            click.echo(f"{o.name}\t{o.type}\t{o.default}\t{o.help}")
+            click.echo(f"{o.name}\t{o.type}\t{o.default}\t{_help_of(o)}")
         return
     table = Table(title="chm device options", title_justify="left")
     table.add_column("option", style="bold")
@@ -56,8 +57,14 @@ def options(plain: bool) -> None:
     table.add_column("default")
     table.add_column("meaning")
     for o in opts:
-        table.add_row(o.name, o.type, o.default or "-", o.help)
+        table.add_row(o.name, o.type, o.default or "-", _help_of(o))
     console.print(table)
+
+
+def _help_of(o: chm.OptionInfo) -> str:
+    if o.name == "backend":
+        return f"{o.help}; when not set (or auto): uring if this host allows io_uring, else pread"
+    return o.help
 
 
 # ---------------------------------------------------------------- demo
@@ -116,15 +123,11 @@ def _open_demo_device(
         stripe_unit="1M",
         timing=timing,
     )
-    if backend != "auto":
-        return chm.Device.open(backend=backend, **kw)
-    try:
-        return chm.Device.open(backend="uring", **kw)
-    except NotSupported as exc:
-        console.print(
-            f"[yellow]io_uring is unavailable here ({exc.strerror}); using the pread backend."
-        )
-        return chm.Device.open(backend="pread", **kw)
+    dev = chm.Device.open(backend=backend, **kw)  # "auto": chosen at open time
+    refused = uring_unavailable()
+    if backend == "auto" and dev.backend == "pread" and refused:
+        console.print(f"[yellow]io_uring is unavailable here ({refused}); using the pread backend.")
+    return dev
 
 
 def _stats_table(st: chm.Stats) -> Table:
@@ -136,12 +139,13 @@ def _stats_table(st: chm.Stats) -> Table:
         ("staging slots", f"{st.slots_total} x {format_size(st.slot_bytes, exact=False)}"),
         ("prefetches issued", str(st.prefetch_issued)),
         ("  queued for a slot", str(st.prefetch_queued)),
-        ("  staged (fills completed)", str(st.prefetch_completed)),
+        ("  staged into DRAM (fills completed)", str(st.staged)),
         ("  failed", str(st.prefetch_failed)),
         ("  released", str(st.prefetch_released)),
-        ("reads: DRAM hits", str(st.read_hits)),
-        ("reads: SSD misses", str(st.read_misses)),
-        ("hit rate", f"{st.hit_rate:.0%}"),
+        ("  staged rate (of issued)", f"{st.staged_rate:.0%}"),
+        ("read() calls: DRAM hits", str(st.read_hits)),
+        ("read() calls: SSD misses", str(st.read_misses)),
+        ("read() hit rate", f"{st.read_hit_rate:.0%}"),
         ("bytes read from SSD", format_size(st.bytes_read_ssd, exact=False)),
         ("bytes served from DRAM", format_size(st.bytes_from_dram, exact=False)),
         ("mean fill latency", f"{st.refill_lat_mean_ns / 1e6:.2f} ms"),
@@ -184,7 +188,7 @@ def _host_memory() -> int | None:
     type=click.Choice(["auto", "uring", "pread"]),
     default="auto",
     show_default=True,
-    help="I/O backend; auto tries io_uring and falls back to pread.",
+    help="I/O backend; auto: io_uring if this host allows it, else pread.",
 )
 @click.option(
     "--objects",

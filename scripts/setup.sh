@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
 # Prepares a Debian/Ubuntu machine for chm: installs the system packages that
 # are missing (and only those), creates .venv and installs chm into it
-# (editable, with the test extras), then builds the C extension in place.
+# (editable), then builds the C extension in place.
+#
+#   scripts/setup.sh runtime   what `make demo` needs: a C compiler, liburing,
+#                              libnuma, Python headers and venv; chm with its
+#                              runtime dependencies (cffi, numpy, click, rich)
+#   scripts/setup.sh test      (default) also what `make test` needs: fio,
+#                              spin, clang-format; chm's test extras (pytest,
+#                              hypothesis, mypy, ruff, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/apt-get-wait.sh
+. scripts/apt-get-wait.sh
 
+LEVEL=${1:-test}
+case "$LEVEL" in
+runtime | test) ;;
+*)
+	echo "usage: scripts/setup.sh [runtime|test] (got '$LEVEL')" >&2
+	exit 2
+	;;
+esac
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
@@ -21,9 +38,11 @@ else
 	done
 fi
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
-command -v fio >/dev/null 2>&1 || need+=(fio)
-command -v spin >/dev/null 2>&1 || need+=(spin)
-command -v clang-format >/dev/null 2>&1 || need+=(clang-format)
+if [ "$LEVEL" = test ]; then
+	command -v fio >/dev/null 2>&1 || need+=(fio)
+	command -v spin >/dev/null 2>&1 || need+=(spin)
+	command -v clang-format >/dev/null 2>&1 || need+=(clang-format)
+fi
 if ! command -v "$PY" >/dev/null 2>&1; then
 	need+=(python3 python3-venv python3-dev)
 else
@@ -41,8 +60,8 @@ if ((${#need[@]})); then
 	SUDO=
 	if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 	echo "chm: installing ${need[*]}"
-	$SUDO apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+	apt_get update -qq
+	DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
@@ -55,16 +74,30 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/nu
 	"$PY" -m venv "$VENV"
 fi
 
-# Reinstall only when the package metadata changed.
+# Reinstall only when the package metadata changed, or when the test extras
+# are wanted and only the runtime is there. The stamp holds "<key> <level>".
 key=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 stamp="$VENV/.chm-install"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$key" ] ||
-	! "$VENV/bin/python" -m pip show -q chm >/dev/null 2>&1; then
-	echo "chm: installing chm (editable) and its test tools into $VENV"
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "$have" = "$key test" ] || { [ "$LEVEL" = runtime ] && [ "$have" = "$key runtime" ]; }; then
+	"$VENV/bin/python" -m pip show -q chm >/dev/null 2>&1 || have=
+else
+	have=
+fi
+if [ -z "$have" ]; then
+	spec=.
+	what="chm (editable)"
+	if [ "$LEVEL" = test ]; then
+		spec='.[test]'
+		what="chm (editable) and its test tools"
+	fi
+	echo "chm: installing $what into $VENV"
 	pip=("$VENV/bin/python" -m pip install -qq --disable-pip-version-check)
-	"${pip[@]}" --upgrade pip setuptools wheel cffi
-	"${pip[@]}" -e '.[test]'
-	echo "$key" >"$stamp"
+	# The build needs these; with them in the venv the install builds in
+	# place instead of in a second, throw-away environment.
+	"${pip[@]}" 'setuptools>=77' wheel 'cffi>=1.15'
+	"${pip[@]}" --no-build-isolation -e "$spec"
+	echo "$key $LEVEL" >"$stamp"
 	# the editable install just built the extension
 	scripts/build-ext.sh --stamp-only
 fi

@@ -11,7 +11,7 @@ import chm
 from chm import _lowlevel
 from chm.config import Config, option_names, options
 from chm.errors import InvalidArgument, NotFound
-from emulator.cli import main as cli_main
+from chm_emu.cli import main as cli_main
 
 CORE_OPTIONS = {"capacity", "targets", "backend", "mode", "dram", "slot_size", "timing"}
 

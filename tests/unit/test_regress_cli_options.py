@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from emulator.cli import main
+from chm_emu.cli import main
 
 
 @pytest.mark.parametrize("size", ["abc", "-4K"])

@@ -1,8 +1,11 @@
 """Shared helpers of the benchmark scripts: statistics, a filled data file,
-fio, the result table and the JSON report.
+fio, the result table, the JSON report and the verdicts.
 
 Numbers, not asserts: every figure printed comes from a measurement taken in
-the same run; targets are compared against, never assumed.
+the same run; targets are compared against, never assumed. Every benchmark
+records its targets in a :class:`Verdicts` and ends with
+``raise SystemExit(verdicts.finish())``: the verdict lines are the last
+lines printed, and a missed target is a non-zero exit status.
 """
 
 from __future__ import annotations
@@ -120,6 +123,88 @@ def verdict(value: float, target: float, *, higher: bool = True) -> str:
         return "MISSED (no data)"
     ok = value >= target if higher else value <= target
     return "met" if ok else "MISSED"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One measured figure against its target."""
+
+    name: str
+    value: float
+    target: float
+    higher: bool = True
+    fmt: Callable[[float], str] = fmt_ratio
+
+    @property
+    def met(self) -> bool:
+        """NaN (nothing measured) is never met."""
+        if self.value != self.value:
+            return False
+        return self.value >= self.target if self.higher else self.value <= self.target
+
+    def line(self) -> str:
+        op = ">=" if self.higher else "<="
+        return (
+            f"{'met' if self.met else 'MISSED'}: {self.name} = {self.fmt(self.value)} "
+            f"(target {op} {self.fmt(self.target)})"
+        )
+
+
+class Verdicts:
+    """The targets one benchmark run checked, reported last.
+
+    ``check()`` records a figure and returns its verdict text for inline use;
+    ``finish()`` prints one line per target and a summary line, last, and
+    returns the exit status: 0 when every target was met (or none was
+    measured), 1 when one was missed.
+    """
+
+    def __init__(self, benchmark: str) -> None:
+        self.benchmark = benchmark
+        self.targets: list[Target] = []
+
+    def check(
+        self,
+        name: str,
+        value: float,
+        target: float,
+        *,
+        higher: bool = True,
+        fmt: Callable[[float], str] = fmt_ratio,
+    ) -> str:
+        self.targets.append(Target(name, float(value), float(target), higher, fmt))
+        return verdict(value, target, higher=higher)
+
+    @property
+    def missed(self) -> list[Target]:
+        return [t for t in self.targets if not t.met]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "targets": [
+                {"name": t.name, "value": t.value, "target": t.target, "met": t.met}
+                for t in self.targets
+            ],
+            "all_met": not self.missed,
+        }
+
+    def finish(self) -> int:
+        """Prints the verdict lines (the run's last output); returns the exit status."""
+        out = Console(highlight=False, markup=False, width=10_000)
+        out.print()
+        out.print(f"{self.benchmark} verdicts:")
+        for t in self.targets:
+            out.print(f"  {t.line()}")
+        n, missed = len(self.targets), self.missed
+        if not n:
+            out.print(f"{self.benchmark}: no target was measured in this run")
+            return 0
+        if missed:
+            names = ", ".join(t.name for t in missed)
+            out.print(f"{self.benchmark}: MISSED {len(missed)} of {n} targets ({names})")
+            return 1
+        out.print(f"{self.benchmark}: all {n} targets met")
+        return 0
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:

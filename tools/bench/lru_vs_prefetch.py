@@ -28,6 +28,9 @@
 
     python tools/bench/lru_vs_prefetch.py --quick
     python tools/bench/lru_vs_prefetch.py --json results/lru_vs_prefetch.json
+
+The verdict lines are printed last; the exit status is 1 when a target was
+missed.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import _benchlib as bl
 TARGET_LRU_RATIO = 1.35
 TARGET_WRITE_KEEP = 0.9
 DEFAULT_FILE = "/var/tmp/chm-bench-lru.img"
+VERDICTS = bl.Verdicts("lru_vs_prefetch")  # every target this run checks
 
 
 # ---------------------------------------------------------------- clocks
@@ -442,9 +446,11 @@ def report_a(clock: Clock, wl: Workload, series: dict[str, bl.Series], reps: int
                 continue
             rmed = bl.ratio(p.median, ls.median)
             paired = bl.median(bl.paired_ratios(p.values, ls.values))
+            what = f"{p.name} / {lru_name}, {clock.name} clock"
+            met = VERDICTS.check(what, rmed, TARGET_LRU_RATIO)
             bl.console.print(
                 f"  {p.name} / {lru_name}: {bl.fmt_ratio(rmed)} (paired {bl.fmt_ratio(paired)})"
-                f" -- paper >= {TARGET_LRU_RATIO}x: [b]{bl.verdict(rmed, TARGET_LRU_RATIO)}[/b]"
+                f" -- paper >= {TARGET_LRU_RATIO}x: [b]{met}[/b]"
             )
 
 
@@ -674,7 +680,9 @@ def part_b(
     lru_keep = out["lru"]["keep_ratio"]
     bl.console.print(
         f"  prefetch keeps {bl.fmt_ratio(pf_keep)} of its read-only bandwidth (target >= "
-        f"{TARGET_WRITE_KEEP}: [b]{bl.verdict(pf_keep, TARGET_WRITE_KEEP)}[/b]); lru keeps "
+        f"{TARGET_WRITE_KEEP}: [b]"
+        f"{VERDICTS.check('prefetch read bw kept under writes', pf_keep, TARGET_WRITE_KEEP)}"
+        "[/b]); lru keeps "
         f"{bl.fmt_ratio(lru_keep)} ({'drops' if lru_keep < 1 else 'does not drop'})"
     )
     out["target_keep"] = TARGET_WRITE_KEEP
@@ -1029,7 +1037,9 @@ def main(
             preset=preset,
         )
     results["env"]["loadavg_at_end"] = bl.loadavg()
+    results["verdicts"] = VERDICTS.to_dict()
     bl.write_json(json_path, results)
+    raise SystemExit(VERDICTS.finish())
 
 
 if __name__ == "__main__":

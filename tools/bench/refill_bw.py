@@ -12,7 +12,7 @@ prefetch cycle rate.
 (c) cycles/s of `h = dev.prefetch(a, 4096); h.wait(); h.release()` and of
     `with dev.prefetch(a, 4096) as h: h.wait()` on the ghost backend
     (slot_size=4K; target >= 150,000/s), plus the bare _lowlevel calls as the
-    floor the driver wrapper sits on. Below target, a cProfile of the loop
+    floor the driver wrapper sits on. With --profile, a cProfile of the loops
     shows where the time goes.
 
 Devices use the shipped defaults unless a device option is given on the
@@ -21,6 +21,9 @@ a few settings side by side.
 
     python tools/bench/refill_bw.py --quick
     python tools/bench/refill_bw.py --json results/refill_bw.json
+
+The verdict lines are printed last; the exit status is 1 when a target was
+missed (--target-ratio / --target-cycles move the targets).
 """
 
 from __future__ import annotations
@@ -270,9 +273,21 @@ def parse_opt_sizes(d: dict[str, Any]) -> dict[str, Any]:
 @click.option("--no-pread", is_flag=True, help="Skip the pread reference.")
 @click.option("--no-cycles", is_flag=True, help="Skip part (c).")
 @click.option(
-    "--profile/--no-profile",
-    default=None,
-    help="cProfile the cycle loop [default: only when below target].",
+    "--profile", is_flag=True, help="cProfile the cycle loops (printed before the verdicts)."
+)
+@click.option(
+    "--target-ratio",
+    default=TARGET_RATIO,
+    show_default=True,
+    type=float,
+    help="Target for chm uring / fio bandwidth.",
+)
+@click.option(
+    "--target-cycles",
+    default=TARGET_CYCLES,
+    show_default=True,
+    type=float,
+    help="Target for prefetch+wait+release cycles/s.",
 )
 @click.option(
     "--keep-file/--remove-file",
@@ -299,11 +314,17 @@ def main(
     sweep: bool,
     no_pread: bool,
     no_cycles: bool,
-    profile: bool | None,
+    profile: bool,
+    target_ratio: float,
+    target_cycles: float,
     keep_file: bool,
     json_path: str | None,
 ) -> None:
-    """Refill bandwidth vs fio (target >= 0.9x) and prefetch cycles/s (target >= 150k/s)."""
+    """Refill bandwidth vs fio (target >= 0.9x) and prefetch cycles/s (target >= 150k/s).
+
+    Exits 1 when a target is missed.
+    """
+    verdicts = bl.Verdicts("refill_bw")
     fio_label = f"fio bs={object_size} qd={window}"
     region = chm.parse_size(size or ("256M" if quick else "2G"))
     obj = chm.parse_size(object_size)
@@ -415,16 +436,17 @@ def main(
             "malloc'd buffers are; the default anon pool is THP-backed (pool_hugepages="
             f"{u0['pool_hugepages']}), so one 1 MiB I/O is one DMA segment."
         )
+        met = verdicts.check(f"chm uring / {fio_label}", ratio_med, target_ratio)
         bl.console.print(
             f"  ratio chm uring / {fio_label}: {bl.fmt_ratio(ratio_med)} (ratio of medians), "
             f"{bl.fmt_ratio(bl.median(paired))} (median of paired reps) -- target >= "
-            f"{TARGET_RATIO}: [b]{bl.verdict(ratio_med, TARGET_RATIO)}[/b]"
+            f"{target_ratio}: [b]{met}[/b]"
         )
         results["refill"] = {name: s.to_dict() for name, s in series.items()}
         results["refill"]["ratio_uring_vs_fio"] = ratio_med
         results["refill"]["ratio_uring_vs_fio_paired_median"] = bl.median(paired)
-        results["refill"]["target_ratio"] = TARGET_RATIO
-        results["refill"]["target_met"] = bool(ratio_med >= TARGET_RATIO)
+        results["refill"]["target_ratio"] = target_ratio
+        results["refill"]["target_met"] = bool(ratio_med >= target_ratio)
 
         if sweep:
             results["sweep"] = run_sweep(path, region, obj, window, nreps, quick)
@@ -433,9 +455,11 @@ def main(
             Path(path).unlink(missing_ok=True)
 
     if not no_cycles:
-        results["cycles"] = run_cycles(nreps, csec, profile, quick)
+        results["cycles"] = run_cycles(nreps, csec, profile, quick, target_cycles, verdicts)
 
+    results["verdicts"] = verdicts.to_dict()
     bl.write_json(json_path, results)
+    raise SystemExit(verdicts.finish())
 
 
 def run_sweep(path: str, region: int, obj: int, window: int, nreps: int, quick: bool) -> Any:
@@ -485,7 +509,14 @@ def run_sweep(path: str, region: int, obj: int, window: int, nreps: int, quick: 
     return out
 
 
-def run_cycles(nreps: int, seconds: float, profile: bool | None, quick: bool) -> Any:
+def run_cycles(
+    nreps: int,
+    seconds: float,
+    profile: bool,
+    quick: bool,
+    target_cycles: float,
+    verdicts: bl.Verdicts,
+) -> Any:
     forms = list(FORMS)
     series = {f: bl.Series(f, "cycles/s") for f in forms}
     phases: list[dict[str, dict[str, float]]] = []
@@ -504,7 +535,7 @@ def run_cycles(nreps: int, seconds: float, profile: bool | None, quick: bool) ->
         for f in forms:
             s = series[f]
             lo, hi = bl.spread(s.values)
-            target = bl.verdict(s.median, TARGET_CYCLES) if f != "lowlevel" else "(reference)"
+            target = bl.verdict(s.median, target_cycles) if f != "lowlevel" else "(reference)"
             per = f"{1e6 / s.median:.2f} us" if s.median else "n/a"
             rows.append([f, bl.fmt_rate(s.median), f"{lo:,.0f} .. {hi:,.0f}", per, target])
         bl.console.print()
@@ -512,7 +543,7 @@ def run_cycles(nreps: int, seconds: float, profile: bool | None, quick: bool) ->
             f"(c) prefetch+wait+release of 4 KiB objects, ghost backend ({st.slots_total} "
             f"slots of 4K), median of {nreps} rep(s) x {seconds:g} s; load avg "
             f"{' '.join(bl.loadavg())}",
-            ["loop", "cycles/s", "range", "per cycle", f"target {TARGET_CYCLES:,.0f}/s"],
+            ["loop", "cycles/s", "range", "per cycle", f"target {target_cycles:,.0f}/s"],
             rows,
         )
         for f in forms:
@@ -531,10 +562,13 @@ def run_cycles(nreps: int, seconds: float, profile: bool | None, quick: bool) ->
                 for layer, d in med_phase.items()
             ],
         )
-        low = [f for f in ("explicit", "with") if series[f].median < TARGET_CYCLES]
+        for f in ("explicit", "with"):
+            verdicts.check(
+                f"prefetch cycles/s ({f})", series[f].median, target_cycles, fmt=bl.fmt_rate
+            )
         profiles: dict[str, str] = {}
-        if profile or (profile is None and low):
-            for f in low or ["explicit", "with"]:
+        if profile:
+            for f in ("explicit", "with"):
                 n = 20_000 if quick else 100_000
                 profiles[f] = profile_cycles(dev, f, n)
                 bl.console.print(
@@ -543,8 +577,8 @@ def run_cycles(nreps: int, seconds: float, profile: bool | None, quick: bool) ->
                 )
                 print(profiles[f])
     out: dict[str, Any] = {f: series[f].to_dict() for f in forms}
-    out["target_cycles_per_s"] = TARGET_CYCLES
-    out["target_met"] = {f: bool(series[f].median >= TARGET_CYCLES) for f in ("explicit", "with")}
+    out["target_cycles_per_s"] = target_cycles
+    out["target_met"] = {f: bool(series[f].median >= target_cycles) for f in ("explicit", "with")}
     out["per_call_us"] = med_phase
     out["profiles"] = profiles
     out["loadavg_at_end"] = bl.loadavg()
