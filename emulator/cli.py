@@ -20,6 +20,8 @@ from chm.backend import uring_unavailable
 from chm.errors import ChmError, InvalidArgument
 from chm.sizes import format_size, parse_size
 
+from .devices_cmd import devices
+
 console = Console(highlight=False)
 
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -340,6 +342,8 @@ def _run_demo(dev: chm.Device, objs: list[_Obj], miss_addr: int, timing: str) ->
         else:
             console.print(f"Timing preset {timing}: every completion was paced to the model.")
 
+
+main.add_command(devices)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
