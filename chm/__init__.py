@@ -16,6 +16,7 @@ from chm._lowlevel import version as _c_version
 from chm.config import Config, OptionInfo, options
 from chm.device import Device, Handle
 from chm.errors import ChmError
+from chm.remote import connect
 from chm.sizes import format_size, parse_size
 from chm.stats import Stats
 
@@ -30,6 +31,7 @@ __all__ = [
     "Stats",
     "errors",
     "format_size",
+    "connect",
     "kv",
     "options",
     "parse_size",

@@ -21,6 +21,7 @@ from chm.errors import ChmError, InvalidArgument
 from chm.sizes import format_size, parse_size
 
 from .devices_cmd import devices
+from .serve_cmd import serve
 
 console = Console(highlight=False)
 
@@ -344,6 +345,7 @@ def _run_demo(dev: chm.Device, objs: list[_Obj], miss_addr: int, timing: str) ->
 
 
 main.add_command(devices)
+main.add_command(serve)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -25,11 +25,13 @@ __all__ = [
     "DaxDevice",
     "Discovery",
     "NumaNode",
+    "FORCE_KEYS",
     "check_target",
     "discover",
     "list_block_devices",
     "list_dax_devices",
     "numa_nodes",
+    "reason_key",
 ]
 
 SYS_BLOCK = Path("/sys/class/block")
@@ -358,3 +360,25 @@ def check_target(path: str) -> list[str]:
     b = _describe(sp, props, _mountinfo(), _swaps())
     b.path = path
     return b.reasons
+
+
+_REASON_KEYS = (
+    ("mounted", "mounted"),
+    ("has partitions", "partitions"),
+    ("has holders", "holders"),
+    ("holds a filesystem", "filesystem"),
+    ("holds a swap", "swap"),
+    ("holds a partition table", "partition-table"),
+    ("read-only", "read-only"),
+    ("signature unknown", "signature-unknown"),
+    ("size 0", "empty"),
+)
+FORCE_KEYS = tuple(k for _, k in _REASON_KEYS)
+
+
+def reason_key(reason: str) -> str:
+    """The ``--force`` word that accepts a refusal reason."""
+    for prefix, key in _REASON_KEYS:
+        if reason.startswith(prefix):
+            return key
+    return "other"
