@@ -22,6 +22,7 @@ from chm.sizes import format_size, parse_size
 
 from .devices_cmd import devices
 from .serve_cmd import serve
+from .stats_cmd import stats
 
 console = Console(highlight=False)
 
@@ -346,6 +347,7 @@ def _run_demo(dev: chm.Device, objs: list[_Obj], miss_addr: int, timing: str) ->
 
 main.add_command(devices)
 main.add_command(serve)
+main.add_command(stats)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -153,10 +153,9 @@ class Client:
     def _close(self) -> None:
         self.area_np = None
         if self.area is not None:
-            try:
+            # a store call may still view it: then it goes with the object
+            with contextlib.suppress(BufferError):
                 self.area.close()
-            except BufferError:  # a store call still views it: dropped with the object
-                pass
         if self.area_fd >= 0:
             os.close(self.area_fd)
             self.area_fd = -1

@@ -23,6 +23,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ from chm.stats import Stats
 __all__ = ["DaemonGone", "RemoteDevice", "RemoteHandle", "RemoteStore", "connect"]
 
 _hash = xxhash.xxh3_64_intdigest
+_WAIT_SLICE = 20_000_000  # ns: a load hands staged blocks back at least this often
 
 
 class DaemonGone(Cancelled, ConnectionError):
@@ -173,21 +175,31 @@ class RemoteDevice:
 
     def prefetch_many(
         self, ranges: Sequence[tuple[int, int]], *, noqueue: bool = False
-    ) -> list[RemoteHandle | ChmError]:
+    ) -> list[RemoteHandle]:
+        """Issues a prefetch per (addr, length), one round trip per MAX_BATCH.
+
+        All or nothing: on the first refusal (WouldBlock, InvalidArgument,
+        ...) the prefetches this call issued are released and it is raised.
+        """
         flags = _ll.PF_NOQUEUE if noqueue else 0
-        out: list[RemoteHandle | ChmError] = []
+        out: list[RemoteHandle] = []
+        first: ChmError | None = None
         for i in range(0, len(ranges), MAX_BATCH):
+            for a, n in ranges[i : i + MAX_BATCH]:
+                _ints(a, n)
             body = [[int(a), int(n), flags] for a, n in ranges[i : i + MAX_BATCH]]
             for rc, tok in self._call(Op.PREFETCH, body):
-                out.append(RemoteHandle(self, tok) if rc == 0 else _err(rc, "chm_prefetch_object"))
+                if rc == 0:
+                    out.append(RemoteHandle(self, tok))
+                elif first is None:
+                    first = _err(rc, "chm_prefetch_object")
+            if first is not None:
+                self.release_many(out)
+                raise first
         return out
 
     def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> RemoteHandle:
-        _ints(addr, length)
-        (h,) = self.prefetch_many([(addr, length)], noqueue=noqueue)
-        if isinstance(h, ChmError):
-            raise h
-        return h
+        return self.prefetch_many([(addr, length)], noqueue=noqueue)[0]
 
     def wait_many(
         self, handles: Sequence[RemoteHandle], timeout: float | None = None
@@ -436,45 +448,56 @@ class RemoteStore:
     def _load(
         self, ks: np.ndarray[Any, Any], dsts: Sequence[Any], timeout: float | None, prefix: bool
     ) -> list[bool]:
+        """Lookup (pins + prefetches in the daemon), then waits in short slices,
+        copying and handing back (KV_DONE) whatever is staged after each, so
+        slots keep moving even when the batch is larger than this client's
+        share of the staging window."""
         dev = self.device
         ok = [False] * ks.size
-        tns = timeout_ns(timeout)
+        end = None if timeout is None else time.monotonic_ns() + timeout_ns(timeout)
+        failed = False
         for i in range(0, ks.size, MAX_BATCH):
             part = ks[i : i + MAX_BATCH]
-            ents = dev._call(Op.KV_LOOKUP, [_pairs(part), prefix])
-            hit = [(j, e) for j, e in enumerate(ents) if e[0] == 0]
-            bad = dict.fromkeys(range(len(hit)), 0)
-            stop = prefix and len(hit) < part.size
+            pairs = _pairs(part)
+            ents = dev._call(Op.KV_LOOKUP, [pairs, prefix])
+            pend = [(j, e) for j, e in enumerate(ents) if e[0] == 0]
+            tail_miss = prefix and len(pend) < part.size  # the prefix ends in this batch
             try:
-                res = dev._call(Op.WAIT, [tns, [e[1] for _, e in hit]]) if hit else []
-                for m, ((j, e), (rc, off, _n)) in enumerate(zip(hit, res, strict=True)):
-                    if rc == 0:
-                        view = dev._pool_mv[off : off + e[2]]
-                        try:
-                            if _hash(view) == e[3]:
-                                d = as_dst(dsts[i + j], f"destination {i + j}")
-                                d[: e[2]] = np.frombuffer(view, np.uint8)
-                                ok[i + j] = True
-                            else:
-                                bad[m] = 1
-                        finally:
-                            view.release()
-                    if prefix and not ok[i + j]:
-                        stop = True
+                while pend:
+                    left = _WAIT_SLICE if end is None else max(0, end - time.monotonic_ns())
+                    res = dev._call(Op.WAIT, [min(left, _WAIT_SLICE), [e[1] for _, e in pend]])
+                    done, rest = [], []
+                    for (j, e), (rc, off, _n) in zip(pend, res, strict=True):
+                        if rc == -errno.ETIMEDOUT and left > 0:
+                            rest.append((j, e))
+                            continue
+                        bad = 0
+                        if rc == 0 and not (prefix and failed):
+                            view = dev._pool_mv[off : off + e[2]]
+                            try:
+                                if _hash(view) == e[3]:
+                                    d = as_dst(dsts[i + j], f"destination {i + j}")
+                                    d[: e[2]] = np.frombuffer(view, np.uint8)
+                                    ok[i + j] = True
+                                else:
+                                    bad = 1
+                            finally:
+                                view.release()
+                        failed = failed or (prefix and not ok[i + j])
+                        done.append([*pairs[j], e[1], bad])
+                    if done:
+                        dev._call(Op.KV_DONE, done)
+                    pend = rest
             finally:
-                if hit:
-                    pairs = _pairs(part)
-                    dev._call(
-                        Op.KV_DONE, [[*pairs[j], e[1], bad[m]] for m, (j, e) in enumerate(hit)]
-                    )
-            if prefix:
-                n_ok = 0
-                while i + n_ok < ks.size and ok[i + n_ok]:
-                    n_ok += 1
-                for k in range(i + n_ok, ks.size):
-                    ok[k] = False
-                if stop:
-                    break
+                if pend:
+                    dev._call(Op.KV_DONE, [[*pairs[j], e[1], 0] for j, e in pend])
+            if prefix and (failed or tail_miss):
+                break
+        if prefix:
+            n = 0
+            while n < len(ok) and ok[n]:
+                n += 1
+            ok[n:] = [False] * (len(ok) - n)
         return ok
 
     def get(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> list[bool]:
