@@ -26,8 +26,13 @@ class DaemonProcess:
         self.args = [*args, "--socket", self.socket]
         self.log_path = log or self.socket + ".log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._offset = 0
 
     def start(self, timeout: float = 30.0) -> DaemonProcess:
+        try:
+            self._offset = os.path.getsize(self.log_path)  # this run's lines start here
+        except OSError:
+            self._offset = 0
         logf = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "chm_emu.cli", "serve", *self.args],
@@ -59,8 +64,9 @@ class DaemonProcess:
             return ""
 
     def events(self) -> list[dict[str, Any]]:
+        """The JSON log lines of this run."""
         out = []
-        for line in self.log_text().splitlines():
+        for line in self.log_text()[self._offset :].splitlines():
             try:
                 out.append(json.loads(line))
             except ValueError:

@@ -106,6 +106,8 @@ class RemoteDevice:
                 s.connect(path)
             except FileNotFoundError:
                 raise DaemonGone(None, f"no daemon socket at {path}") from None
+            except ConnectionRefusedError:
+                raise DaemonGone(None, f"no daemon is serving on {path}") from None
             except PermissionError:
                 raise PermissionError(
                     errno.EACCES,
