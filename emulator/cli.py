@@ -20,6 +20,7 @@ from chm.backend import uring_unavailable
 from chm.errors import ChmError, InvalidArgument
 from chm.sizes import format_size, parse_size
 
+from .cost_cmd import cost
 from .devices_cmd import devices
 from .serve_cmd import serve
 from .stats_cmd import stats
@@ -32,6 +33,12 @@ _CONTEXT = {"help_option_names": ["-h", "--help"]}
 @click.group(context_settings=_CONTEXT)
 def main() -> None:
     """chm-emu: a CXL hybrid-memory device (DRAM in front of SSD) in software."""
+
+
+main.add_command(cost)
+main.add_command(devices)
+main.add_command(serve)
+main.add_command(stats)
 
 
 # ---------------------------------------------------------------- version
@@ -345,9 +352,6 @@ def _run_demo(dev: chm.Device, objs: list[_Obj], miss_addr: int, timing: str) ->
             console.print(f"Timing preset {timing}: every completion was paced to the model.")
 
 
-main.add_command(devices)
-main.add_command(serve)
-main.add_command(stats)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,56 @@
+"""Replay models: baseline KV caches, modeled prefill and load time, costs.
+
+Pure Python policy over :mod:`chm.workloads` requests: :mod:`~chm.replay.baselines`
+replays a workload through recomputation, a GPU prefix cache, local and remote
+DRAM tiers and a file system on SSD; :mod:`~chm.replay.prefill` and
+:mod:`~chm.replay.tiers` give the modeled TTFT; :mod:`~chm.replay.cost` the
+paper's Table 1. Every parameter prints and overrides by name
+(:mod:`~chm.replay.params`).
+"""
+
+from __future__ import annotations
+
+from chm.replay.baselines import (
+    SYSTEMS,
+    BaselineReplay,
+    SystemSpec,
+    baseline_systems,
+    capacity_sweep,
+    simulate,
+    simulate_closed_loop,
+)
+from chm.replay.configure import ReplaySetup, configure
+from chm.replay.lru import LruBlocks
+from chm.replay.params import apply_overrides, param_rows, parse_overrides, split_scoped
+from chm.replay.prefill import GPUS, MODELS, GpuPreset, ModelPreset, PrefillModel
+from chm.replay.results import RequestResult, TurnSummary, per_turn, write_csv, write_json
+from chm.replay.tiers import TIERS, TierParams
+
+__all__ = [
+    "BaselineReplay",
+    "GPUS",
+    "MODELS",
+    "SYSTEMS",
+    "TIERS",
+    "GpuPreset",
+    "LruBlocks",
+    "ModelPreset",
+    "PrefillModel",
+    "ReplaySetup",
+    "RequestResult",
+    "SystemSpec",
+    "TierParams",
+    "TurnSummary",
+    "apply_overrides",
+    "baseline_systems",
+    "capacity_sweep",
+    "configure",
+    "param_rows",
+    "parse_overrides",
+    "per_turn",
+    "simulate",
+    "simulate_closed_loop",
+    "split_scoped",
+    "write_csv",
+    "write_json",
+]
