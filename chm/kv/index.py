@@ -1,14 +1,17 @@
 """The index (the paper's Master): key -> <device, addr, len, checksum, epoch>.
 
 Entries live in one numpy structured array (``ENTRY_DTYPE``, 56 bytes a row)
-and an open-addressing hash table of int32 row numbers (linear probing, kept
-at most half full, so at most 8 bytes a row): at most 64 bytes per entry,
-which is the paper's eq. 1 (10 TB of 16 MB blocks ~ 6.5e5 entries ~ 40 MB).
+and an open-addressing hash table of 32-bit buckets (linear probing, kept at
+most half full, so at most 8 bytes a row): at most 64 bytes per entry, which
+is the paper's eq. 1 (10 TB of 16 MB blocks ~ 6.5e5 entries ~ 40 MB).
 
-Every batched operation is vectorised: a lookup of a batch costs a few numpy
-calls per probe round, not a Python step per key; keys are already digests
-(:mod:`chm.kv.keys`), so their low word is the bucket. Not thread-safe: the
-store serialises calls.
+A bucket holds a row number (25 bits, so at most ``MAX_ROWS`` = 2**25
+entries: 512 TiB of 16 MiB blocks) and a 6-bit tag from the key's high
+word, so a probe compares tags inside the table and touches only the one row
+it verifies. Every batched operation is
+vectorised: a lookup of a batch is a fixed number of numpy calls, not a
+Python step per key; keys are already digests (:mod:`chm.kv.keys`), so their
+low word picks the home bucket. Not thread-safe: the store serialises calls.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from chm.errors import InvalidArgument
+from chm.errors import InvalidArgument, NoSpace
 from chm.kv.keys import KEY_DTYPE
 
-__all__ = ["ENTRY_DTYPE", "Index", "bytes_at"]
+__all__ = ["ENTRY_DTYPE", "MAX_ROWS", "Index", "bytes_at"]
 
 # state: 0 free row, 1 pending (readable, not yet durable), 2 durable
 FREE, PENDING, DURABLE = 0, 1, 2
@@ -42,13 +45,21 @@ ENTRY_DTYPE = np.dtype(
 )
 assert ENTRY_DTYPE.itemsize == 56
 
-_EMPTY = -1
-_TOMB = -2
+# Empty and deleted buckets have tags 127 and 126, which no key has (0..63),
+# and row bits 0, so a probe may index the rows with any bucket it gathers.
+_ROW_BITS = 25
+_EMPTY = np.uint32(127 << _ROW_BITS)
+_TOMB = np.uint32(126 << _ROW_BITS)
+_ROW_MASK = np.uint32((1 << _ROW_BITS) - 1)
+_TAG_SHIFT = np.uint64(58)  # a key's tag: the top 6 bits of its high word
+MAX_ROWS = 1 << _ROW_BITS
+_NONE = np.int64(-1)
 _MIN_BUCKETS = 64
 _WINDOW = 16  # buckets a lookup gathers per key at once
 _TAIL = 256  # buckets past the last home, so that probes never wrap
 _STEPS = np.arange(_WINDOW, dtype=np.uint64)
 _AR = np.arange(1 << 16)
+_ARW = _AR[:4096] * _WINDOW
 
 
 def bytes_at(n_entries: int) -> int:
@@ -103,49 +114,53 @@ class Index:
         """(rows, bucket positions) of the keys; -1 where absent.
 
         Gathers the run of _WINDOW buckets from each key's home at once (one
-        fancy index into a sliding-window view of the table) and takes the
-        first bucket whose row has the key's low word; the high word is then
-        checked for that row only. A key is absent when its run has an empty
-        bucket and no match; the rare rest (a full run, or a low word shared
-        with another key) is looked up key by key. Probes never wrap: the
-        table has a tail of _TAIL buckets past the last home. Empty and
-        deleted buckets (-1, -2) index the last rows, which is harmless: a
-        match there is discarded by the ``r >= 0`` check.
+        fancy index into a sliding-window view of the table), takes the first
+        bucket with the key's tag and verifies that one row. A key is absent
+        when its run reaches an empty bucket before a tag match; the rare rest (a
+        full run, or a tag shared with another key before the key itself)
+        is looked up key by key. Probes never wrap: the table has a tail of
+        _TAIL buckets past the last home.
         """
         b_arr, e_hi, e_lo = self._b, self.e["hi"], self.e["lo"]
         home = lo % self._homes
         b = self._runs[home]
-        m = e_lo[b] == lo[:, None]
+        m = (b >> _ROW_BITS) == (hi >> _TAG_SHIFT)[:, None]
         col = m.argmax(axis=1)
         n = lo.shape[0]
         at = _AR[:n] if n <= _AR.shape[0] else np.arange(n)
-        r = b[at, col]
-        lo_hit = m[at, col]
-        ok = lo_hit & (e_hi[r] == hi)
-        ok &= r >= 0
-        rows = np.where(ok, r, -1).astype(np.int64)
-        slots = np.where(ok, home.astype(np.intp) + col, -1) if slots_too else rows.copy()
+        flat = at * _WINDOW + col if n > _ARW.shape[0] else _ARW[:n] + col  # m, b are fresh
+        tagged = m.reshape(-1)[flat]
+        r = b.reshape(-1)[flat] & _ROW_MASK  # a row in range even where untagged
+        ok = e_hi[r] == hi
+        ok &= tagged
+        ok &= e_lo[r] == lo
+        rows = np.where(ok, r, _NONE)
         if ok.all():
-            return rows, slots
-        # The rest, key by key: a run full of other keys, or a low word that
-        # matched a key with another high word (rare for digests; the tests
-        # make it common on purpose). argmax, not any(axis=1): faster on
-        # small batches.
+            return rows, (home.astype(np.intp) + col if slots_too else rows)
+        slots = np.where(ok, home.astype(np.intp) + col, -1) if slots_too else rows
+        # Absent: the run ends (an empty bucket) before any bucket with the
+        # key's tag. The rest, key by key: a run full of other keys, or a tag
+        # that matched another key first.
         emp = b == _EMPTY
-        has_empty = emp[at, emp.argmax(axis=1)]
-        more = np.flatnonzero(~ok & (lo_hit | ~has_empty))
+        first_empty = emp.argmax(axis=1)
+        absent = emp[at, first_empty] & (~tagged | (first_empty < col))
+        more = np.flatnonzero(~(ok | absent))
         if more.size == 0:
             return rows, slots
         end = b_arr.shape[0]
+        empty, free, mask = int(_EMPTY), int(_TOMB), int(_ROW_MASK)
         for i in more.tolist():
             p = int(home[i])
             h, lw = int(hi[i]), int(lo[i])
             while p < end:
-                row = int(b_arr[p])
-                if row == _EMPTY:
+                v = int(b_arr[p])
+                if v == empty:
                     break
-                if row >= 0 and int(e_lo[row]) == lw and int(e_hi[row]) == h:
-                    rows[i], slots[i] = row, p
+                row = v & mask
+                if v < free and int(e_lo[row]) == lw and int(e_hi[row]) == h:
+                    rows[i] = row
+                    if slots_too:
+                        slots[i] = p
                     break
                 p += 1
         return rows, slots
@@ -169,6 +184,8 @@ class Index:
     # ---- update
 
     def _take_rows(self, n: int) -> np.ndarray[Any, Any]:
+        if self._n + n > MAX_ROWS:
+            raise NoSpace(None, f"index: {self._n + n} entries; at most {MAX_ROWS}")
         take = min(n, len(self._free))
         rows = [self._free.pop() for _ in range(take)]
         need = n - take
@@ -187,14 +204,15 @@ class Index:
         """Puts rows into the table (their keys are known to be absent)."""
         b_arr = self._b
         nb = b_arr.shape[0]
-        pending = rows.astype(np.int32)
+        tags = (self.e["hi"][rows] >> _TAG_SHIFT).astype(np.uint32) << np.uint32(_ROW_BITS)
+        pending = tags | rows.astype(np.uint32)
         pos = (self.e["lo"][rows] % self._homes).astype(np.intp)
         probes = 0
         while pending.size:
             if int(pos.max()) >= nb:  # ran into the end of the tail: a bigger table
                 self._rebuild(int(self._homes) * 2)
                 return
-            free = np.nonzero(b_arr[pos] < 0)[0]
+            free = np.nonzero(b_arr[pos] >= _TOMB)[0]  # empty or deleted
             if free.size:
                 upos, first = np.unique(pos[free], return_index=True)
                 win = free[first]
@@ -210,7 +228,7 @@ class Index:
 
     def _set_table(self, homes: int) -> None:
         self._homes = np.uint64(homes)
-        self._b = np.full(homes + _TAIL, _EMPTY, dtype=np.int32)
+        self._b = np.full(homes + _TAIL, _EMPTY, dtype=np.uint32)
         # _runs[h] is the run of _WINDOW buckets from home h (a view, no copy)
         self._runs = np.lib.stride_tricks.sliding_window_view(self._b, _WINDOW)
 

@@ -10,7 +10,9 @@ the caller's buffers, verifying each block's checksum first.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,20 @@ __all__ = ["LOOKUP_BATCH", "Lookup", "prefix_hits"]
 LOOKUP_BATCH = 32
 _hash = xxhash.xxh3_64_intdigest
 _requests = itertools.count(1)
+# Blocks this large are hashed on a helper thread while the loading thread
+# copies them (both release the GIL), so verifying costs no extra time.
+_OVERLAP_BYTES = 1 << 20
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _hasher() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="chm-kv-hash")
+    return _pool
 
 
 def prefix_hits(found: np.ndarray[Any, Any]) -> int:
@@ -69,7 +85,8 @@ class Lookup:
         """Copies the hits into ``dsts`` (one writable buffer per hit, in order).
 
         Returns per hit whether it was loaded. A block that fails its
-        checksum or its read is a miss (counted); with ``prefix`` the load
+        checksum or its read is a miss (counted; a large block's buffer may
+        have been written before its checksum was known); with ``prefix`` the load
         stops there, as it does at ``timeout`` (seconds for the whole load),
         leaving the rest unloaded. Never waits past the timeout. Closes the
         lookup.
@@ -99,19 +116,27 @@ class Lookup:
                     if prefix:
                         break
                     continue
-                if _hash(v) != checks[j]:
-                    del v
+                if lens[j] >= _OVERLAP_BYTES:  # hash on the helper while this thread copies
+                    fut = _hasher().submit(_hash, v)
+                    outs[j][: lens[j]] = np.frombuffer(v, np.uint8)
+                    good = fut.result() == checks[j]
+                else:
+                    good = _hash(v) == checks[j]
+                    if good:
+                        outs[j][: lens[j]] = np.frombuffer(v, np.uint8)
+                del v
+                if not good:
                     st._count("checksum_errors")
                     bad.append(j)
                     if prefix:
                         break
                     continue
-                outs[j][: lens[j]] = np.frombuffer(v, np.uint8)
-                del v
                 ok[j] = True
         except ChmError:
             st._count("io_errors")
         finally:
+            if self._win.blocked:
+                st._count("window_blocked", self._win.blocked)
             self.close(bad)
         self.loaded = sum(ok)
         st._count("gets_hit", self.loaded)

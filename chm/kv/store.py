@@ -67,6 +67,7 @@ _COUNTERS = (
     "checksum_errors",
     "io_errors",
     "timeouts",
+    "window_blocked",
     "evicted_blocks",
 )
 
@@ -103,6 +104,7 @@ class StoreStats:
     checksum_errors: int
     io_errors: int
     timeouts: int
+    window_blocked: int  # prefetches a load could not issue (the refill queue was full)
     evicted_blocks: int
 
     def to_dict(self) -> dict[str, Any]:

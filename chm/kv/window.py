@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from chm.errors import InvalidArgument
+from chm.errors import InvalidArgument, WouldBlock
 from chm.kv.protocol import DeviceLike, HandleLike
 
 __all__ = [
@@ -141,6 +141,7 @@ class SlidingWindow:
         self._popped: dict[int, HandleLike] = {}  # id(handle) -> popped, not yet released
         self._next = 0
         self.issued = 0
+        self.blocked = 0
         self.fill()
 
     def _limit(self) -> int:
@@ -148,14 +149,30 @@ class SlidingWindow:
         return max(1, int(s))
 
     def fill(self) -> None:
-        """Issues prefetches until the window is full or every range is issued."""
+        """Issues prefetches until the window is full or every range is issued.
+
+        A device whose refill queue is full (WouldBlock) stops the filling
+        for now, never the caller: ``blocked`` counts such stops, and the
+        next release tries again. Iteration ends early when nothing could be
+        issued at all.
+        """
         limit = self._limit()
         ranges = self._ranges
         while self._next < len(ranges) and len(self._q) + len(self._popped) < limit:
             addr, length = ranges[self._next]
-            self._q.append((self._next, self._dev.prefetch(addr, length)))
+            try:
+                h = self._dev.prefetch(addr, length)
+            except WouldBlock:
+                self.blocked += 1
+                return
+            self._q.append((self._next, h))
             self._next += 1
             self.issued += 1
+
+    @property
+    def done(self) -> bool:
+        """True once every range was issued."""
+        return self._next >= len(self._ranges)
 
     @property
     def in_flight(self) -> int:

@@ -69,7 +69,10 @@ def test_save_then_load(store: Store) -> None:
 
 def test_skips_are_counted(store: Store) -> None:
     conn = Connector(store, bytes_per_token=BPT, tokens_per_block=2048)  # 1 MiB blocks
+    dev: chm.Device = store.device  # type: ignore[assignment]
+    dev.inject_fault("slow", arg=500_000_000)  # the flusher cannot drain the buffer meanwhile
     res = conn.save("r", list(range(8)), [np.zeros(MiB, np.uint8)] * 8)  # 4 MiB buffer
+    dev.inject_fault("none")
     assert PutStatus.SKIPPED in res
     assert conn.stats().saved_skipped == res.count(PutStatus.SKIPPED)
     assert store.contains(list(range(8))) == [r == PutStatus.STORED for r in res]

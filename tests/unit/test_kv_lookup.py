@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from chm.errors import ChmError, InvalidArgument
-from chm.kv import LOOKUP_BATCH, Store
+from chm.kv import LOOKUP_BATCH, KVManager, Store, fair_shares
 from chm.kv.lookup import prefix_hits
 
 KiB = 1 << 10
@@ -91,3 +91,23 @@ def test_load_prefix_into_buffers(store: Store) -> None:
     assert store.load_prefix([0, 1, 2, 999, 4, 5], out, timeout=10) == 3
     assert [bytes(o) == blk(i).tobytes() for i, o in enumerate(out[:3])] == [True] * 3
     assert not any(out[3]) and not any(out[4])  # nothing past the first miss
+
+
+def test_concurrent_requests_share_the_window(store: Store) -> None:
+    slots = store.manager.slots  # the device's staging slots (11 of 1 MiB)
+    lk1 = store.lookup(list(range(0, 8)), request="a")
+    assert len(lk1.tokens) == 4  # w_max = 1 MiB window / 256 KiB blocks
+    lk2 = store.lookup(list(range(8, 16)), request="b")
+    lk3 = store.lookup(list(range(16, 24)), request="c")
+    shares = [store.manager.window(r) for r in ("a", "b", "c")]
+    assert shares == fair_shares([4, 4, 4], slots) and sum(shares) <= slots
+    assert len(lk3.tokens) == shares[2]
+    small = KVManager(6)  # fewer slots than the three windows want: shared fairly
+    assert [small.admit(r, 4) for r in "abc"][-1] == 2
+    assert [small.window(r) for r in "abc"] == [2, 2, 2]
+    outs = [[np.zeros(BLOCK, np.uint8) for _ in range(8)] for _ in range(3)]
+    assert lk2.load(outs[1], timeout=10) == [True] * 8
+    lk1.close()
+    assert lk3.load(outs[2], timeout=10) == [True] * 8
+    assert store.manager.active == 0
+    assert all(np.array_equal(o, blk(16 + i)) for i, o in enumerate(outs[2]))

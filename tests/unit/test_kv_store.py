@@ -141,7 +141,10 @@ def test_device_kinds_the_store_refuses(tmp_backing: Path) -> None:
 
 def test_full_write_buffer_is_a_skip_not_a_stall(open_store: Callable[..., Store]) -> None:
     st = open_store()
+    dev: chm.Device = st.device  # type: ignore[assignment]
+    dev.inject_fault("slow", arg=500_000_000)  # the flusher cannot drain the buffer meanwhile
     res = st.put(list(range(8)), [blk(i) for i in range(8)])  # 8 MiB into a 4 MiB buffer
+    dev.inject_fault("none")
     assert K in res and S in res
     assert st.contains(list(range(8))) == [r == S for r in res]
     assert st.stats().puts_skipped == res.count(K)
@@ -259,3 +262,30 @@ def test_reopen_finds_everything_and_compacts(open_store: Callable[..., Store]) 
     with pytest.raises(InvalidArgument, match="segment_bytes=8388608, the store now has"):
         Store.open(st.stats().journal_path.rsplit("/", 1)[0], backend="pread",
                    segment_bytes=16 * MiB, **GEOM)  # fmt: skip
+
+
+def test_a_full_refill_queue_is_no_failure(open_store: Callable[..., Store]) -> None:
+    st = open_store(device_options={"wbuf": "4M", "refill_queue": 1})
+    put_flushed(st, [1, 2])
+    dev: chm.Device = st.device  # type: ignore[assignment]
+    held = []
+    with contextlib.suppress(chm.errors.WouldBlock):  # every slot and the queue taken
+        while True:
+            held.append(dev.prefetch(0, MiB))
+    out = [np.zeros(MiB, np.uint8), np.zeros(MiB, np.uint8)]
+    assert st.get([1, 2], out) == [False, False]  # not loaded, nothing raised
+    s = st.stats()
+    assert s.window_blocked >= 1 and s.io_errors == 0 and s.segments_pinned == 0
+    for h in held:
+        h.release()
+    assert st.get([1, 2], out) == [True, True]
+    assert np.array_equal(out[1], blk(2))
+
+
+def test_written_against_the_device_protocol(open_store: Callable[..., Store]) -> None:
+    from chm.kv import DeviceLike, HandleLike
+
+    st = open_store()
+    assert isinstance(st.device, DeviceLike)
+    with st.device.prefetch(0, 4096) as h:
+        assert isinstance(h, HandleLike)
