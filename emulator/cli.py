@@ -352,6 +352,5 @@ def _run_demo(dev: chm.Device, objs: list[_Obj], miss_addr: int, timing: str) ->
             console.print(f"Timing preset {timing}: every completion was paced to the model.")
 
 
-
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -19,22 +19,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import chm
 from chm.remote import DaemonGone
+from chm_emu.serve_crash import crash_round, serve_args
 from chm_emu.serve_proc import DaemonProcess
 
 ROUNDS = int(os.environ.get("CHM_DAEMON_CRASH_ROUNDS", "2"))
-BLOCK = 128 << 10
-
-
-def serve_args(tmp: Path) -> list[str]:
-    return [
-        "--target", str(tmp / "t0.img"), "--create", "--capacity", "256M",
-        "--dram", "40M", "--slot-size", "1M", "--backend", "pread",
-    ]  # fmt: skip
 
 
 @pytest.fixture
@@ -114,87 +106,17 @@ def test_daemon_killed_during_wait(daemon: DaemonProcess) -> None:
     b.close()
 
 
-def _block(i: int) -> np.ndarray:
-    return ((np.arange(BLOCK, dtype=np.uint32) * 40503 + i * 7919) >> 5).astype(np.uint8)
-
-
-_WRITER = """
-import sys, numpy as np, chm
-from chm.remote import DaemonGone
-sock, start, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def block(i):
-    return ((np.arange(size, dtype=np.uint32) * 40503 + i * 7919) >> 5).astype(np.uint8)
-dev = chm.connect(sock)
-kv = dev.kv()
-i = start
-try:
-    while True:
-        batch = list(range(i, i + 4))
-        st = kv.put([f"c{j}".encode() for j in batch], [block(j) for j in batch])
-        kv.flush()
-        # acknowledged: stored and flushed
-        print(" ".join(str(j) for j, s in zip(batch, st) if int(s) in (0, 1)), flush=True)
-        i += 4
-except DaemonGone:
-    sys.exit(0)
-"""
-
-
-def crash_round(tmp: Path, sock: Path, start: int) -> tuple[list[int], int, int]:
-    """Streams writes, SIGKILLs the daemon, restarts and verifies.
-
-    Returns (acknowledged keys, lost, wrong)."""
-    d = DaemonProcess(serve_args(tmp), sock).start()
-    old = chm.connect(str(sock))
-    old_ino = os.fstat(old.pool_fd).st_ino
-    old_instance = old.instance
-    w = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, str(sock), str(start), str(BLOCK)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert w.stdout is not None
-    acked: list[int] = []
-    want = 24 + (start * 7) % 17  # a different moment each round
-    while len(acked) < want:
-        line = w.stdout.readline()
-        assert line, "the writer stopped early"
-        acked += [int(x) for x in line.split()]
-    d.kill()  # SIGKILL during the stream
-    for line in w.stdout:  # acknowledgements that raced the kill count too
-        acked += [int(x) for x in line.split()]
-    assert w.wait(30) == 0
-    with pytest.raises(DaemonGone):
-        old.stats()
-    old.close()
-    d2 = DaemonProcess(serve_args(tmp), sock).start()
-    try:
-        with chm.connect(str(sock)) as dev:
-            assert dev.instance != old_instance
-            assert os.fstat(dev.pool_fd).st_ino != old_ino, "a restarted daemon reused the memfd"
-            kv = dev.kv()
-            lost = wrong = 0
-            for j in acked:
-                out = np.zeros(BLOCK, np.uint8)
-                if kv.get([f"c{j}".encode()], [out]) != [True]:
-                    lost += 1
-                elif not np.array_equal(out, _block(j)):
-                    wrong += 1
-            assert dev.daemon_stats()["held"]["handles"] == 0
-    finally:
-        d2.stop()
-    return acked, lost, wrong
-
-
 def test_daemon_killed_during_write_stream(tmp_path: Path) -> None:
     sock = tmp_path / "chm.sock"
     total = lost_all = wrong_all = 0
     start = 0
     for _ in range(ROUNDS):
-        acked, lost, wrong = crash_round(tmp_path, sock, start)
-        start = max(acked) + 100
-        total += len(acked)
-        lost_all += lost
-        wrong_all += wrong
+        r = crash_round(tmp_path, sock, start)
+        assert r.new_instance and r.new_memfd, "a restarted daemon reused the memfd"
+        start = max(r.acked) + 100
+        total += len(r.acked)
+        lost_all += r.lost
+        wrong_all += r.wrong
     print(f"daemon crash: {ROUNDS} rounds, {total} acknowledged blocks, "
           f"{lost_all} lost, {wrong_all} wrong", file=sys.stderr)  # fmt: skip
     assert total > 0
