@@ -92,6 +92,29 @@ def _refusals(targets: list[str], force: list[str]) -> list[str]:
     return errors
 
 
+def _size_of(path: str) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise ServeError(f"{path}: {exc.strerror}") from None
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)  # block devices too
+    finally:
+        os.close(fd)
+
+
+def _targets_capacity(targets: list[str]) -> int:
+    """No capacity given: what the targets hold, striped evenly (1 MiB units)."""
+    sizes = [_size_of(t) for t in targets]
+    if not all(sizes):
+        missing = [t for t, n in zip(targets, sizes, strict=True) if not n]
+        raise ServeError(f"no --capacity given and {', '.join(missing)} has no size yet")
+    unit = 1 << 20
+    return min(sizes) // unit * unit * len(targets)
+
+
 class Daemon:
     def __init__(self, opts: ServeOptions, log: logging.Logger | None = None) -> None:
         self.opts = opts
@@ -127,6 +150,8 @@ class Daemon:
         refused = _refusals(targets, o.force)
         if refused:
             raise ServeError("refusing unsafe targets:\n  " + "\n  ".join(refused))
+        if "capacity" not in dev_opts:
+            dev_opts["capacity"] = _targets_capacity(targets)
         dev_opts.setdefault("pool", "memfd")
         if dev_opts["pool"] not in ("memfd", "file"):
             raise ServeError(
