@@ -55,7 +55,7 @@ def test_filesystem_refused_unless_forced(ext4_loop: str, tmp_path: Path) -> Non
     r = _serve(*common, "--force", "mounted")  # the wrong reason
     assert r.returncode == 2
     assert "--force filesystem" in r.stderr
-    with DaemonProcess(common[:-2] + ["--force", "filesystem"], sock) as d:
+    with DaemonProcess([*common[:-2], "--force", "filesystem"], sock) as d:
         with chm.connect(d.socket) as dev:
             assert dev.capacity == 64 << 20
             assert dev.write(0, bytes(4096))
