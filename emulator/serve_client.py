@@ -249,11 +249,11 @@ class Client:
     def _wait_one(self, token: int, deadline: int | None) -> list[int]:
         while True:
             left = _FOREVER if deadline is None else max(0, deadline - time.monotonic_ns())
-            rc, off, n = self.scope.wait(token, min(left, _SLICE_NS))
+            rc, off, n, addr = self.scope.wait(token, min(left, _SLICE_NS))
             if rc != -errno.ETIMEDOUT or left <= _SLICE_NS:
-                return [rc, off, n]
+                return [rc, off, n, addr]
             if self.d.stopping.is_set():
-                return [-errno.ECANCELED, 0, 0]
+                return [-errno.ECANCELED, 0, 0, 0]
             r, _, _ = select.select([self.sock], [], [], 0)
             if r:  # the client spoke before the answer, or hung up
                 if not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):

@@ -32,8 +32,11 @@ def _rc(exc: ChmError) -> int:
 class Scope:
     """What one client holds: prefetch tokens and KV pins."""
 
-    def __init__(self, dev: Device, store: Store | None, sid: int) -> None:
+    def __init__(
+        self, dev: Device, store: Store | None, sid: int, registry: Scopes | None = None
+    ) -> None:
         self.sid = sid
+        self._registry = registry
         self._dev = dev
         self._store = store
         self.tokens: set[int] = set()
@@ -59,21 +62,39 @@ class Scope:
         with self._lock:
             return token in self.tokens
 
-    def wait(self, token: int, timeout_ns: int) -> tuple[int, int, int]:
-        """(0, pool offset, length) or (-errno, 0, 0)."""
-        if not self.owns(token):
-            return -errno.ESTALE, 0, 0
+    def _foreign(self, token: int) -> bool:
+        """Live in another scope: refused without asking the device."""
+        return self._registry is not None and self._registry.holder(token) not in (None, self)
+
+    def wait(self, token: int, timeout_ns: int) -> tuple[int, int, int, int]:
+        """(0, pool offset, length, device address) or (-errno, 0, 0, 0).
+
+        Another scope's live token is -ESTALE; a token live nowhere is asked
+        of the device, which answers for it as for any stale or foreign
+        handle (-ESTALE, -EINVAL) with no effect."""
+        mine = self.owns(token)
+        if not mine and self._foreign(token):
+            return -errno.ESTALE, 0, 0, 0
         try:
-            v = _ll.prefetch_wait(self._ptr(), token, timeout_ns)
+            v = _ll.prefetch_wait(self._ptr(), token, timeout_ns if mine else 0)
         except ChmError as exc:
-            return _rc(exc), 0, 0
-        return 0, v.pool_offset, v.length
+            return _rc(exc), 0, 0, 0
+        if not mine:  # issued to another scope an instant ago
+            return -errno.ESTALE, 0, 0, 0
+        return 0, v.pool_offset, v.length, v.dev_addr
 
     def release(self, token: int) -> int:
         with self._lock:
-            if token not in self.tokens:
-                return -errno.ESTALE
+            mine = token in self.tokens
             self.tokens.discard(token)
+        if not mine:
+            if self._foreign(token):
+                return -errno.ESTALE
+            try:  # live nowhere: the device refuses it as stale or foreign
+                _ll.prefetch_wait(self._ptr(), token, 0)
+            except ChmError as exc:
+                return _rc(exc)
+            return -errno.ESTALE
         try:
             _ll.prefetch_release(self._ptr(), token)
         except ChmError as exc:
@@ -143,7 +164,7 @@ class Scopes:
 
     def open(self, dev: Device, store: Store | None) -> Scope:
         with self._lock:
-            s = Scope(dev, store, self._next)
+            s = Scope(dev, store, self._next, self)
             self._next += 1
             self._live[s.sid] = s
             return s
@@ -152,6 +173,14 @@ class Scopes:
         with self._lock:
             self._live.pop(s.sid, None)
         return s.close()
+
+    def holder(self, token: int) -> Scope | None:
+        with self._lock:
+            live = list(self._live.values())
+        for s in live:
+            if s.owns(token):
+                return s
+        return None
 
     def held(self) -> dict[str, int]:
         with self._lock:

@@ -66,15 +66,18 @@ def _raise(rc: int, call: str, what: str = "") -> None:
 class RemoteHandle:
     """One prefetch issued through the daemon (a ``HandleLike``)."""
 
-    __slots__ = ("_dev", "_mv", "released", "token")
+    __slots__ = ("_dev", "_mv", "place", "released", "token")
 
     def __init__(self, dev: RemoteDevice, token: int) -> None:
         self._dev = dev
         self.token = token
         self._mv: memoryview | None = None
+        self.place: tuple[int, int, int] | None = None  # (dev_addr, length, pool_offset)
         self.released = False
 
     def wait(self, timeout: float | None = None) -> memoryview:
+        if self._dev.closed:
+            raise Cancelled(None, "chm_prefetch_wait: connection is closed")
         if self._mv is not None:
             return self._mv
         (mv,) = self._dev.wait_many([self], timeout)
@@ -219,11 +222,12 @@ class RemoteDevice:
         for i in range(0, len(todo), MAX_BATCH):
             part = todo[i : i + MAX_BATCH]
             res = self._call(Op.WAIT, [tns, [handles[j].token for j in part]])
-            for j, (rc, off, n) in zip(part, res, strict=True):
+            for j, (rc, off, n, addr) in zip(part, res, strict=True):
                 if rc:
                     raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
                 mv = self._pool_mv[off : off + n]
                 handles[j]._mv = mv
+                handles[j].place = (addr, n, off)
                 out[j] = mv
         return out
 
@@ -240,6 +244,13 @@ class RemoteDevice:
             for h, rc in zip(part, rcs, strict=True):
                 if rc:
                     raise _err(rc, "chm_prefetch_release", f"handle={h.token:#x}")
+
+    def view_info(self, handle: RemoteHandle) -> tuple[int, int, int]:
+        """(dev_addr, length, pool_offset) of a staged handle, asked again."""
+        ((rc, off, n, addr),) = self._call(Op.WAIT, [0, [handle.token]])
+        if rc:
+            raise _err(rc, "chm_prefetch_wait", f"handle={handle.token:#x}")
+        return addr, n, off
 
     def adopt(self, token: int) -> RemoteHandle:
         """A handle for a raw token (another client's token is refused on use)."""
@@ -344,6 +355,12 @@ class RemoteDevice:
         return RemoteStore(self, namespace or Namespace())
 
     def close(self) -> None:
+        """Flushes this client's admitted writes (as ``Device.close`` does), then
+        disconnects; the daemon releases whatever it still holds. Idempotent."""
+        if self._closed:
+            return
+        with contextlib.suppress(ChmError, ProtocolError, OSError):
+            self.flush(timeout=30.0)
         with self._lock:
             if self._closed:
                 return
@@ -469,7 +486,7 @@ class RemoteStore:
                     left = _WAIT_SLICE if end is None else max(0, end - time.monotonic_ns())
                     res = dev._call(Op.WAIT, [min(left, _WAIT_SLICE), [e[1] for _, e in pend]])
                     done, rest = [], []
-                    for (j, e), (rc, off, _n) in zip(pend, res, strict=True):
+                    for (j, e), (rc, off, _n, _a) in zip(pend, res, strict=True):
                         if rc == -errno.ETIMEDOUT and left > 0:
                             rest.append((j, e))
                             continue
