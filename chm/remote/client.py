@@ -362,9 +362,9 @@ class RemoteDevice:
         with contextlib.suppress(ChmError, ProtocolError, OSError):
             self.flush(timeout=30.0)
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+            was, self._closed = self._closed, True
+        if was:
+            return
         with contextlib.suppress(OSError):
             self._sock.close()
         self._pool_mv.release()
