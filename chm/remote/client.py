@@ -357,10 +357,9 @@ class RemoteDevice:
     def close(self) -> None:
         """Flushes this client's admitted writes (as ``Device.close`` does), then
         disconnects; the daemon releases whatever it still holds. Idempotent."""
-        if self._closed:
-            return
-        with contextlib.suppress(ChmError, ProtocolError, OSError):
-            self.flush(timeout=30.0)
+        if not self._closed:
+            with contextlib.suppress(ChmError, ProtocolError, OSError):
+                self.flush(timeout=30.0)
         with self._lock:
             was, self._closed = self._closed, True
         if was:
