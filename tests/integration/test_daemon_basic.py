@@ -209,3 +209,22 @@ def test_wrong_version_refused(daemon: DaemonProcess) -> None:
     s.close()
     with chm.connect(daemon.socket) as dev:  # the daemon serves on
         assert dev.capacity == 256 << 20
+
+
+def test_prometheus_endpoint_on_loopback(tmp_path: Path) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = serve_args(tmp_path, "--metrics", f"127.0.0.1:{port}")
+    with DaemonProcess(args, tmp_path / "chm.sock") as d:
+        with chm.connect(d.socket) as dev:
+            dev.kv().put([b"m"], [_block(1)])
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        body = text.decode()
+        assert "chm_device_prefetch_issued" in body
+        assert "chm_kv_puts_stored 1.0" in body
+        assert 'chm_request_seconds_count{op="KV_PUT"} 1.0' in body
+        assert "chm_held_handles 0.0" in body
