@@ -143,10 +143,12 @@ class Index:
         # that matched another key first.
         emp = b == _EMPTY
         first_empty = emp.argmax(axis=1)
-        absent = emp[at, first_empty] & (~tagged | (first_empty < col))
-        more = np.flatnonzero(~(ok | absent))
-        if more.size == 0:
+        absent = first_empty < np.where(tagged, col, _WINDOW)
+        absent &= emp[at, first_empty]
+        absent |= ok
+        if absent.all():
             return rows, slots
+        more = np.flatnonzero(~absent)
         end = b_arr.shape[0]
         empty, free, mask = int(_EMPTY), int(_TOMB), int(_ROW_MASK)
         for i in more.tolist():

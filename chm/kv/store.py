@@ -571,11 +571,10 @@ class Store:
         except ChmError as exc:
             if exc.errno != 0 and not isinstance(exc, TimeoutError):
                 with self._lock:
-                    e = self._index.e
                     rows = np.asarray(
                         [r for r, ep in snap.items() if self._pending.get(r) == ep], dtype=np.int64
                     )
-                    self._drop_rows(rows[e["epoch"][rows] >= 0], journal=False)
+                    self._drop_rows(rows, journal=False)
             raise
         with self._lock:
             e = self._index.e
