@@ -228,3 +228,20 @@ def test_prometheus_endpoint_on_loopback(tmp_path: Path) -> None:
         assert "chm_kv_puts_stored 1.0" in body
         assert 'chm_request_seconds_count{op="KV_PUT"} 1.0' in body
         assert "chm_held_handles 0.0" in body
+
+
+def test_file_pool_shared_read_only(tmp_path: Path) -> None:
+    """A file pool (how a devdax device is used; there is none on this host,
+    so a regular file stands in) is passed to clients read-only too."""
+    pool = tmp_path / "pool.img"
+    with pool.open("wb") as f:
+        f.truncate(48 << 20)
+    args = serve_args(tmp_path, "--pool", "file", "--pool-path", str(pool))
+    with DaemonProcess(args, tmp_path / "chm.sock") as d, chm.connect(d.socket) as dev:
+        assert fcntl.fcntl(dev.pool_fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        assert os.fstat(dev.pool_fd).st_ino == os.stat(pool).st_ino
+        data = _block(5, 8192).tobytes()
+        assert dev.write(2 << 20, data)
+        dev.flush()
+        with dev.prefetch(2 << 20, 8192) as h:
+            assert bytes(h.wait()) == data
