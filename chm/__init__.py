@@ -11,6 +11,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from chm import errors
 from chm._lowlevel import version as _c_version
 from chm.config import Config, OptionInfo, options
@@ -18,6 +20,9 @@ from chm.device import Device, Handle
 from chm.errors import ChmError
 from chm.sizes import format_size, parse_size
 from chm.stats import Stats
+
+if TYPE_CHECKING:
+    from chm.remote import RemoteDevice
 
 __version__ = "0.1.0"
 
@@ -29,6 +34,7 @@ __all__ = [
     "OptionInfo",
     "Stats",
     "errors",
+    "connect",
     "format_size",
     "options",
     "parse_size",
@@ -40,3 +46,11 @@ def version() -> str:
     """The C core's version as "MAJOR.MINOR.PATCH"."""
     v = _c_version()
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def connect(path: str, timeout: float = 10.0) -> RemoteDevice:
+    """Connects to a ``chm-emu serve`` daemon: a device (``chm.kv.DeviceLike``)
+    whose staged objects are read zero-copy; see :mod:`chm.remote`."""
+    from chm.remote import connect as _connect
+
+    return _connect(path, timeout)

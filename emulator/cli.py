@@ -22,6 +22,9 @@ from chm.sizes import format_size, parse_size
 
 from .cost_cmd import cost
 from .demo_cmd import demo
+from .devices_cmd import devices
+from .serve_cmd import serve
+from .stats_cmd import stats
 
 console = Console(highlight=False)
 
@@ -35,6 +38,9 @@ def main() -> None:
 
 main.add_command(cost)
 main.add_command(demo)
+main.add_command(devices)
+main.add_command(serve)
+main.add_command(stats)
 
 
 # ---------------------------------------------------------------- version

@@ -1,0 +1,553 @@
+"""``chm.connect(path)``: a client of the chm-emu daemon, usable as a device.
+
+    with chm.connect("/run/chm/chm.sock") as dev:      # a DeviceLike
+        hs = dev.prefetch_many([(a, n) for a in addrs]) # one round trip
+        views = dev.wait_many(hs)                       # one round trip, zero-copy
+        ...
+        dev.release_many(hs)                            # one round trip
+        kv = dev.kv()                                   # the daemon's shared KV index
+
+Staged objects are read-only memoryviews into the daemon's DRAM pool, mapped
+read-only in this process (no copy). Writes go through this connection's
+shared area. One request is in flight per connection (calls from several
+threads take turns); use one connection per thread for parallel waits. If
+the daemon dies, every call (including a blocked wait) raises
+:class:`DaemonGone`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from chm import _lowlevel as _ll
+from chm.config import Config
+from chm.device import timeout_ns
+from chm.errors import Cancelled, ChmError, InvalidArgument
+from chm.kv.buffers import as_dst, as_src
+from chm.kv.keys import Namespace
+from chm.kv.store import PutStatus
+from chm.remote.protocol import (
+    MAX_BATCH,
+    MAX_FRAME,
+    VERSION,
+    Op,
+    ProtocolError,
+    decode,
+    encode,
+    recv_fds,
+)
+from chm.stats import Stats
+
+__all__ = ["DaemonGone", "RemoteDevice", "RemoteHandle", "RemoteStore", "connect"]
+
+_hash = xxhash.xxh3_64_intdigest
+_WAIT_SLICE = 20_000_000  # ns: a load hands staged blocks back at least this often
+
+
+class DaemonGone(Cancelled, ConnectionError):
+    """The daemon closed the connection (it exited, was killed, or refused us)."""
+
+
+def _raise(rc: int, call: str, what: str = "") -> None:
+    _ll._check(rc, call, what)
+
+
+class RemoteHandle:
+    """One prefetch issued through the daemon (a ``HandleLike``)."""
+
+    __slots__ = ("_dev", "_mv", "place", "released", "token")
+
+    def __init__(self, dev: RemoteDevice, token: int) -> None:
+        self._dev = dev
+        self.token = token
+        self._mv: memoryview | None = None
+        self.place: tuple[int, int, int] | None = None  # (dev_addr, length, pool_offset)
+        self.released = False
+
+    def wait(self, timeout: float | None = None) -> memoryview:
+        if self._dev.closed:
+            raise Cancelled(None, "chm_prefetch_wait: connection is closed")
+        if self._mv is not None:
+            return self._mv
+        (mv,) = self._dev.wait_many([self], timeout)
+        return mv
+
+    def release(self) -> None:
+        if not self.released:
+            self._dev.release_many([self])
+
+    def __enter__(self) -> RemoteHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class RemoteDevice:
+    """The daemon's device, as seen by one client (see the module doc)."""
+
+    def __init__(self, path: str, timeout: float = 10.0) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._closed = False
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            s.settimeout(timeout)
+            try:
+                s.connect(path)
+            except FileNotFoundError:
+                raise DaemonGone(None, f"no daemon socket at {path}") from None
+            except ConnectionRefusedError:
+                raise DaemonGone(None, f"no daemon is serving on {path}") from None
+            except PermissionError:
+                raise PermissionError(
+                    errno.EACCES,
+                    f"{path}: not allowed to connect (socket mode 0660: "
+                    "the daemon's user or group only)",
+                ) from None
+            s.send(encode(Op.HELLO, 0, {"version": VERSION, "pid": os.getpid()}))
+            data, fds = recv_fds(s, 2)
+            s.settimeout(None)
+        except TimeoutError:
+            s.close()
+            raise DaemonGone(None, f"{path}: no answer to HELLO within {timeout} s") from None
+        except BaseException:
+            s.close()
+            raise
+        self._sock = s
+        try:
+            if not data:
+                raise DaemonGone(None, f"{path}: the daemon closed the connection")
+            op, _, body = decode(data)
+            if op == Op.ERROR:
+                raise DaemonGone(None, f"{path}: refused: {body.get('message')}")
+            if len(fds) != 2:
+                raise ProtocolError(f"WELCOME carried {len(fds)} descriptors, expected 2")
+            self.welcome = body
+            self.pool_fd, self.area_fd = fds
+            self._pool = mmap.mmap(
+                self.pool_fd, body["pool_bytes"], mmap.MAP_SHARED, mmap.PROT_READ
+            )
+            self._pool_mv = memoryview(self._pool)
+            self._area = mmap.mmap(self.area_fd, body["area_bytes"], mmap.MAP_SHARED)
+            self._area_np = np.frombuffer(self._area, dtype=np.uint8)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            s.close()
+            raise
+        self._config = Config(body["config"])
+        self._capacity = int(self._config.capacity)
+        self.area_bytes = int(body["area_bytes"])
+        self.session = int(body["session"])
+        self.instance = str(body["instance"])
+
+    # ---- transport
+
+    def _call(self, op: Op, body: Any) -> Any:
+        with self._lock:
+            if self._closed:
+                raise Cancelled(None, f"{op.name}: connection is closed")
+            self._seq += 1
+            seq = self._seq
+            try:
+                self._sock.send(encode(op, seq, body))
+                data = self._sock.recv(MAX_FRAME + 1)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise DaemonGone(None, f"{op.name}: daemon connection lost ({exc})") from None
+            if not data:
+                raise DaemonGone(None, f"{op.name}: the daemon closed the connection")
+            rop, rseq, rbody = decode(data)
+            if rop == Op.ERROR:
+                raise DaemonGone(None, f"{op.name}: the daemon ended the connection: {rbody}")
+            if rop != op or rseq != seq:
+                raise ProtocolError(f"answer {rop.name}/{rseq} to {op.name}/{seq}")
+            return rbody
+
+    # ---- prefetch (batched: one round trip per call, up to MAX_BATCH each)
+
+    def prefetch_many(
+        self, ranges: Sequence[tuple[int, int]], *, noqueue: bool = False
+    ) -> list[RemoteHandle]:
+        """Issues a prefetch per (addr, length), one round trip per MAX_BATCH.
+
+        All or nothing: on the first refusal (WouldBlock, InvalidArgument,
+        ...) the prefetches this call issued are released and it is raised.
+        """
+        flags = _ll.PF_NOQUEUE if noqueue else 0
+        out: list[RemoteHandle] = []
+        first: ChmError | None = None
+        for i in range(0, len(ranges), MAX_BATCH):
+            for a, n in ranges[i : i + MAX_BATCH]:
+                _ints(a, n)
+            body = [[int(a), int(n), flags] for a, n in ranges[i : i + MAX_BATCH]]
+            for rc, tok in self._call(Op.PREFETCH, body):
+                if rc == 0:
+                    out.append(RemoteHandle(self, tok))
+                elif first is None:
+                    first = _err(rc, "chm_prefetch_object")
+            if first is not None:
+                self.release_many(out)
+                raise first
+        return out
+
+    def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> RemoteHandle:
+        return self.prefetch_many([(addr, length)], noqueue=noqueue)[0]
+
+    def wait_many(
+        self, handles: Sequence[RemoteHandle], timeout: float | None = None
+    ) -> list[memoryview]:
+        """Zero-copy views of the staged objects; raises the first failure
+        (WaitTimeout, DeviceIOError, StaleHandle, ...)."""
+        out = [memoryview(b"")] * len(handles)
+        tns = timeout_ns(timeout)
+        todo = [j for j, h in enumerate(handles) if h._mv is None]
+        for j, h in enumerate(handles):
+            if h._mv is not None:
+                out[j] = h._mv
+            elif h.released:
+                raise _err(-errno.ESTALE, "chm_prefetch_wait", f"handle={h.token:#x} released")
+        for i in range(0, len(todo), MAX_BATCH):
+            part = todo[i : i + MAX_BATCH]
+            res = self._call(Op.WAIT, [tns, [handles[j].token for j in part]])
+            for j, (rc, off, n, addr) in zip(part, res, strict=True):
+                if rc:
+                    raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
+                mv = self._pool_mv[off : off + n]
+                handles[j]._mv = mv
+                handles[j].place = (addr, n, off)
+                out[j] = mv
+        return out
+
+    def release_many(self, handles: Sequence[RemoteHandle]) -> None:
+        live = [h for h in handles if not h.released]
+        for h in live:
+            if h._mv is not None:
+                h._mv.release()
+                h._mv = None
+            h.released = True
+        for i in range(0, len(live), MAX_BATCH):
+            part = live[i : i + MAX_BATCH]
+            rcs = self._call(Op.RELEASE, [h.token for h in part])
+            for h, rc in zip(part, rcs, strict=True):
+                if rc:
+                    raise _err(rc, "chm_prefetch_release", f"handle={h.token:#x}")
+
+    def view_info(self, handle: RemoteHandle) -> tuple[int, int, int]:
+        """(dev_addr, length, pool_offset) of a staged handle, asked again."""
+        ((rc, off, n, addr),) = self._call(Op.WAIT, [0, [handle.token]])
+        if rc:
+            raise _err(rc, "chm_prefetch_wait", f"handle={handle.token:#x}")
+        return addr, n, off
+
+    def adopt(self, token: int) -> RemoteHandle:
+        """A handle for a raw token (another client's token is refused on use)."""
+        return RemoteHandle(self, int(token))
+
+    # ---- data path
+
+    def read(self, addr: int, length: int) -> bytes:
+        out = bytearray(length)
+        self.read_into(addr, out)
+        return bytes(out)
+
+    def read_into(self, addr: int, buf: Any) -> int:
+        dst = as_dst(buf, "read_into buffer")
+        n = dst.size
+        done = 0
+        while done < n:
+            step = min(self.area_bytes, n - done)
+            rc = self._call(Op.READ, [int(addr) + done, step, 0])
+            if rc < 0:
+                _raise(rc, "chm_read", f"addr={addr + done:#x}, len={step}")
+            dst[done : done + step] = self._area_np[:step]
+            done += step
+        return n
+
+    def write(self, addr: int, data: Any) -> bool:
+        return self.write_many([(addr, data)])[0]
+
+    def write_many(self, items: Sequence[tuple[int, Any]]) -> list[bool]:
+        """Writes through the shared area; per item admitted (True) or skipped."""
+        out: list[bool] = []
+        batch: list[list[int]] = []
+        used = 0
+
+        def send() -> None:
+            nonlocal used
+            for rc in self._call(Op.WRITE, batch):
+                if rc < 0:
+                    _raise(rc, "chm_write_object")
+                out.append(rc == 1)
+            batch.clear()
+            used = 0
+
+        for addr, data in items:
+            src = as_src(data, "write data")
+            if src.size > self.area_bytes:
+                raise InvalidArgument(
+                    None,
+                    f"write of {src.size} bytes: larger than the shared area ({self.area_bytes})",
+                )
+            if used + src.size > self.area_bytes or len(batch) == MAX_BATCH:
+                send()
+            self._area_np[used : used + src.size] = src
+            batch.append([int(addr), used, int(src.size)])
+            used += -(-src.size // 4096) * 4096
+        if batch:
+            send()
+        return out
+
+    def flush(self, timeout: float | None = None) -> None:
+        rc = self._call(Op.FLUSH, timeout_ns(timeout))
+        if rc:
+            _raise(rc, "chm_flush")
+
+    # ---- introspection
+
+    def daemon_stats(self) -> dict[str, Any]:
+        """Everything the daemon reports: device, kv, held, daemon."""
+        return dict(self._call(Op.STATS, {}))
+
+    def stats(self) -> Stats:
+        return Stats.from_dict(self.daemon_stats()["device"])
+
+    @property
+    def config(self) -> Config:
+        return self._config.copy()
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def slot_bytes(self) -> int:
+        return int(self._config.slot_bytes)
+
+    @property
+    def backend(self) -> str:
+        return str(self._config.backend)
+
+    @property
+    def mode(self) -> str:
+        return str(self._config.mode)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def kv(self, namespace: Namespace | None = None) -> RemoteStore:
+        """The daemon's KV store (one index shared by every client)."""
+        if not self.welcome.get("kv"):
+            raise InvalidArgument(None, "this daemon serves no KV store (started with --no-kv?)")
+        return RemoteStore(self, namespace or Namespace())
+
+    def close(self) -> None:
+        """Flushes this client's admitted writes (as ``Device.close`` does), then
+        disconnects; the daemon releases whatever it still holds. Idempotent."""
+        if not self._closed:
+            with contextlib.suppress(ChmError, ProtocolError, OSError):
+                self.flush(timeout=30.0)
+        with self._lock:
+            was, self._closed = self._closed, True
+        if was:
+            return
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self._pool_mv.release()
+        with contextlib.suppress(BufferError):
+            self._pool.close()
+        self._area_np = np.zeros(0, np.uint8)
+        with contextlib.suppress(BufferError):
+            self._area.close()
+        for fd in (self.pool_fd, self.area_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> RemoteDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<chm.remote.RemoteDevice {self.path} session={self.session}>"
+
+
+def _ints(*vals: Any) -> None:
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise InvalidArgument(None, f"expected an integer, not {v!r}")
+
+
+def _err(rc: int, call: str, what: str = "") -> ChmError:
+    try:
+        _ll._check(rc, call, what)
+    except ChmError as exc:
+        return exc
+    raise AssertionError(f"{call}: rc {rc} is not an error")
+
+
+def _pairs(ks: np.ndarray[Any, Any]) -> list[list[int]]:
+    return [[int(h), int(lo)] for h, lo in zip(ks["hi"].tolist(), ks["lo"].tolist(), strict=True)]
+
+
+class RemoteStore:
+    """The daemon's KV store: contains, prefix_len, put, get, load_prefix,
+    remove, flush, stats. Loads are zero-copy out of the shared pool into the
+    caller's buffers, checksum-verified here; one round trip each for lookup,
+    wait and release per batch of up to MAX_BATCH keys."""
+
+    def __init__(self, dev: RemoteDevice, namespace: Namespace) -> None:
+        self.device = dev
+        self.namespace = namespace
+
+    def _ks(self, keys: Any) -> np.ndarray[Any, Any]:
+        return self.namespace.keys(keys)
+
+    def contains(self, keys: Any) -> list[bool]:
+        ks = self._ks(keys)
+        out: list[bool] = []
+        for i in range(0, ks.size, MAX_BATCH):
+            out += self.device._call(Op.KV_CONTAINS, _pairs(ks[i : i + MAX_BATCH]))
+        return out
+
+    def prefix_len(self, keys: Any) -> int:
+        ks = self._ks(keys)
+        n = 0
+        for i in range(0, ks.size, MAX_BATCH):
+            part = ks[i : i + MAX_BATCH]
+            got = int(self.device._call(Op.KV_PREFIX_LEN, _pairs(part)))
+            n += got
+            if got < part.size:
+                break
+        return n
+
+    def put(self, keys: Any, srcs: Sequence[Any]) -> list[PutStatus]:
+        ks = self._ks(keys)
+        if len(srcs) != ks.size:
+            raise InvalidArgument(None, f"put: {ks.size} keys but {len(srcs)} sources")
+        bufs = [as_src(s, f"source {j}") for j, s in enumerate(srcs)]
+        dev = self.device
+        out: list[PutStatus] = []
+        batch: list[list[int]] = []
+        used = 0
+        for j, b in enumerate(bufs):
+            if b.size > dev.area_bytes:
+                raise InvalidArgument(None, f"source {j}: larger than the shared area")
+            if used + b.size > dev.area_bytes or len(batch) == MAX_BATCH:
+                out += self._put(batch)
+                batch, used = [], 0
+            dev._area_np[used : used + b.size] = b
+            batch.append([int(ks[j]["hi"]), int(ks[j]["lo"]), used, int(b.size)])
+            used += -(-b.size // 4096) * 4096
+        if batch:
+            out += self._put(batch)
+        return out
+
+    def _put(self, batch: list[list[int]]) -> list[PutStatus]:
+        res = self.device._call(Op.KV_PUT, batch)
+        if isinstance(res, int):
+            _raise(res, "put")
+        return [PutStatus(s) for s in res]
+
+    def _load(
+        self, ks: np.ndarray[Any, Any], dsts: Sequence[Any], timeout: float | None, prefix: bool
+    ) -> list[bool]:
+        """Lookup (pins + prefetches in the daemon), then waits in short slices,
+        copying and handing back (KV_DONE) whatever is staged after each, so
+        slots keep moving even when the batch is larger than this client's
+        share of the staging window."""
+        dev = self.device
+        ok = [False] * ks.size
+        end = None if timeout is None else time.monotonic_ns() + timeout_ns(timeout)
+        failed = False
+        for i in range(0, ks.size, MAX_BATCH):
+            part = ks[i : i + MAX_BATCH]
+            pairs = _pairs(part)
+            ents = dev._call(Op.KV_LOOKUP, [pairs, prefix])
+            pend = [(j, e) for j, e in enumerate(ents) if e[0] == 0]
+            tail_miss = prefix and len(pend) < part.size  # the prefix ends in this batch
+            try:
+                while pend:
+                    left = _WAIT_SLICE if end is None else max(0, end - time.monotonic_ns())
+                    res = dev._call(Op.WAIT, [min(left, _WAIT_SLICE), [e[1] for _, e in pend]])
+                    done, rest = [], []
+                    for (j, e), (rc, off, _n, _a) in zip(pend, res, strict=True):
+                        if rc == -errno.ETIMEDOUT and left > 0:
+                            rest.append((j, e))
+                            continue
+                        bad = 0
+                        if rc == 0 and not (prefix and failed):
+                            view = dev._pool_mv[off : off + e[2]]
+                            try:
+                                if _hash(view) == e[3]:
+                                    d = as_dst(dsts[i + j], f"destination {i + j}")
+                                    d[: e[2]] = np.frombuffer(view, np.uint8)
+                                    ok[i + j] = True
+                                else:
+                                    bad = 1
+                            finally:
+                                view.release()
+                        failed = failed or (prefix and not ok[i + j])
+                        done.append([*pairs[j], e[1], bad])
+                    if done:
+                        dev._call(Op.KV_DONE, done)
+                    pend = rest
+            finally:
+                if pend:
+                    dev._call(Op.KV_DONE, [[*pairs[j], e[1], 0] for j, e in pend])
+            if prefix and (failed or tail_miss):
+                break
+        if prefix:
+            n = 0
+            while n < len(ok) and ok[n]:
+                n += 1
+            ok[n:] = [False] * (len(ok) - n)
+        return ok
+
+    def get(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> list[bool]:
+        ks = self._ks(keys)
+        if len(dsts) != ks.size:
+            raise InvalidArgument(None, f"get: {ks.size} keys but {len(dsts)} destinations")
+        return self._load(ks, dsts, timeout, prefix=False)
+
+    def load_prefix(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> int:
+        ks = self._ks(keys)
+        ok = self._load(ks, dsts, timeout, prefix=True)
+        n = 0
+        while n < len(ok) and ok[n]:
+            n += 1
+        return n
+
+    def remove(self, keys: Any) -> list[bool]:
+        ks = self._ks(keys)
+        out: list[bool] = []
+        for i in range(0, ks.size, MAX_BATCH):
+            out += self.device._call(Op.KV_REMOVE, _pairs(ks[i : i + MAX_BATCH]))
+        return out
+
+    def flush(self, timeout: float | None = None) -> None:
+        rc = self.device._call(Op.KV_FLUSH, timeout_ns(timeout))
+        if rc:
+            _raise(rc, "flush")
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.device.daemon_stats()["kv"])
+
+
+def connect(path: str, timeout: float = 10.0) -> RemoteDevice:
+    """Connects to a chm-emu daemon's socket; the result is a ``DeviceLike``."""
+    return RemoteDevice(os.fspath(path), timeout)

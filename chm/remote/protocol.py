@@ -1,0 +1,150 @@
+"""The daemon's wire protocol (specified in ``fw_spec/protocol.md``).
+
+One message is one SOCK_SEQPACKET packet holding one msgpack array
+``[op, seq, body]``. The client's first message is HELLO; the daemon answers
+with WELCOME and two file descriptors (SCM_RIGHTS): the DRAM pool (read-only)
+and the client's shared area (read-write). After that the client sends one
+request at a time, with ``seq`` one more than the last; the daemon answers
+each with the same op and seq, or ERROR. Anything else (a frame that does not
+decode, an unknown op, a wrong seq, a second request before the answer, a
+frame over MAX_FRAME bytes) closes that client's connection.
+"""
+
+from __future__ import annotations
+
+import array
+import enum
+import socket
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_FRAME",
+    "VERSION",
+    "Op",
+    "ProtocolError",
+    "config_options",
+    "decode",
+    "encode",
+    "recv_fds",
+    "send_fds",
+]
+
+VERSION = 1
+MAX_FRAME = 64 * 1024  # bytes in one packet, either way
+MAX_BATCH = 256  # elements in one batched request
+
+
+class Op(enum.IntEnum):
+    ERROR = 0
+    HELLO = 1
+    PREFETCH = 2
+    WAIT = 3
+    RELEASE = 4
+    READ = 5
+    WRITE = 6
+    FLUSH = 7
+    STATS = 8
+    KV_PUT = 9
+    KV_LOOKUP = 10
+    KV_DONE = 11
+    KV_CONTAINS = 12
+    KV_FLUSH = 13
+    KV_REMOVE = 14
+    KV_PREFIX_LEN = 15
+
+
+class ProtocolError(Exception):
+    """A message that breaks the protocol; the connection is closed."""
+
+
+def encode(op: int, seq: int, body: Any) -> bytes:
+    data: bytes = msgpack.packb([int(op), seq, body], use_bin_type=True)
+    if len(data) > MAX_FRAME:
+        raise ProtocolError(f"a {Op(op).name} message of {len(data)} bytes exceeds {MAX_FRAME}")
+    return data
+
+
+def decode(data: bytes) -> tuple[Op, int, Any]:
+    """[op, seq, body] from one packet; ProtocolError naming what is wrong."""
+    if not data:
+        raise ProtocolError("empty packet")
+    if len(data) > MAX_FRAME:
+        raise ProtocolError(f"packet of {len(data)} bytes exceeds {MAX_FRAME}")
+    try:
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable packet ({type(exc).__name__}: {exc})") from None
+    if not isinstance(msg, list) or len(msg) != 3:
+        raise ProtocolError("a message is an array [op, seq, body]")
+    op, seq, body = msg
+    if not isinstance(op, int) or isinstance(op, bool) or op not in Op._value2member_map_:
+        raise ProtocolError(f"unknown op {op!r}")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
+        raise ProtocolError(f"bad seq {seq!r}")
+    return Op(op), seq, body
+
+
+def send_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+
+
+def recv_fds(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
+    """One packet and the descriptors it carries (closed on a truncated packet)."""
+    fds = array.array("i")
+    data, anc, _flags, _ = sock.recvmsg(MAX_FRAME + 1, socket.CMSG_LEN(maxfds * fds.itemsize))
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+_TIMING = (
+    "ssd_read_lat_ns",
+    "ssd_write_lat_ns",
+    "ssd_read_bw_bps",
+    "ssd_write_bw_bps",
+    "ssd_channels",
+    "dram_bw_bps",
+    "link_bw_bps",
+    "link_lat_ns",
+)
+_RENAMED = {
+    "dram_bytes": "dram",
+    "wbuf_bytes": "wbuf",
+    "pool_kind": "pool",
+    "slot_bytes": "slot_size",
+    "slot_count": "slots",
+    "lru_line_bytes": "lru_line",
+}
+_SAME = (
+    "capacity",
+    "targets",
+    "stripe_unit",
+    "backend",
+    "mode",
+    "queue_depth",
+    "sqpoll",
+    "max_io",
+    "numa_node",
+    "pool_path",
+    "refill_queue",
+    "clock",
+    "flush_high_water_pct",
+)
+
+
+def config_options(effective: dict[str, Any]) -> dict[str, Any]:
+    """Device options that rebuild an effective configuration (``Config.to_dict()``)."""
+    out: dict[str, Any] = {k: effective[k] for k in _SAME if k in effective}
+    for k, v in _RENAMED.items():
+        if k in effective:
+            out[v] = effective[k]
+    for k in _TIMING:
+        if k in effective.get("timing", {}):
+            out[k] = effective["timing"][k]
+    if not out.get("pool_path"):
+        out.pop("pool_path", None)
+    return out

@@ -1,0 +1,75 @@
+"""The daemon's Prometheus endpoint (prometheus_client), loopback only, off by default.
+
+Exports the device counters, the KV store counters, what clients hold, and a
+latency histogram of the daemon's requests by op.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .serve import Daemon
+
+__all__ = ["Metrics", "parse_listen"]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` with a loopback HOST (ValueError otherwise)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        loop = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loop = host == "localhost"
+    if not loop:
+        raise ValueError(f"{text!r}: the metrics endpoint listens on loopback only")
+    return host, int(port)
+
+
+class _Collector(Collector):
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+
+    def collect(self) -> Iterator[Any]:
+        s = self.d.stats()
+        for group in ("device", "kv", "held", "daemon"):
+            for k, v in (s.get(group) or {}).items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    yield GaugeMetricFamily(f"chm_{group}_{k}", f"chm {group} {k}", value=v)
+
+
+class Metrics:
+    def __init__(self, daemon: Daemon) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "chm_request_seconds",
+            "daemon request latency by op",
+            ["op"],
+            registry=self.registry,
+            buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
+        )
+        self.registry.register(_Collector(daemon))
+        self._server: Any = None
+        self.address: tuple[str, int] | None = None
+
+    def observe(self, op: str, seconds: float) -> None:
+        self.latency.labels(op).observe(seconds)
+
+    def serve(self, listen: str) -> None:
+        host, port = parse_listen(listen)
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self.address = (host, self._server.server_port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None

@@ -1,0 +1,361 @@
+"""The ``chm-emu serve`` daemon: one device and one KV store for local clients.
+
+    d = Daemon(ServeOptions(device={...}, socket="/run/chm/chm.sock"))
+    d.start()                 # opens device + store, listens
+    d.serve_forever()         # until stop() (SIGTERM/SIGINT in the command)
+    d.close()                 # flush, journal, close
+
+The DRAM pool must be shareable (memfd, or a file/devdax pool): each client
+gets it read-only (an O_RDONLY descriptor of a pool sealed against future
+writes), so staged objects are read with zero copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import grp
+import json
+import logging
+import os
+import socket
+import stat
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import chm
+from chm.errors import ChmError
+from chm.kv import Store
+from chm.remote.protocol import config_options
+
+from .devices import check_target, reason_key
+from .metrics import Metrics
+from .serve_client import Client
+from .sessions import Scopes
+
+__all__ = ["Daemon", "JsonFormatter", "ServeError", "ServeOptions"]
+
+_F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+_F_SEAL_FUTURE_WRITE = 0x0010  # linux/fcntl.h; not exported by Python's fcntl
+
+
+class ServeError(Exception):
+    """serve cannot start: the message says why and what to change."""
+
+
+@dataclass
+class ServeOptions:
+    device: dict[str, Any]
+    socket: str
+    group: str | None = None
+    kv: bool = True
+    journal: str | None = None
+    segment_bytes: int | None = None
+    eviction: str = "lru"
+    area_bytes: int | None = None  # per-client shared area (default: 4 slots, >= 64 MiB)
+    force: list[str] = field(default_factory=list)
+    metrics: str | None = None  # host:port of a loopback Prometheus endpoint
+    max_clients: int = 256
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, msg and the record's extra fields."""
+
+    _STD: ClassVar[frozenset[str]] = frozenset(vars(logging.makeLogRecord({})))
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "msg": record.getMessage(),
+        }
+        for k, v in vars(record).items():
+            if k not in self._STD and k not in ("message", "asctime"):
+                out[k] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _refusals(targets: list[str], force: list[str]) -> list[str]:
+    errors = []
+    for t in targets:
+        for r in check_target(t):
+            key = reason_key(r)
+            if key not in force:
+                errors.append(f"{t}: {r} (pass --force {key} to use it anyway)")
+    return errors
+
+
+def _size_of(path: str) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise ServeError(f"{path}: {exc.strerror}") from None
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)  # block devices too
+    finally:
+        os.close(fd)
+
+
+def _targets_capacity(targets: list[str]) -> int:
+    """No capacity given: what the targets hold, striped evenly (1 MiB units)."""
+    sizes = [_size_of(t) for t in targets]
+    if not all(sizes):
+        missing = [t for t, n in zip(targets, sizes, strict=True) if not n]
+        raise ServeError(f"no --capacity given and {', '.join(missing)} has no size yet")
+    unit = 1 << 20
+    return min(sizes) // unit * unit * len(targets)
+
+
+class Daemon:
+    def __init__(self, opts: ServeOptions, log: logging.Logger | None = None) -> None:
+        self.opts = opts
+        self.log = log or logging.getLogger("chm.serve")
+        self.scopes = Scopes()
+        self.stopping = threading.Event()
+        self.instance = uuid.uuid4().hex
+        self._clients: dict[int, tuple[Client, threading.Thread]] = {}
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {
+            "clients_total": 0,
+            "clients_refused": 0,
+            "protocol_errors": 0,
+            "kv_lookup_hits": 0,
+            "kv_checksum_errors": 0,
+        }
+        self._next_cid = 1
+        self.dev: chm.Device
+        self.store: Store | None = None
+        self.pool_ro_fd = -1
+        self._listener: socket.socket | None = None
+        self.metrics = Metrics(self)
+        self.started = time.time()
+
+    # ---- start / stop
+
+    def start(self) -> None:
+        o = self.opts
+        dev_opts = dict(o.device)
+        targets = [str(t) for t in dev_opts.get("targets") or []]
+        if not targets:
+            raise ServeError("no targets: name block devices or files with --target")
+        refused = _refusals(targets, o.force)
+        if refused:
+            raise ServeError("refusing unsafe targets:\n  " + "\n  ".join(refused))
+        if "capacity" not in dev_opts:
+            dev_opts["capacity"] = _targets_capacity(targets)
+        dev_opts.setdefault("pool", "memfd")
+        if dev_opts["pool"] not in ("memfd", "file"):
+            raise ServeError(
+                f"pool={dev_opts['pool']!r} cannot be shared with clients: use pool=memfd, "
+                "or pool=file with pool_path (a file or a devdax device)"
+            )
+        try:
+            self.dev = chm.Device.open(**dev_opts)
+        except ChmError as exc:
+            raise ServeError(f"could not open the device: {exc}") from exc
+        try:
+            self._share_pool()
+            cfg = self.dev.config
+            self.client_config = config_options(cfg.to_dict())
+            self.slots_total = int(self.dev.stats().slots_total)
+            self.pool_bytes = int(self.dev.stats().pool_bytes)
+            area = o.area_bytes or max(64 << 20, 4 * cfg.slot_bytes)
+            self.area_bytes = -(-area // 4096) * 4096
+            if o.kv and cfg.mode == "prefetch":
+                kw: dict[str, Any] = {"eviction": o.eviction}
+                if o.segment_bytes:
+                    kw["segment_bytes"] = o.segment_bytes
+                try:
+                    self.store = Store(self.dev, journal=o.journal, **kw)
+                except ChmError as exc:
+                    raise ServeError(f"could not open the KV store: {exc}") from exc
+            self._listen()
+            if o.metrics:
+                self.metrics.serve(o.metrics)
+        except BaseException:
+            self.close()
+            raise
+        st = self.store.stats() if self.store is not None else None
+        self.log.info(
+            "serving",
+            extra={
+                "event": "start",
+                "socket": o.socket,
+                "pid": os.getpid(),
+                "targets": targets,
+                "capacity": cfg.capacity,
+                "mode": cfg.mode,
+                "backend": cfg.backend,
+                "pool": cfg.to_dict()["pool_kind"],
+                "pool_bytes": self.pool_bytes,
+                "kv": self.store is not None,
+                "recovered_entries": st.recovered_entries if st else 0,
+                "journal": st.journal_path if st else None,
+            },
+        )
+
+    def _share_pool(self) -> None:
+        """A read-only descriptor of the pool for clients; memfd pools are
+        sealed against future writes first, so no client can map it writable."""
+        cfg = self.dev.config.to_dict()
+        if cfg["pool_kind"] == "memfd":
+            fd = self.dev.pool_fd()
+            fcntl.fcntl(fd, _F_ADD_SEALS, _F_SEAL_FUTURE_WRITE)
+            self.pool_ro_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            self.pool_ro_fd = os.open(cfg["pool_path"], os.O_RDONLY | os.O_CLOEXEC)
+
+    def _listen(self) -> None:
+        path = self.opts.socket
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.exists() or p.is_symlink():
+            if not stat.S_ISSOCK(p.lstat().st_mode):
+                raise ServeError(f"socket path {path} exists and is not a socket")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                probe.connect(path)
+            except OSError:
+                p.unlink()  # left by a daemon that died
+            else:
+                raise ServeError(f"another daemon is serving on {path}")
+            finally:
+                probe.close()
+        gid = -1
+        if self.opts.group:
+            try:
+                gid = grp.getgrnam(self.opts.group).gr_gid
+            except KeyError:
+                raise ServeError(f"group {self.opts.group!r} does not exist") from None
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        old = os.umask(0o117)  # created 0660: never a moment with wider access
+        try:
+            s.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o660)
+        if gid >= 0:
+            os.chown(path, -1, gid)
+        s.listen(64)
+        s.settimeout(0.2)
+        self._listener = s
+
+    def serve_forever(self) -> None:
+        assert self._listener is not None
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    break
+                raise
+            conn.setblocking(True)
+            self._accept(conn)
+        self._stop_clients()
+
+    def _accept(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._reap()
+            if len(self._clients) >= self.opts.max_clients:
+                self._counts["clients_refused"] += 1
+                conn.close()
+                self.log.warning("client refused: too many clients", extra={"event": "refuse"})
+                return
+            cid = self._next_cid
+            self._next_cid += 1
+            self._counts["clients_total"] += 1
+        c = Client(self, conn, cid)
+        t = threading.Thread(target=c.run, name=f"chm-client-{cid}", daemon=True)
+        with self._lock:
+            self._clients[cid] = (c, t)
+        t.start()
+
+    def _reap(self) -> None:
+        for cid in [k for k, (_, t) in self._clients.items() if not t.is_alive()]:
+            del self._clients[cid]
+
+    def stop(self) -> None:
+        """Asks serve_forever() to return (safe from a signal handler)."""
+        self.stopping.set()
+
+    def _stop_clients(self) -> None:
+        with self._lock:
+            live = list(self._clients.values())
+        for c, _ in live:
+            with contextlib.suppress(OSError):
+                c.sock.shutdown(socket.SHUT_RDWR)
+        for _, t in live:
+            t.join(timeout=5.0)
+
+    def close(self) -> None:
+        """Flushes and journals the store, then closes everything (idempotent)."""
+        self.stopping.set()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.opts.socket)
+        self._stop_clients()
+        self.metrics.close()
+        if self.store is not None:
+            st = self.store
+            self.store = None
+            try:
+                st.flush(timeout=30.0)
+                entries = len(st)
+            finally:
+                st.close()
+            self.log.info(
+                "store flushed and journaled", extra={"event": "flush", "entries": entries}
+            )
+        if self.pool_ro_fd >= 0:
+            os.close(self.pool_ro_fd)
+            self.pool_ro_fd = -1
+        dev = getattr(self, "dev", None)
+        if dev is not None and not dev.closed:
+            dev.flush(timeout=30.0)
+            dev.close()
+
+    # ---- introspection
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            counts = dict(self._counts)
+        return {
+            "device": self.dev.stats().to_dict(),
+            "kv": self.store.stats().to_dict() if self.store is not None else None,
+            "held": self.scopes.held(),
+            "daemon": {
+                **counts,
+                "pid": os.getpid(),
+                "instance": self.instance,
+                "uptime_s": round(time.time() - self.started, 3),
+                "socket": self.opts.socket,
+            },
+        }
+
+
+def setup_logging(level: str = "info") -> logging.Logger:
+    log = logging.getLogger("chm.serve")
+    log.handlers.clear()
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(JsonFormatter())
+    log.addHandler(h)
+    log.setLevel(level.upper())
+    log.propagate = False
+    return log

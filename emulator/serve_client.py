@@ -1,0 +1,408 @@
+"""One client connection of the daemon: handshake, then one request at a time.
+
+Runs in a thread of its own. Every protocol violation (see
+:mod:`chm.remote.protocol`) ends this connection only, with the reason
+logged; whatever the client held is released when the connection ends, for
+whatever reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import select
+import socket
+import struct
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chm import _lowlevel as _ll
+from chm.errors import ChmError
+from chm.kv import KEY_DTYPE
+from chm.remote.protocol import (
+    MAX_BATCH,
+    MAX_FRAME,
+    VERSION,
+    Op,
+    ProtocolError,
+    decode,
+    encode,
+    send_fds,
+)
+
+if TYPE_CHECKING:
+    from .serve import Daemon
+
+__all__ = ["Client"]
+
+_FOREVER = _ll.UINT64_MAX
+_SLICE_NS = 50_000_000  # a wait re-checks the connection and shutdown this often
+_HELLO_TIMEOUT = 10.0
+_F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+_SEALS = getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_GROW", 4)
+
+
+class _Gone(Exception):
+    """The client hung up (not a protocol error)."""
+
+
+def _int(v: Any, what: str, lo: int = 0, hi: int = 2**64 - 1) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise ProtocolError(f"{what}: expected an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _list(v: Any, what: str, width: int | None = None) -> list[Any]:
+    if not isinstance(v, list) or len(v) > MAX_BATCH:
+        raise ProtocolError(f"{what}: expected a list of at most {MAX_BATCH} elements")
+    if width is not None:
+        for e in v:
+            if not isinstance(e, list) or len(e) != width:
+                raise ProtocolError(f"{what}: every element is a list of {width}")
+    return v
+
+
+def _keys(pairs: list[Any], what: str) -> np.ndarray[Any, Any]:
+    ks = np.zeros(len(pairs), dtype=KEY_DTYPE)
+    for j, p in enumerate(pairs):
+        ks[j] = (_int(p[0], f"{what} hi"), _int(p[1], f"{what} lo"))
+    return ks
+
+
+def _entries(store: Any, ks: np.ndarray[Any, Any]) -> list[dict[str, int] | None]:
+    """The index entries (addr, length, checksum) of digest keys.
+
+    ``Store.info`` takes one engine key and hashes it into the store's
+    namespace; the daemon receives digests, so it reads the index rows
+    directly, under the store's lock.
+    """
+    with store._lock:
+        found, ent = store._index.get(ks)
+    return [
+        {"addr": int(e["addr"]), "length": int(e["length"]), "checksum": int(e["checksum"])}
+        if f
+        else None
+        for f, e in zip(found.tolist(), ent, strict=True)
+    ]
+
+
+class Client:
+    """A connected client: its socket, shared area and scope."""
+
+    def __init__(self, daemon: Daemon, sock: socket.socket, cid: int) -> None:
+        self.d = daemon
+        self.sock = sock
+        self.cid = cid
+        self.seq = 0
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        self.pid, self.uid, self.gid = struct.unpack("3i", creds)
+        self.area: mmap.mmap | None = None
+        self.area_np: np.ndarray[Any, Any] | None = None
+        self.area_fd = -1
+        self.scope = daemon.scopes.open(daemon.dev, daemon.store)
+
+    # ---- lifecycle
+
+    def run(self) -> None:
+        reason = "closed by the client"
+        level = logging.INFO
+        try:
+            self._hello()
+            while True:
+                op, seq, body = self._recv()
+                if seq != self.seq + 1:
+                    raise ProtocolError(f"out-of-order seq {seq} (expected {self.seq + 1})")
+                self.seq = seq
+                t0 = time.perf_counter()
+                reply = self._dispatch(op, body)
+                self.d.metrics.observe(op.name, time.perf_counter() - t0)
+                self.sock.send(encode(op, seq, reply))
+        except _Gone:
+            pass
+        except ProtocolError as exc:
+            reason, level = f"protocol error: {exc}", logging.WARNING
+            self.d.count("protocol_errors")
+            self._error(errno.EPROTO, str(exc))
+        except OSError as exc:
+            reason = f"connection error: {exc}"
+        except Exception as exc:  # a daemon bug: log it, keep serving the others
+            reason, level = f"internal error: {type(exc).__name__}: {exc}", logging.ERROR
+            self.d.log.exception("client handler failed", extra={"client": self.cid})
+        finally:
+            handles, pins = self.d.scopes.close(self.scope)
+            self._close()
+            self.d.log.log(
+                level,
+                "client disconnected",
+                extra={
+                    "event": "disconnect",
+                    "client": self.cid,
+                    "reason": reason,
+                    "released_handles": handles,
+                    "released_pins": pins,
+                    "pid": self.pid,
+                },
+            )
+
+    def _close(self) -> None:
+        self.area_np = None
+        if self.area is not None:
+            # a store call may still view it: then it goes with the object
+            with contextlib.suppress(BufferError):
+                self.area.close()
+        if self.area_fd >= 0:
+            os.close(self.area_fd)
+            self.area_fd = -1
+        self.sock.close()
+
+    def _error(self, err: int, message: str) -> None:
+        with contextlib.suppress(OSError, ProtocolError):
+            self.sock.send(encode(Op.ERROR, self.seq, {"errno": err, "message": message}))
+
+    def _recv(self, timeout: float | None = None) -> tuple[Op, int, Any]:
+        if timeout is not None:
+            r, _, _ = select.select([self.sock], [], [], timeout)
+            if not r:
+                raise ProtocolError(f"no HELLO within {timeout:.0f} s")
+        data, _, flags, _ = self.sock.recvmsg(MAX_FRAME + 1)
+        if not data:
+            raise _Gone
+        if flags & socket.MSG_TRUNC or len(data) > MAX_FRAME:
+            raise ProtocolError(f"oversized packet (more than {MAX_FRAME} bytes)")
+        return decode(data)
+
+    def _hello(self) -> None:
+        op, seq, body = self._recv(_HELLO_TIMEOUT)
+        if op != Op.HELLO or seq != 0:
+            raise ProtocolError(f"the first message must be HELLO with seq 0, not {op.name}/{seq}")
+        if not isinstance(body, dict) or "version" not in body:
+            raise ProtocolError("HELLO body must be a map with 'version'")
+        if body["version"] != VERSION:
+            raise ProtocolError(
+                f"protocol version {body['version']!r} is not supported; this daemon speaks "
+                f"version {VERSION}"
+            )
+        d = self.d
+        self.area_fd = os.memfd_create(
+            f"chm-area-{self.cid}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+        )
+        os.ftruncate(self.area_fd, d.area_bytes)
+        fcntl.fcntl(self.area_fd, _F_ADD_SEALS, _SEALS)
+        self.area = mmap.mmap(self.area_fd, d.area_bytes, mmap.MAP_SHARED)
+        self.area_np = np.frombuffer(self.area, dtype=np.uint8)
+        welcome = {
+            "version": VERSION,
+            "session": self.scope.sid,
+            "daemon_pid": os.getpid(),
+            "instance": d.instance,
+            "pool_bytes": d.pool_bytes,
+            "area_bytes": d.area_bytes,
+            "config": d.client_config,
+            "slots_total": d.slots_total,
+            "kv": d.store is not None,
+            "max_batch": MAX_BATCH,
+        }
+        send_fds(self.sock, encode(Op.HELLO, 0, welcome), [d.pool_ro_fd, self.area_fd])
+        self.d.log.info(
+            "client connected",
+            extra={
+                "event": "connect",
+                "client": self.cid,
+                "pid": self.pid,
+                "uid": self.uid,
+                "gid": self.gid,
+            },
+        )
+
+    # ---- requests
+
+    def _dispatch(self, op: Op, body: Any) -> Any:
+        h = _HANDLERS.get(op)
+        if h is None:
+            raise ProtocolError(f"{op.name} is not a request")
+        return h(self, body)
+
+    def _area(self, off: Any, n: Any, what: str) -> np.ndarray[Any, Any]:
+        assert self.area_np is not None
+        o = _int(off, f"{what} area offset", 0, self.d.area_bytes)
+        ln = _int(n, f"{what} length", 0, self.d.area_bytes - o)
+        return self.area_np[o : o + ln]
+
+    def _prefetch(self, body: Any) -> Any:
+        out = []
+        for e in _list(body, "PREFETCH", 3):
+            out.append(
+                list(
+                    self.scope.prefetch(
+                        _int(e[0], "addr"), _int(e[1], "len"), _int(e[2], "flags", 0, 2**32 - 1)
+                    )
+                )
+            )
+        return out
+
+    def _wait_one(self, token: int, deadline: int | None) -> list[int]:
+        while True:
+            left = _FOREVER if deadline is None else max(0, deadline - time.monotonic_ns())
+            rc, off, n, addr = self.scope.wait(token, min(left, _SLICE_NS))
+            if rc != -errno.ETIMEDOUT or left <= _SLICE_NS:
+                return [rc, off, n, addr]
+            if self.d.stopping.is_set():
+                return [-errno.ECANCELED, 0, 0, 0]
+            r, _, _ = select.select([self.sock], [], [], 0)
+            if r:  # the client spoke before the answer, or hung up
+                if not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    raise _Gone
+                raise ProtocolError("a request arrived before the answer to WAIT")
+
+    def _wait(self, body: Any) -> Any:
+        if not isinstance(body, list) or len(body) != 2:
+            raise ProtocolError("WAIT body is [timeout_ns, [token, ...]]")
+        tns = _int(body[0], "timeout_ns")
+        toks = [_int(t, "token") for t in _list(body[1], "WAIT tokens")]
+        deadline = None if tns >= _FOREVER else time.monotonic_ns() + tns
+        return [self._wait_one(t, deadline) for t in toks]
+
+    def _release(self, body: Any) -> Any:
+        return [self.scope.release(_int(t, "token")) for t in _list(body, "RELEASE")]
+
+    def _read(self, body: Any) -> Any:
+        if not isinstance(body, list) or len(body) != 3:
+            raise ProtocolError("READ body is [addr, len, area_offset]")
+        dst = self._area(body[2], body[1], "READ")
+        try:
+            return self.d.dev.read_into(_int(body[0], "addr"), dst)
+        except ChmError as exc:
+            return -(exc.errno or errno.EIO)
+
+    def _write(self, body: Any) -> Any:
+        out = []
+        for e in _list(body, "WRITE", 3):
+            src = self._area(e[1], e[2], "WRITE")
+            try:
+                out.append(1 if self.d.dev.write(_int(e[0], "addr"), src) else 0)
+            except ChmError as exc:
+                out.append(-(exc.errno or errno.EIO))
+        return out
+
+    def _flush(self, body: Any) -> Any:
+        t = _int(body, "FLUSH timeout_ns")
+        try:
+            self.d.dev.flush(None if t >= _FOREVER else t / 1e9)
+        except ChmError as exc:
+            return -(exc.errno or errno.EIO)
+        return 0
+
+    def _stats(self, body: Any) -> Any:
+        return self.d.stats()
+
+    # ---- the shared KV index
+
+    def _store(self) -> Any:
+        if self.d.store is None:
+            raise ProtocolError("this daemon serves no KV store (mode is not prefetch)")
+        return self.d.store
+
+    def _kv_put(self, body: Any) -> Any:
+        st = self._store()
+        items = _list(body, "KV_PUT", 4)
+        ks = _keys(items, "KV_PUT key")
+        srcs = [self._area(e[2], e[3], "KV_PUT") for e in items]
+        try:
+            return [int(s) for s in st.put(ks, srcs)]
+        except ChmError as exc:
+            return -(exc.errno or errno.EIO)
+
+    def _kv_lookup(self, body: Any) -> Any:
+        st = self._store()
+        if not isinstance(body, list) or len(body) != 2 or not isinstance(body[1], bool):
+            raise ProtocolError("KV_LOOKUP body is [[[hi, lo], ...], prefix]")
+        ks = _keys(_list(body[0], "KV_LOOKUP", 2), "KV_LOOKUP key")
+        prefix = body[1]
+        if prefix:
+            n = st.prefix_len(ks)
+            ks = ks[:n]
+        got = self.scope.pin(ks)
+        ents = _entries(st, ks)
+        out: list[list[int]] = []
+        stop = False
+        for j, ok in enumerate(got):
+            pair = (int(ks[j]["hi"]), int(ks[j]["lo"]))
+            info = ents[j] if ok and not stop else None
+            if info is None:
+                if ok:
+                    self.scope.unpin([pair])
+                if prefix:
+                    stop = True
+                    continue
+                out.append([-errno.ENOENT, 0, 0, 0])
+                continue
+            rc, tok = self.scope.prefetch(info["addr"], info["length"], 0)
+            if rc:
+                self.scope.unpin([pair])
+                if prefix:
+                    stop = True
+                    continue
+                out.append([rc, 0, 0, 0])
+                continue
+            out.append([0, tok, info["length"], info["checksum"]])
+        hits = sum(1 for e in out if e[0] == 0)
+        self.d.count("kv_lookup_hits", hits)
+        return out
+
+    def _kv_done(self, body: Any) -> Any:
+        st = self._store()
+        items = _list(body, "KV_DONE", 4)
+        out = []
+        bad = []
+        for e in items:
+            pair = (_int(e[0], "hi"), _int(e[1], "lo"))
+            tok = _int(e[2], "token")
+            out.append(self.scope.release(tok))
+            self.scope.unpin([pair])
+            if e[3]:
+                bad.append(pair)
+        if bad:  # the client found the block torn or corrupt: a miss from now on
+            self.d.count("kv_checksum_errors", len(bad))
+            st.remove(_keys([list(p) for p in bad], "KV_DONE key"))
+        return out
+
+    def _kv_contains(self, body: Any) -> Any:
+        return self._store().contains(_keys(_list(body, "KV_CONTAINS", 2), "key"))
+
+    def _kv_prefix_len(self, body: Any) -> Any:
+        return self._store().prefix_len(_keys(_list(body, "KV_PREFIX_LEN", 2), "key"))
+
+    def _kv_remove(self, body: Any) -> Any:
+        return self._store().remove(_keys(_list(body, "KV_REMOVE", 2), "key"))
+
+    def _kv_flush(self, body: Any) -> Any:
+        t = _int(body, "KV_FLUSH timeout_ns")
+        try:
+            self._store().flush(None if t >= _FOREVER else t / 1e9)
+        except ChmError as exc:
+            return -(exc.errno or errno.EIO)
+        return 0
+
+
+_HANDLERS = {
+    Op.PREFETCH: Client._prefetch,
+    Op.WAIT: Client._wait,
+    Op.RELEASE: Client._release,
+    Op.READ: Client._read,
+    Op.WRITE: Client._write,
+    Op.FLUSH: Client._flush,
+    Op.STATS: Client._stats,
+    Op.KV_PUT: Client._kv_put,
+    Op.KV_LOOKUP: Client._kv_lookup,
+    Op.KV_DONE: Client._kv_done,
+    Op.KV_CONTAINS: Client._kv_contains,
+    Op.KV_PREFIX_LEN: Client._kv_prefix_len,
+    Op.KV_REMOVE: Client._kv_remove,
+    Op.KV_FLUSH: Client._kv_flush,
+}

@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""The daemon's data path next to the embedded device, in one run.
+
+(a) zero-copy staged read bandwidth: a sliding window of 16 objects of 4 MiB
+    in flight, each waited, copied out of device DRAM into a destination
+    buffer and released; through ``chm.connect()`` (views into the read-only
+    shared pool; the window moves 8 objects per batched round trip) and
+    through an embedded ``chm.Device`` (the same window, call for call, one
+    object per call) with the same
+    DRAM kind (memfd), on identical backing files, alternating for N
+    repetitions; the ratio of the medians is the headline (target >= 0.9).
+    An embedded device on an anonymous pool (THP where the host allows it;
+    shmem THP is often off) is measured alongside for reference;
+(b) round trip of a 32-block batched prefetch + wait + release of small
+    staged objects through the daemon: median and p99 (embedded alongside);
+(c) 4 client processes loading disjoint objects at once vs 1 client alone:
+    aggregate bandwidth ratio (target >= 0.9).
+
+    python tools/bench/daemon_bench.py --quick
+    python tools/bench/daemon_bench.py --json results/daemon_bench.json
+
+The verdict lines are printed last; the exit status is 1 on a missed target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _benchlib import Verdicts, fmt_bw, median, ratio, table
+
+import chm
+from chm_emu.serve_proc import DaemonProcess
+
+OBJ = 4 << 20
+WINDOW = 8
+
+_CLIENT = """
+import sys, time, numpy as np, chm
+sock, first, count, obj, window = sys.argv[1], *map(int, sys.argv[2:6])
+dev = chm.connect(sock)
+dst = np.empty(obj, np.uint8)
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+sys.stdin.readline()
+t0 = time.perf_counter()
+for i in range(first, first + count, window):
+    hs = dev.prefetch_many([(j * obj, obj) for j in range(i, min(i + window, first + count))])
+    for v in dev.wait_many(hs, 30.0):
+        dst[:] = np.frombuffer(v, np.uint8)
+    dev.release_many(hs)
+t1 = time.perf_counter()
+print(t0, t1, count * obj)
+"""
+
+
+def _fill(path: Path, n: int) -> None:
+    rng = np.random.default_rng(7)
+    with path.open("wb") as f:
+        for _ in range(n):
+            f.write(rng.integers(0, 256, OBJ, dtype=np.uint8).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _device_opts(n: int) -> dict[str, Any]:
+    # 32 slots: the round-trip batch fits; the write buffer is left small
+    return {
+        "capacity": n * OBJ,
+        "dram": 34 * OBJ + (16 << 20),
+        "slots": 32,
+        "wbuf": 16 << 20,
+        "slot_size": OBJ,
+        "stripe_unit": "1M",
+    }
+
+
+def _embedded_pass(dev: chm.Device, n: int, dst: np.ndarray) -> float:
+    """The window of _remote_pass, call for call, on the embedded device."""
+    t0 = time.perf_counter()
+    hs = [dev.prefetch(j * OBJ, OBJ) for j in range(min(2 * WINDOW, n))]
+    nxt = len(hs)
+    while hs:
+        group, hs = hs[:WINDOW], hs[WINDOW:]
+        for h in group:
+            dst[:] = np.frombuffer(h.wait(30.0), np.uint8)
+        for h in group:
+            h.release()
+        more = range(nxt, min(nxt + WINDOW, n))
+        nxt += len(more)
+        hs += [dev.prefetch(j * OBJ, OBJ) for j in more]
+    return n * OBJ / (time.perf_counter() - t0)
+
+
+def _remote_pass(dev: chm.remote.RemoteDevice, n: int, dst: np.ndarray) -> float:
+    """The same window, moved WINDOW objects per round trip: wait the oldest
+    WINDOW, copy them out of the shared pool, release them, issue the next."""
+    t0 = time.perf_counter()
+    hs = dev.prefetch_many([(j * OBJ, OBJ) for j in range(min(2 * WINDOW, n))])
+    nxt = len(hs)
+    while hs:
+        group, hs = hs[:WINDOW], hs[WINDOW:]
+        for v in dev.wait_many(group, 30.0):
+            dst[:] = np.frombuffer(v, np.uint8)
+        dev.release_many(group)
+        more = [(j * OBJ, OBJ) for j in range(nxt, min(nxt + WINDOW, n))]
+        nxt += len(more)
+        if more:
+            hs += dev.prefetch_many(more)
+    return n * OBJ / (time.perf_counter() - t0)
+
+
+def _rtt(dev: Any, iters: int, batched: bool) -> list[float]:
+    out = []
+    ranges = [(j * OBJ, 4096) for j in range(32)]
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        if batched:
+            hs = dev.prefetch_many(ranges)
+            dev.wait_many(hs, 30.0)
+            dev.release_many(hs)
+        else:
+            hs = [dev.prefetch(a, n) for a, n in ranges]
+            for h in hs:
+                h.wait(30.0)
+            for h in hs:
+                h.release()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _clients(sock: str, k: int, n: int) -> float:
+    """Aggregate bandwidth of k client processes loading disjoint objects."""
+    per = n // k
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CLIENT, sock, str(c * per), str(per), str(OBJ), str(WINDOW)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for c in range(k)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    rows = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        if p.returncode:
+            raise RuntimeError(f"client exited with {p.returncode}")
+        t0, t1, b = out.split()
+        rows.append((float(t0), float(t1), int(b)))
+    start = min(r[0] for r in rows)
+    end = max(r[1] for r in rows)
+    return sum(r[2] for r in rows) / (end - start)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--objects", type=int, default=128, help="4 MiB objects per pass")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--rtt-iters", type=int, default=400)
+    ap.add_argument("--backend", default="auto", choices=["auto", "uring", "pread"])
+    ap.add_argument("--quick", action="store_true", help="64 objects, 3 reps, 100 round trips")
+    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--target-ratio", type=float, default=0.9)
+    ap.add_argument("--target-clients", type=float, default=0.9)
+    a = ap.parse_args()
+    if a.quick:
+        a.objects, a.reps, a.rtt_iters = 64, 3, 100
+    n = a.objects - a.objects % 4
+    v = Verdicts("daemon_bench")
+    tmp = Path(tempfile.mkdtemp(prefix="chm-daemon-bench-"))
+    try:
+        emb_file, srv_file = tmp / "embedded.img", tmp / "served.img"
+        _fill(emb_file, n)
+        _fill(srv_file, n)  # same seed: the same objects
+        anon_file = tmp / "anon.img"
+        _fill(anon_file, n)
+        opts = _device_opts(n)
+        args = ["--target", str(srv_file), "--backend", a.backend, "--no-kv"]
+        args += ["--capacity", str(opts["capacity"]), "--dram", str(opts["dram"])]
+        args += ["--slot-size", str(OBJ), "--config", str(tmp / "serve.toml")]
+        (tmp / "serve.toml").write_text(
+            f'[device]\nwbuf = {opts["wbuf"]}\nslots = 32\nstripe_unit = "1M"\n'
+        )
+        with DaemonProcess(args, tmp / "chm.sock") as d:
+            # the same DRAM kind as the daemon's (memfd), so the ratio is the
+            # daemon's cost; an anonymous pool (THP where allowed) for reference
+            emb = chm.Device.open(targets=[emb_file], backend=a.backend, pool="memfd", **opts)
+            anon = chm.Device.open(targets=[anon_file], backend=a.backend, pool="anon", **opts)
+            rem = chm.connect(d.socket)
+            dst = np.empty(OBJ, np.uint8)
+            _embedded_pass(emb, n, dst)  # warm all (page cache, pool pages)
+            _embedded_pass(anon, n, dst)
+            _remote_pass(rem, n, dst)
+            e_bw, r_bw, a_bw = [], [], []
+            for _ in range(a.reps):
+                e_bw.append(_embedded_pass(emb, n, dst))
+                r_bw.append(_remote_pass(rem, n, dst))
+                a_bw.append(_embedded_pass(anon, n, dst))
+            anon.close()
+            rt_remote = _rtt(rem, a.rtt_iters, batched=True)
+            rt_emb = _rtt(emb, a.rtt_iters, batched=False)
+            rem.close()
+            emb.close()
+            one, four = [], []
+            for _ in range(max(1, a.reps // 2)):
+                one.append(_clients(d.socket, 1, n))
+                four.append(_clients(d.socket, 4, n))
+        bw_ratio = ratio(median(r_bw), median(e_bw))
+        cl_ratio = ratio(median(four), median(one))
+        q = np.quantile
+        table(
+            "staged read bandwidth (16 x 4 MiB in flight, copied out)",
+            ["path", "median", "min", "max"],
+            [
+                [
+                    "embedded, memfd pool",
+                    fmt_bw(median(e_bw)),
+                    fmt_bw(min(e_bw)),
+                    fmt_bw(max(e_bw)),
+                ],
+                ["embedded, anon pool", fmt_bw(median(a_bw)), fmt_bw(min(a_bw)), fmt_bw(max(a_bw))],
+                ["daemon chm.connect", fmt_bw(median(r_bw)), fmt_bw(min(r_bw)), fmt_bw(max(r_bw))],
+                ["1 client process", fmt_bw(median(one)), fmt_bw(min(one)), fmt_bw(max(one))],
+                ["4 client processes", fmt_bw(median(four)), fmt_bw(min(four)), fmt_bw(max(four))],
+            ],
+        )
+        table(
+            "32 x 4 KiB prefetch + wait + release",
+            ["path", "median", "p99"],
+            [
+                ["daemon, batched (3 round trips)",
+                 f"{q(rt_remote, 0.5) * 1e6:.0f} us", f"{q(rt_remote, 0.99) * 1e6:.0f} us"],
+                ["embedded, per object",
+                 f"{q(rt_emb, 0.5) * 1e6:.0f} us", f"{q(rt_emb, 0.99) * 1e6:.0f} us"],
+            ],
+        )  # fmt: skip
+        v.check("daemon / embedded staged read bandwidth", bw_ratio, a.target_ratio)
+        v.check("4 clients / 1 client aggregate bandwidth", cl_ratio, a.target_clients)
+        if a.json:
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.json).write_text(
+                json.dumps(
+                    {
+                        "embedded_bps": e_bw,
+                        "embedded_anon_bps": a_bw,
+                        "daemon_bps": r_bw,
+                        "one_client_bps": one,
+                        "four_clients_bps": four,
+                        "rtt_daemon_s": {"median": q(rt_remote, 0.5), "p99": q(rt_remote, 0.99)},
+                        "rtt_embedded_s": {"median": q(rt_emb, 0.5), "p99": q(rt_emb, 0.99)},
+                        "verdicts": v.to_dict(),
+                    },
+                    indent=2,
+                )
+            )
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return v.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
