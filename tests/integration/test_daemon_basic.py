@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
         yield d
 
 
-def _block(i: int, n: int = BLOCK) -> np.ndarray:
+def _block(i: int, n: int = BLOCK) -> np.ndarray[Any, Any]:
     return ((np.arange(n, dtype=np.uint32) * 2654435761 + i) >> 7).astype(np.uint8)
 
 

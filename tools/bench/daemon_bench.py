@@ -82,7 +82,7 @@ def _device_opts(n: int) -> dict[str, Any]:
     }
 
 
-def _embedded_pass(dev: chm.Device, n: int, dst: np.ndarray) -> float:
+def _embedded_pass(dev: chm.Device, n: int, dst: np.ndarray[Any, Any]) -> float:
     """The window of _remote_pass, call for call, on the embedded device."""
     t0 = time.perf_counter()
     hs = [dev.prefetch(j * OBJ, OBJ) for j in range(min(2 * WINDOW, n))]
@@ -99,7 +99,7 @@ def _embedded_pass(dev: chm.Device, n: int, dst: np.ndarray) -> float:
     return n * OBJ / (time.perf_counter() - t0)
 
 
-def _remote_pass(dev: chm.remote.RemoteDevice, n: int, dst: np.ndarray) -> float:
+def _remote_pass(dev: chm.remote.RemoteDevice, n: int, dst: np.ndarray[Any, Any]) -> float:
     """The same window, moved WINDOW objects per round trip: wait the oldest
     WINDOW, copy them out of the shared pool, release them, issue the next."""
     t0 = time.perf_counter()
