@@ -44,6 +44,16 @@ class DaemonMachine(_Base):  # type: ignore[misc]
         assert isinstance(dev, RemoteDevice)
         return dev.view_info(req.handle)
 
+    # The daemon client's batch calls are all or nothing (RemoteDevice.
+    # prefetch_many raises at the first refusal and returns RemoteHandles),
+    # not a status per element as chm.Device's: the machine's per-element
+    # batch rules do not apply to it, so they are not rules of this machine.
+    def prefetch_batch(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("not a rule of the daemon machine")
+
+    def release_batch(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("not a rule of the daemon machine")
+
     def teardown(self) -> None:
         try:
             super().teardown()
