@@ -51,54 +51,35 @@ VERSION_TUPLE: tuple[int, int, int] = (
     int(lib.CHM_VERSION_PATCH),
 )
 
-BACKENDS: dict[str, int] = {
-    "uring": int(lib.CHM_BACKEND_URING),
-    "pread": int(lib.CHM_BACKEND_PREAD),
-    "ghost": int(lib.CHM_BACKEND_GHOST),
-}
-MODES: dict[str, int] = {
-    "prefetch": int(lib.CHM_MODE_PREFETCH),
-    "lru": int(lib.CHM_MODE_LRU),
-    "direct": int(lib.CHM_MODE_DIRECT),
-}
-POOL_KINDS: dict[str, int] = {
-    "anon": int(lib.CHM_POOL_ANON),
-    "hugetlb": int(lib.CHM_POOL_HUGETLB),
-    "memfd": int(lib.CHM_POOL_MEMFD),
-    "file": int(lib.CHM_POOL_FILE),
-}
-CLOCKS: dict[str, int] = {
-    "real": int(lib.CHM_CLOCK_REAL),
-    "virtual": int(lib.CHM_CLOCK_VIRTUAL),
-}
-FAULTS: dict[str, int] = {
-    "none": int(lib.CHM_FAULT_NONE),
-    "eio_read": int(lib.CHM_FAULT_EIO_READ),
-    "eio_write": int(lib.CHM_FAULT_EIO_WRITE),
-    "short_read": int(lib.CHM_FAULT_SHORT_READ),
-    "slow": int(lib.CHM_FAULT_SLOW),
-}
-SLOT_STATES: dict[str, int] = {
-    "free": int(lib.CHM_SLOT_FREE),
-    "filling": int(lib.CHM_SLOT_FILLING),
-    "ready": int(lib.CHM_SLOT_READY),
-    "held": int(lib.CHM_SLOT_HELD),
-    "failed": int(lib.CHM_SLOT_FAILED),
-    "draining": int(lib.CHM_SLOT_DRAINING),
-}
-WBUF_STATES: dict[str, int] = {
-    "free": int(lib.CHM_WB_FREE),
-    "admitted": int(lib.CHM_WB_ADMITTED),
-    "flushing": int(lib.CHM_WB_FLUSHING),
-    "durable": int(lib.CHM_WB_DURABLE),
-    "skipped": int(lib.CHM_WB_SKIPPED),
-}
-LINE_STATES: dict[str, int] = {
-    "invalid": int(lib.CHM_LINE_INVALID),
-    "clean": int(lib.CHM_LINE_CLEAN),
-    "dirty": int(lib.CHM_LINE_DIRTY),
-    "writing_back": int(lib.CHM_LINE_WRITING_BACK),
-}
+
+def _enum_table(kind: int) -> dict[str, int]:
+    """One enumeration's ``{name: value}``, as the C core names it
+    (chm_enum_name): no name is typed twice."""
+    out: dict[str, int] = {}
+    value = 0
+    while (name := lib.chm_enum_name(kind, value)) != ffi.NULL:
+        out[str(ffi.string(name).decode())] = value
+        value += 1
+    return out
+
+
+BACKENDS: dict[str, int] = _enum_table(lib.CHM_ENUM_BACKEND)
+MODES: dict[str, int] = _enum_table(lib.CHM_ENUM_MODE)
+POOL_KINDS: dict[str, int] = _enum_table(lib.CHM_ENUM_POOL)
+CLOCKS: dict[str, int] = _enum_table(lib.CHM_ENUM_CLOCK)
+FAULTS: dict[str, int] = _enum_table(lib.CHM_ENUM_FAULT)
+# The device's internal state machines (fw_spec/*.yaml), by name.
+SLOT_STATES: dict[str, int] = _enum_table(lib.CHM_ENUM_SLOT_STATE)
+WBUF_STATES: dict[str, int] = _enum_table(lib.CHM_ENUM_WBUF_STATE)
+LINE_STATES: dict[str, int] = _enum_table(lib.CHM_ENUM_LINE_STATE)
+
+
+def enum_name(table: dict[str, int], value: int) -> str | None:
+    """The name of ``value`` in one of the tables above, None if it has none."""
+    for name, v in table.items():
+        if v == value:
+            return name
+    return None
 
 
 class OptionInfo(NamedTuple):
@@ -128,6 +109,14 @@ def strerror(err: int) -> str:
     return str(ffi.string(lib.chm_strerror(code)).decode("utf-8", "replace"))
 
 
+def last_error_detail(rc: int) -> str | None:
+    """chm_last_error_detail(): the C core's one-line reason for the failure
+    ``rc`` of this thread's latest call, None when it gave none. Only
+    meaningful right after that call, on the same thread."""
+    text = str(ffi.string(lib.chm_last_error_detail(rc)).decode("utf-8", "replace"))
+    return text or None
+
+
 def _check(
     rc: int,
     call: str = "chm",
@@ -137,11 +126,16 @@ def _check(
 ) -> int:
     """The single choke point: returns rc >= 0, raises for -errno.
 
-    ``filename`` (the offending path, when the caller knows it) is set as the
-    exception's ``.filename``, as OSError does.
+    The exception's message ends with why the call failed: ``detail`` when
+    the caller has it, else the reason the C core recorded at the failure
+    site (:func:`last_error_detail`, read here, right after the call, on the
+    caller's thread). ``filename`` (the offending path, when the caller
+    knows it) is set as the exception's ``.filename``, as OSError does.
     """
     if rc >= 0:
         return rc
+    if detail is None:
+        detail = last_error_detail(rc)
     err = status_error(rc, call, args, detail)
     if filename is not None:
         err.filename = filename
@@ -230,6 +224,37 @@ def config_set(cfg: CData, key: str, value: str) -> None:
         raise _arg_error("chm_config_set", f"{key!r}, {value!r}", exc) from None
     if rc < 0:
         _check(rc, "chm_config_set", f"{key!r}, {value!r}", _errtext(err))
+
+
+_GETBUF = MAX_TARGETS * PATH_MAX + 64  # room for every target and the commas
+
+
+def config_get(cfg: CData, key: str) -> str:
+    """chm_config_get(): option ``key`` of *cfg in its text form; NotFound
+    for an unknown key."""
+    if "\0" in key:
+        raise _arg_error("chm_config_get", repr(key), ValueError("contains a NUL byte"))
+    out = ffi.new("char[]", _GETBUF)
+    try:
+        rc = lib.chm_config_get(cfg, key.encode(), out, _GETBUF)
+    except UnicodeEncodeError as exc:
+        raise _arg_error("chm_config_get", repr(key), exc) from None
+    _check(rc, "chm_config_get", repr(key))
+    return str(ffi.string(out, rc).decode("utf-8", "replace"))
+
+
+def parse_size(text: str) -> int:
+    """chm_parse_size(): the byte count a size string names (the grammar of
+    every size option); InvalidArgument with the C core's reason otherwise."""
+    if "\0" in text:
+        raise _arg_error("chm_parse_size", repr(text), "contains a NUL byte")
+    out = ffi.new("uint64_t *")
+    try:
+        rc = lib.chm_parse_size(text.encode(), out)
+    except UnicodeEncodeError:
+        raise _arg_error("chm_parse_size", repr(text), "not a size (non-ASCII text)") from None
+    _check(rc, "chm_parse_size", repr(text))
+    return int(out[0])
 
 
 def config_validate(cfg: CData) -> None:
@@ -682,6 +707,7 @@ __all__ = [
     "ReadOnlyBuffer",
     "ViewInfo",
     "config_copy",
+    "config_get",
     "config_init",
     "config_new",
     "config_option",
@@ -695,8 +721,11 @@ __all__ = [
     "dev_open",
     "dev_open_err",
     "dev_pool_fd",
+    "enum_name",
     "fault_inject",
     "flush",
+    "last_error_detail",
+    "parse_size",
     "prefetch_object",
     "prefetch_release",
     "prefetch_wait",
