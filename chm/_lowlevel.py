@@ -52,13 +52,30 @@ VERSION_TUPLE: tuple[int, int, int] = (
 )
 
 
+def enum_name(kind: int, value: int) -> str | None:
+    """chm_enum_name(): the name of ``value`` in enumeration ``kind``
+    (``lib.CHM_ENUM_*``), None when it has none."""
+    p = lib.chm_enum_name(kind, value)
+    return None if p == ffi.NULL else str(ffi.string(p).decode())
+
+
+def enum_value(kind: int, name: str) -> int:
+    """chm_enum_value(): the value named ``name`` (any case) in enumeration
+    ``kind``; NotFound for an unknown name, InvalidArgument for an unknown kind."""
+    try:
+        rc = lib.chm_enum_value(kind, name.encode())
+    except (UnicodeEncodeError, AttributeError, TypeError) as exc:
+        raise _arg_error("chm_enum_value", f"{kind}, {name!r}", exc) from None
+    return _check(rc, "chm_enum_value", f"{kind}, {name!r}")
+
+
 def _enum_table(kind: int) -> dict[str, int]:
     """One enumeration's ``{name: value}``, as the C core names it
     (chm_enum_name): no name is typed twice."""
     out: dict[str, int] = {}
     value = 0
-    while (name := lib.chm_enum_name(kind, value)) != ffi.NULL:
-        out[str(ffi.string(name).decode())] = value
+    while (name := enum_name(kind, value)) is not None:
+        out[name] = value
         value += 1
     return out
 
@@ -74,7 +91,7 @@ WBUF_STATES: dict[str, int] = _enum_table(lib.CHM_ENUM_WBUF_STATE)
 LINE_STATES: dict[str, int] = _enum_table(lib.CHM_ENUM_LINE_STATE)
 
 
-def enum_name(table: dict[str, int], value: int) -> str | None:
+def name_of(table: dict[str, int], value: int) -> str | None:
     """The name of ``value`` in one of the tables above, None if it has none."""
     for name, v in table.items():
         if v == value:
@@ -722,9 +739,11 @@ __all__ = [
     "dev_open_err",
     "dev_pool_fd",
     "enum_name",
+    "enum_value",
     "fault_inject",
     "flush",
     "last_error_detail",
+    "name_of",
     "parse_size",
     "prefetch_object",
     "prefetch_release",

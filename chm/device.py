@@ -77,7 +77,7 @@ def timeout_ns(timeout: float | None) -> int:
 
 
 def _closed_error(what: str) -> Cancelled:
-    return Cancelled(None, f"{what}: device is closed", call=what)
+    return Cancelled(None, f"{what}: device is closed", call=what, detail="device is closed")
 
 
 class Handle:

@@ -10,6 +10,7 @@
 
 #include "clock.h"
 #include "dev.h"
+#include "errdetail.h"
 #include "iomap.h"
 #include "states.h"
 #include "targets.h"
@@ -49,7 +50,8 @@ _Noreturn void chm_illegal_transition(const char *table, int from, int to, const
 int chm_enter(struct chm_dev *dev)
 {
 	if (dev->closing)
-		return -ECANCELED;
+		return chm_detail(-ECANCELED,
+		                  "the device is closing (chm_dev_close or shutdown began)");
 	dev->active_calls++;
 	return 0;
 }
@@ -76,6 +78,7 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 
 int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, size_t errlen)
 {
+	chm_detail_clear();
 	if (err && errlen)
 		err[0] = '\0';
 	if (!cfg || !out)
@@ -253,32 +256,39 @@ void chm_dev_close(chm_dev *dev)
 
 int chm_dev_config(chm_dev *dev, struct chm_config *out)
 {
+	chm_detail_clear();
 	if (!dev || !out)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "dev_config: NULL %s", !dev ? "dev" : "out");
 	*out = dev->cfg;
 	return 0;
 }
 
 int chm_dev_pool_fd(chm_dev *dev)
 {
+	chm_detail_clear();
 	if (!dev)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "pool_fd: NULL dev");
 	pthread_mutex_lock(&dev->lock);
 	bool shut = dev->shut;
 	pthread_mutex_unlock(&dev->lock);
 	if (shut)
-		return -ECANCELED;
+		return chm_detail(-ECANCELED, "pool_fd: the device was shut down");
 	if (dev->pool.kind != CHM_POOL_MEMFD || dev->pool.fd < 0 || !dev->pool.base)
-		return -ENOENT;
+		return chm_detail(-ENOENT,
+		                  "pool_fd: the DRAM pool is not a memfd (pool=memfd shares one)");
 	return dev->pool.fd;
 }
 
 /* ---- data path ---- */
 
-static int check_range(const struct chm_dev *dev, uint64_t addr, uint64_t len)
+static int check_range(const struct chm_dev *dev, const char *what, uint64_t addr, uint64_t len)
 {
-	if (len == 0 || addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
-		return -EINVAL;
+	if (len == 0)
+		return chm_detail(-EINVAL, "%s: len is 0", what);
+	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
+		return chm_detail(-EINVAL, "%s: [%#llx, +%llu) is beyond the capacity (%llu bytes)",
+		                  what, (unsigned long long)addr, (unsigned long long)len,
+		                  (unsigned long long)dev->cfg.capacity);
 	return 0;
 }
 
@@ -324,9 +334,10 @@ static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len
 
 int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
+	chm_detail_clear();
 	if (!dev || !buf)
-		return -EINVAL;
-	int rc = check_range(dev, addr, len);
+		return chm_detail(-EINVAL, "read: NULL %s", !dev ? "dev" : "buf");
+	int rc = check_range(dev, "read", addr, len);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&dev->lock);
@@ -390,13 +401,22 @@ static int write_through(struct chm_dev *dev, uint64_t addr, const void *buf, ui
 
 int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len, uint32_t flags)
 {
-	if (!dev || !buf || flags)
-		return -EINVAL;
-	int rc = check_range(dev, addr, len);
+	chm_detail_clear();
+	if (!dev || !buf)
+		return chm_detail(-EINVAL, "write: NULL %s", !dev ? "dev" : "buf");
+	if (flags)
+		return chm_detail(-EINVAL, "write: unknown flags %#x (none are defined)", flags);
+	int rc = check_range(dev, "write", addr, len);
 	if (rc)
 		return rc;
-	if (addr % dev->write_align || len % dev->write_align)
-		return -EINVAL;
+	const char *unit =
+	        dev->write_align == CHM_IO_ALIGN ? "CHM_IO_ALIGN" : "a target's block size";
+	if (addr % dev->write_align)
+		return chm_detail(-EINVAL, "write: addr %#llx is not a multiple of %u (%s)",
+		                  (unsigned long long)addr, dev->write_align, unit);
+	if (len % dev->write_align)
+		return chm_detail(-EINVAL, "write: len %llu is not a multiple of %u (%s)",
+		                  (unsigned long long)len, dev->write_align, unit);
 	pthread_mutex_lock(&dev->lock);
 	rc = chm_enter(dev);
 	pthread_mutex_unlock(&dev->lock);
@@ -417,20 +437,26 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 int chm_write_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const void *const *bufs,
                       const uint64_t *lens, uint32_t flags, int32_t *results)
 {
-	if (!dev || !addrs || !bufs || !lens || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
+	chm_detail_clear();
+	if (!dev || !addrs || !bufs || !lens || !results)
+		return chm_detail(-EINVAL, "write_objects: a NULL argument");
+	if (n > CHM_BATCH_MAX)
+		return chm_detail(-EINVAL, "write_objects: n %u is above CHM_BATCH_MAX (%d)", n,
+		                  CHM_BATCH_MAX);
 	int ok = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		results[i] = chm_write_object(dev, addrs[i], bufs[i], lens[i], flags);
 		ok += results[i] == 0;
 	}
+	chm_detail_clear(); /* an element's reason is not the call's */
 	return ok;
 }
 
 int chm_flush(chm_dev *dev, uint64_t timeout_ns)
 {
+	chm_detail_clear();
 	if (!dev)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "flush: NULL dev");
 	pthread_mutex_lock(&dev->lock);
 	int rc = chm_enter(dev);
 	pthread_mutex_unlock(&dev->lock);
@@ -450,8 +476,9 @@ int chm_flush(chm_dev *dev, uint64_t timeout_ns)
 
 int chm_stats(chm_dev *dev, struct chm_stats *out)
 {
+	chm_detail_clear();
 	if (!dev || !out)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "stats: NULL %s", !dev ? "dev" : "out");
 	pthread_mutex_lock(&dev->lock);
 	*out = dev->st;
 	out->slots_total = dev->nslots;

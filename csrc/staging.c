@@ -28,6 +28,7 @@
 
 #include "clock.h"
 #include "dev.h"
+#include "errdetail.h"
 #include "iomap.h"
 #include "states.h"
 
@@ -50,10 +51,15 @@ static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out
 	uint32_t idx = (uint32_t)(low & ((UINT64_C(1) << dev->handle_idx_bits) - 1));
 	uint64_t gen = low >> dev->handle_idx_bits;
 	if ((uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag || idx >= dev->nreqs)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "handle %#llx is not one of this device's (%s)",
+		                  (unsigned long long)h,
+		                  (uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag
+		                          ? "another device tag"
+		                          : "no such request");
 	struct chm_req *r = &dev->reqs[idx];
 	if (r->state == CHM_REQ_FREE || r->gen != gen)
-		return -ESTALE;
+		return chm_detail(-ESTALE, "handle %#llx was released (or never issued)",
+		                  (unsigned long long)h);
 	*out = r;
 	return 0;
 }
@@ -556,14 +562,21 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
  * fixed at open). */
 static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
 {
-	if (len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
-		return -EINVAL;
+	if (len == 0)
+		return chm_detail(-EINVAL, "prefetch: len is 0");
+	if (flags & ~(uint32_t)CHM_PF_NOQUEUE)
+		return chm_detail(-EINVAL, "prefetch: unknown flags %#x", flags);
 	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
-		return -EINVAL;
+		return chm_detail(-EINVAL,
+		                  "prefetch: [%#llx, +%llu) is beyond the capacity (%llu bytes)",
+		                  (unsigned long long)addr, (unsigned long long)len,
+		                  (unsigned long long)dev->cfg.capacity);
 	if (dev->cfg.mode == CHM_MODE_DIRECT)
-		return -EOPNOTSUPP;
+		return chm_detail(-EOPNOTSUPP, "prefetch: mode=direct has no DRAM to stage into");
 	if (len > dev->cfg.slot_bytes)
-		return -EINVAL;
+		return chm_detail(-EINVAL,
+		                  "prefetch: len %llu is larger than a slot (slot_size %llu)",
+		                  (unsigned long long)len, (unsigned long long)dev->cfg.slot_bytes);
 	return 0;
 }
 
@@ -574,7 +587,10 @@ static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uin
 	if (!dev->slot_free_head &&
 	    ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue)) {
 		dev->st.prefetch_rejected++;
-		return -EAGAIN;
+		return chm_detail(-EAGAIN, "prefetch: %s",
+		                  flags & CHM_PF_NOQUEUE
+		                          ? "no free slot (CHM_PF_NOQUEUE)"
+		                          : "the refill queue is full (refill_queue)");
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
 	 * (after 2^47 handles or more): then -EAGAIN while a release can still
@@ -582,7 +598,9 @@ static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uin
 	struct chm_req *r = req_alloc(dev);
 	if (!r) {
 		dev->st.prefetch_rejected++;
-		return dev->reqs_live ? -EAGAIN : -ENOSPC;
+		return chm_detail(
+		        dev->reqs_live ? -EAGAIN : -ENOSPC,
+		        "prefetch: every free request record is retired (reopen the device)");
 	}
 	r->addr = addr;
 	r->len = len;
@@ -607,8 +625,9 @@ static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uin
 
 int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
 {
+	chm_detail_clear();
 	if (!dev || !h)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "prefetch: NULL %s", !dev ? "dev" : "h");
 	int rc = prefetch_args(dev, addr, len, flags);
 	if (rc)
 		return rc;
@@ -628,8 +647,12 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
                          uint32_t flags, chm_handle *handles, int32_t *results)
 {
-	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
+	chm_detail_clear();
+	if (!dev || !addrs || !lens || !handles || !results)
+		return chm_detail(-EINVAL, "prefetch_objects: a NULL argument");
+	if (n > CHM_BATCH_MAX)
+		return chm_detail(-EINVAL, "prefetch_objects: n %u is above CHM_BATCH_MAX (%d)", n,
+		                  CHM_BATCH_MAX);
 	uint32_t start = 0;
 	int ok = 0;
 	pthread_mutex_lock(&dev->lock);
@@ -644,6 +667,7 @@ int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const 
 	if (!rc)
 		chm_leave(dev);
 	pthread_mutex_unlock(&dev->lock);
+	chm_detail_clear(); /* an element's reason is not the call's */
 	if (start)
 		chm_staging_submit(dev, start);
 	return ok;
@@ -661,8 +685,9 @@ static void host_transfer(struct chm_dev *dev, struct chm_slot *s, uint64_t len)
 
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
 {
+	chm_detail_clear();
 	if (!dev || !view)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "wait: NULL %s", !dev ? "dev" : "view");
 	struct chm_req *r;
 	pthread_mutex_lock(&dev->lock);
 	int rc = chm_enter(dev);
@@ -681,7 +706,10 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 			goto out_leave;
 		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
 		if (s && s->state == CHM_SLOT_FAILED) {
-			rc = -EIO;
+			rc = chm_detail(-EIO,
+			                "wait: the fill of handle %#llx failed (backing I/O); "
+			                "release it",
+			                (unsigned long long)h);
 			goto out_leave;
 		}
 		if (s && s->state == CHM_SLOT_HELD)
@@ -707,7 +735,10 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 				until = ready_mono;
 		}
 		if (timeout_ns == 0 || chm_mono_ns() >= deadline) {
-			rc = -ETIMEDOUT;
+			rc = chm_detail(
+			        -ETIMEDOUT, "wait: handle %#llx not staged within %llu ns (%s)",
+			        (unsigned long long)h, (unsigned long long)timeout_ns,
+			        r->state == CHM_REQ_QUEUED ? "queued for a slot" : "filling");
 			goto out_leave;
 		}
 		if (until == UINT64_MAX) {
@@ -783,8 +814,9 @@ static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
 
 int chm_prefetch_release(chm_dev *dev, chm_handle h)
 {
+	chm_detail_clear();
 	if (!dev)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "release: NULL dev");
 	uint32_t start = 0;
 	pthread_mutex_lock(&dev->lock);
 	int rc = release_locked(dev, h, &start);
@@ -796,8 +828,12 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 
 int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles, int32_t *results)
 {
-	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
+	chm_detail_clear();
+	if (!dev || !handles || !results)
+		return chm_detail(-EINVAL, "release_many: a NULL argument");
+	if (n > CHM_BATCH_MAX)
+		return chm_detail(-EINVAL, "release_many: n %u is above CHM_BATCH_MAX (%d)", n,
+		                  CHM_BATCH_MAX);
 	uint32_t start = 0;
 	int ok = 0;
 	pthread_mutex_lock(&dev->lock);
@@ -806,6 +842,7 @@ int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handle
 		ok += results[i] == 0;
 	}
 	pthread_mutex_unlock(&dev->lock);
+	chm_detail_clear(); /* an element's reason is not the call's */
 	if (start)
 		chm_staging_submit(dev, start);
 	return ok;
