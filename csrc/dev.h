@@ -129,10 +129,11 @@ enum chm_req_state {
 struct chm_req {
 	uint64_t gen;  /* bumped on every free; part of the handle; 1.. */
 	uint8_t state; /* enum chm_req_state */
+	uint16_t sess; /* index of the session that issued it (live records) */
 	int32_t slot;  /* CHM_REQ_SLOTTED: slot index */
 	uint64_t addr, len;
 	uint64_t issue_ns;   /* device clock at issue */
-	uint32_t qnext;      /* FIFO link (index+1, 0 = end) */
+	uint32_t qnext;      /* its session's FIFO link (index+1, 0 = end) */
 	uint32_t fnext;      /* free-list link (index+1, 0 = end) */
 	pthread_cond_t cond; /* its waiters sleep here: a completion, release,
 	                      * unpin or close wakes only them */
@@ -142,6 +143,7 @@ struct chm_slot {
 	struct chm_dev *dev;
 	int state;           /* enum chm_slot_state */
 	int32_t req;         /* owning request, -1 if orphaned (released) */
+	int32_t sess;        /* session charged for it (session.c), -1 none */
 	uint64_t addr, len;  /* object */
 	uint64_t fill_start; /* aligned device address of buf[0] */
 	uint64_t fill_len;   /* aligned bytes being read */
@@ -201,8 +203,13 @@ struct chm_dev {
 	uint32_t reqs_retired;    /* FREE records off the free list for good */
 	uint32_t handle_idx_bits; /* derived: bit length of nreqs */
 	uint64_t handle_gen_last; /* derived: largest generation a handle carries */
-	uint32_t q_head, q_tail;  /* refill FIFO (index+1) */
-	uint32_t q_len;
+	uint32_t q_len;           /* queued requests, all sessions */
+	/* sessions (session.c): index 0 is the default session */
+	struct chm_sess *sess;
+	uint32_t nsess;     /* CHM_SESSION_MAX + 1 */
+	uint32_t sess_free; /* free-list head (index+1) */
+	uint32_t rr_head;   /* ring of sessions with queued requests (index+1) */
+	uint32_t rr_tail;
 	uint32_t max_ios;     /* ios per slot */
 	uint64_t staging_off; /* offset of the window in the pool */
 	uint64_t slot_stride; /* bytes of pool per slot (derived) */
@@ -261,6 +268,49 @@ void chm_staging_cancel_all(struct chm_dev *dev);
 /* Submits fills started under the lock; call with the lock NOT held.
  * head is the start list (slot index+1) returned by the locked section. */
 void chm_staging_submit(struct chm_dev *dev, uint32_t head);
+
+/* Sessions (session.c). A session's refill FIFO holds its QUEUED requests;
+ * the sessions with a non-empty FIFO form the round-robin ring. */
+struct chm_sess {
+	uint32_t gen; /* bumped on close; part of the session token; 1.. */
+	bool open;
+	uint32_t quota;          /* most request entries charged at once */
+	uint32_t used;           /* charged: its queued requests + slots (owned, or
+	                 * orphaned by a release while filling) */
+	uint32_t q_head, q_tail; /* its FIFO (request index+1) */
+	uint32_t rr_next;        /* ring link (session index+1); free-list link */
+	bool in_rr;
+};
+/* Allocates the session table, the default session open (staging init). */
+int chm_sess_init(struct chm_dev *dev);
+void chm_sess_fini(struct chm_dev *dev);
+/* The session index of token s (0 for CHM_SESSION_DEFAULT), -EINVAL
+ * (foreign or malformed) or -ESTALE (closed). Lock held. */
+int chm_sess_lookup(struct chm_dev *dev, chm_session s, uint32_t *idx);
+/* -EAGAIN when session si holds its quota, else 0 (lock held). */
+int chm_sess_admit(struct chm_dev *dev, uint32_t si);
+/* Charges / uncharges slot s to session si (lock held). */
+void chm_sess_charge(struct chm_dev *dev, struct chm_slot *s, uint32_t si);
+void chm_sess_uncharge(struct chm_dev *dev, struct chm_slot *s);
+/* Appends request r to its session's FIFO (charging it), removes it from
+ * anywhere in it (uncharging it), pops the next request round-robin across
+ * sessions (the charge moves to the slot it gets) or NULL. Lock held. */
+void chm_sess_enqueue(struct chm_dev *dev, struct chm_req *r);
+void chm_sess_unqueue(struct chm_dev *dev, struct chm_req *r);
+struct chm_req *chm_sess_dequeue(struct chm_dev *dev);
+/* Staging internals the session calls use (staging.c; lock held): a
+ * prefetch with valid arguments in session si, and a release in session si
+ * (-EINVAL for a live handle of another session). */
+int chm_staging_prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint64_t len,
+                                uint32_t flags, chm_handle *h, uint32_t *start);
+int chm_staging_release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32_t *start);
+void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start);
+/* Checks a prefetch's arguments (no lock needed). */
+int chm_staging_prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len,
+                              uint32_t flags);
+/* chm_prefetch_wait in session token s. */
+int chm_staging_wait(struct chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
+                     struct chm_view *view);
 
 /* Config (config.c) */
 int chm_config_derive(struct chm_config *cfg); /* fills 0 = derive fields */

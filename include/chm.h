@@ -433,6 +433,64 @@ int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handle
 int chm_write_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const void *const *bufs,
                       const uint64_t *lens, uint32_t flags, int32_t *results);
 
+/* ---- sessions: scopes of handles, with a quota ---- */
+
+/* An open session of a device: an opaque token (device tag, generation and
+ * index), like a handle. A session scopes handles: a handle is used (waited
+ * on, released) only through the session that issued it. Every device has a
+ * default session, CHM_SESSION_DEFAULT, which is never closed and has no
+ * quota but the device's own; the calls without a session argument
+ * (chm_prefetch_object, _wait, _release and their batched forms) use it.
+ * The refill queue is served round-robin across the sessions that have
+ * queued requests (one grant each in turn, FIFO within a session), so a
+ * session that floods the queue delays another's queued request by at most
+ * one grant per session. */
+typedef uint64_t chm_session;
+
+#define CHM_SESSION_DEFAULT 0
+/* Sessions a device can have open at once, besides the default one. */
+#define CHM_SESSION_MAX 1024
+
+/* Opens a session that may hold at most quota request entries at once
+ * (slots, including a released one whose fill is still in flight, plus
+ * queued requests); a prefetch over it fails -EAGAIN. quota is 1..2^32-1;
+ * one at least slot_count + refill_queue never limits. Never blocks.
+ * Returns 0 and the session in *out; -EINVAL (NULL dev or out, quota 0),
+ * -ENOSPC (CHM_SESSION_MAX sessions open), -ECANCELED (closing). */
+int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out);
+
+/* Closes a session: releases every handle it holds, as chm_prefetch_release
+ * would (queued requests are dropped, a filling slot is freed when its I/O
+ * completes, views from its handles are dead), wakes their waiters (they
+ * return -ESTALE) and invalidates the session. Never blocks on I/O. Works
+ * while the device is closing. Returns the number of handles released (>= 0),
+ * -ESTALE (already closed), -EINVAL (CHM_SESSION_DEFAULT, foreign or
+ * malformed), -ECANCELED (after chm_dev_shutdown, which released
+ * everything). */
+int chm_session_close(chm_dev *dev, chm_session s);
+
+/* chm_prefetch_objects in session s: the handles belong to s, and each
+ * element also fails -EAGAIN when s holds its quota. Returns the number
+ * issued, or -EINVAL (NULL dev or array, n > CHM_BATCH_MAX, s foreign or
+ * malformed), -ESTALE (s closed) with none attempted. */
+int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t *addrs,
+                         const uint64_t *lens, uint32_t flags, chm_handle *handles,
+                         int32_t *results);
+
+/* chm_prefetch_wait in session s. A live handle of another session is
+ * -EINVAL. Returns 0, -ETIMEDOUT, -EIO, -ESTALE (released, or s closed),
+ * -EINVAL (another session's, foreign or malformed handle or session, NULL
+ * view), -ECANCELED. */
+int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
+                     struct chm_view *view);
+
+/* chm_prefetch_release_many in session s: results[i] is 0, -ESTALE, -EINVAL
+ * (another session's live handle: not released) or -ECANCELED. Returns the
+ * number released, or -EINVAL (NULL dev or array, n > CHM_BATCH_MAX, s
+ * foreign or malformed), -ESTALE (s closed) with none attempted. */
+int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
+                        int32_t *results);
+
 /* ---- data path ---- */
 
 /* Reads [addr, addr+len) into buf. Served from DRAM when a READY/HELD staged
