@@ -587,14 +587,16 @@ int chm_staging_prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t
 int chm_staging_prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint64_t len,
                                 uint32_t flags, chm_handle *h, uint32_t *start)
 {
-	if ((!dev->slot_free_head &&
-	     ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue)) ||
-	    chm_sess_admit(dev, si)) {
+	bool full = !dev->slot_free_head &&
+	            ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue);
+	int rc = full ? chm_detail(-EAGAIN, "prefetch: %s",
+	                           flags & CHM_PF_NOQUEUE
+	                                   ? "no free slot (CHM_PF_NOQUEUE)"
+	                                   : "the refill queue is full (refill_queue)")
+	              : chm_sess_admit(dev, si); /* its quota, with its own reason */
+	if (rc) {
 		dev->st.prefetch_rejected++;
-		return chm_detail(-EAGAIN, "prefetch: %s",
-		                  flags & CHM_PF_NOQUEUE
-		                          ? "no free slot (CHM_PF_NOQUEUE)"
-		                          : "the refill queue is full (refill_queue)");
+		return rc;
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
 	 * (after 2^47 handles or more): then -EAGAIN while a release can still
