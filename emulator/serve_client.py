@@ -92,6 +92,13 @@ def _entries(store: Any, ks: np.ndarray[Any, Any]) -> list[dict[str, int] | None
     ]
 
 
+def _wrc(r: bool | ChmError) -> int:
+    """One element of WRITE's answer: 1 admitted, 0 skipped, -errno."""
+    if isinstance(r, ChmError):
+        return -(r.errno or errno.EIO)
+    return 1 if r else 0
+
+
 class Client:
     """A connected client: its socket, shared area and scope."""
 
@@ -281,14 +288,16 @@ class Client:
             return -(exc.errno or errno.EIO)
 
     def _write(self, body: Any) -> Any:
-        out = []
-        for e in _list(body, "WRITE", 3):
-            src = self._area(e[1], e[2], "WRITE")
-            try:
-                out.append(1 if self.d.dev.write(_int(e[0], "addr"), src) else 0)
-            except ChmError as exc:
-                out.append(-(exc.errno or errno.EIO))
-        return out
+        items = _list(body, "WRITE", 3)
+        addrs = [_int(e[0], "addr") for e in items]
+        srcs = [self._area(e[1], e[2], "WRITE") for e in items]
+        if not items:
+            return []
+        try:  # one device call; a status per element
+            res = self.d.dev.write_many(addrs, srcs)
+        except ChmError as exc:
+            return [-(exc.errno or errno.EIO)] * len(items)
+        return [_wrc(r) for r in res]
 
     def _flush(self, body: Any) -> Any:
         t = _int(body, "FLUSH timeout_ns")
