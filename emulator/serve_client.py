@@ -75,23 +75,6 @@ def _keys(pairs: list[Any], what: str) -> np.ndarray[Any, Any]:
     return ks
 
 
-def _entries(store: Any, ks: np.ndarray[Any, Any]) -> list[dict[str, int] | None]:
-    """The index entries (addr, length, checksum) of digest keys.
-
-    ``Store.info`` takes one engine key and hashes it into the store's
-    namespace; the daemon receives digests, so it reads the index rows
-    directly, under the store's lock.
-    """
-    with store._lock:
-        found, ent = store._index.get(ks)
-    return [
-        {"addr": int(e["addr"]), "length": int(e["length"]), "checksum": int(e["checksum"])}
-        if f
-        else None
-        for f, e in zip(found.tolist(), ent, strict=True)
-    ]
-
-
 def _wrc(r: bool | ChmError) -> int:
     """One element of WRITE's answer: 1 admitted, 0 skipped, -errno."""
     if isinstance(r, ChmError):
@@ -337,7 +320,7 @@ class Client:
             n = st.prefix_len(ks)
             ks = ks[:n]
         got = self.scope.pin(ks)
-        ents = _entries(st, ks)
+        ents = st.entries(ks)  # digests: no hashing again
         out: list[list[int]] = []
         stop = False
         for j, ok in enumerate(got):
