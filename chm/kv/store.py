@@ -71,6 +71,8 @@ _COUNTERS = (
     "timeouts",
     "window_blocked",
     "evicted_blocks",
+    "autoflushes",
+    "autoflush_errors",
 )
 
 
@@ -108,6 +110,8 @@ class StoreStats:
     timeouts: int
     window_blocked: int  # prefetches a load could not issue (the refill queue was full)
     evicted_blocks: int
+    autoflushes: int  # flushes the periodic flusher ran (flush_interval)
+    autoflush_errors: int  # of those, how many failed (their blocks are misses)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,8 +163,10 @@ class Store:
     window among concurrent loads (default: one per store, sized to the
     device's slots); ``device_id`` is the number written into index entries
     (an AddressSpace numbers its devices). ``own_device`` closes it with
-    the store. The device is in prefetch mode (loads go through the staging
-    window) or lru mode (loads read through the device's cache:
+    the store. ``flush_interval`` (seconds) starts a thread that flushes
+    whatever is pending that often, so a block put is durable within about
+    that long without anyone calling flush(). The device is in prefetch
+    mode (loads go through the staging window) or lru mode (loads read through the device's cache:
     ``read_path``); on the ghost backend blocks have no bytes, so loads run
     the device's calls without copying or verifying (for virtual-time runs).
     """
@@ -178,6 +184,7 @@ class Store:
         manager: KVManager | None = None,
         compact_ratio: float = 2.0,
         own_device: bool = False,
+        flush_interval: float | None = None,
     ) -> None:
         cfg = device.config
         if cfg.mode not in ("prefetch", "lru"):
@@ -213,6 +220,14 @@ class Store:
         self._compact_ratio = compact_ratio
         self._closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if flush_interval is not None and (
+            isinstance(flush_interval, bool)
+            or not isinstance(flush_interval, (int, float))
+            or not 0 < flush_interval < 1e6
+        ):
+            raise InvalidArgument(
+                None, f"Store: flush_interval={flush_interval!r}: expected seconds > 0, or None"
+            )
         path = os.fspath(journal) if journal is not None else _default_journal(device)
         self._journal = jn.Journal(path, int(device.capacity), seg)
         try:
@@ -220,6 +235,17 @@ class Store:
         except BaseException:
             self._journal.close()
             raise
+        self.flush_interval = flush_interval
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if flush_interval is not None:
+            self._flusher = threading.Thread(
+                target=self._autoflush,
+                args=(float(flush_interval),),
+                name="chm-kv-flush",
+                daemon=True,
+            )
+            self._flusher.start()
 
     @classmethod
     def open(
@@ -662,6 +688,20 @@ class Store:
             if self._journal.records > self._compact_ratio * live_recs + 4096:
                 self._compact()
 
+    def _autoflush(self, interval: float) -> None:
+        """The periodic flusher: every ``interval`` seconds, flush() if
+        anything is pending. A failed flush is counted (flush() has dropped
+        its blocks) and the next one tries again."""
+        while not self._stop.wait(interval):
+            with self._lock:
+                if not self._pending or self._closed:
+                    continue
+            try:
+                self.flush(timeout=max(30.0, 10 * interval))
+            except ChmError:
+                self._count("autoflush_errors")
+            self._count("autoflushes")
+
     def _compact(self) -> None:
         e = self._index.e
         rows = self._index.live_rows()
@@ -765,6 +805,9 @@ class Store:
         if self._closed:
             return
         try:
+            self._stop.set()
+            if self._flusher is not None:
+                self._flusher.join()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
             self.flush()

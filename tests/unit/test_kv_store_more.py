@@ -300,3 +300,50 @@ def test_journal_of_a_ghost_device_must_be_named() -> None:
         pytest.raises(InvalidArgument, match="pass journal=PATH"),
     ):
         Store(dev)
+
+
+# ---- the periodic flusher
+
+_PUT_THEN_DIE = """
+import os, sys, time, numpy as np
+from chm.kv import Store
+interval = None if sys.argv[2] == "none" else float(sys.argv[2])
+st = Store.open(sys.argv[1], backend="pread", capacity="64M", dram="16M", slot_size="1M",
+                device_options={"wbuf": "4M"}, flush_interval=interval)
+st.put([1, 2, 3], [np.full(65536, i, np.uint8) for i in (1, 2, 3)], [b"a", b"b", b"c"])
+time.sleep(float(sys.argv[3]))
+print(st.stats().autoflushes, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.parametrize(("interval", "durable"), [("0.1", True), ("none", False)])
+def test_flush_interval_makes_puts_durable(tmp_backing: Path, interval: str, durable: bool) -> None:
+    """Put, never flush, kill -9 after 5 intervals: with a flush interval
+    the blocks are found, without one they are not."""
+    p = subprocess.run(
+        [sys.executable, "-c", _PUT_THEN_DIE, str(tmp_backing), interval, "0.5"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert p.returncode == -9, p.stderr
+    assert (int(p.stdout) >= 1) == durable
+    with Store.open(tmp_backing, backend="pread", **GEOM) as st:
+        assert st.contains([1, 2, 3]) == [durable] * 3
+        if durable:
+            assert st.meta([1, 2, 3]) == [b"a", b"b", b"c"]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "1", float("nan")])
+def test_bad_flush_interval_is_refused(tmp_backing: Path, bad: Any) -> None:
+    with pytest.raises(InvalidArgument, match="flush_interval"):
+        Store.open(tmp_backing, backend="pread", flush_interval=bad, **GEOM)
+
+
+def test_close_stops_the_flusher(open_store: Callable[..., Store]) -> None:
+    st = open_store(flush_interval=0.05)
+    st.put([1], [blk(1)])
+    st.close()
+    assert st._flusher is not None and not st._flusher.is_alive()
+    assert st.stats().pending_entries == 0
