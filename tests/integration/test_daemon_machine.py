@@ -37,6 +37,10 @@ class _WithRemoteHandles:
 
 
 class DaemonMachine(_Base):  # type: ignore[misc]
+    # The daemon client has no session API of its own (each client is one
+    # session of the daemon's device): no session rules here.
+    max_sessions = 0
+
     def create_device(self, targets: list[str], options: dict[str, Any]) -> RemoteDevice:
         self._sockdir = tempfile.mkdtemp(prefix="chm-machine-sock-")
         cfg = os.path.join(self._sockdir, "serve.toml")
