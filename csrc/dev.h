@@ -238,37 +238,10 @@ struct chm_dev {
 	struct chm_lru *lru;
 };
 
-/* Device clock: virtual time or monotonic ns since open. Lock held or not. */
-uint64_t chm_now_ns(struct chm_dev *dev);
-uint64_t chm_mono_ns(void);
-
 /* API entry/exit accounting so close can wait for callers. Lock held.
  * chm_enter returns -ECANCELED when the device is closing. */
 int chm_enter(struct chm_dev *dev);
 void chm_leave(struct chm_dev *dev);
-
-/* Paces the caller to the modeled completion time done_ns: advances the
- * virtual clock, or sleeps (lock held; it is dropped while sleeping) until
- * the monotonic device clock reaches it. Counts host lateness. */
-void chm_pace(struct chm_dev *dev, uint64_t done_ns);
-
-/* Address mapping: splits [addr, addr+len) (aligned) into ios for target
- * stripes, each at most cfg.max_io. Returns the number of ios written, or
- * -EINVAL if more than max would be needed. */
-int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
-                struct chm_io *ios, unsigned max);
-/* Upper bound of ios for a transfer of len bytes. */
-unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len);
-
-/* Synchronous SSD transfer through the backend (blocks the caller). buf must
- * be CHM_IO_ALIGN-aligned, addr/len too. Each I/O is charged to the timing
- * model at submission; *done_ns (may be NULL) gets the latest modeled
- * completion, fault delays included. Returns 0 or -errno. */
-int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
-                    uint64_t *done_ns);
-
-/* fdatasync of every target through the backend (blocks). */
-int chm_ssd_sync_all(struct chm_dev *dev);
 
 /* Staging window (staging.c); callers hold dev->lock unless noted. */
 int chm_staging_init(struct chm_dev *dev);

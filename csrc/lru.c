@@ -55,7 +55,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dev.h"
+#include "iomap.h"
 #include "states.h"
 
 #define FILL_BATCH_LINES 1024u    /* lines per fill batch at most */
@@ -874,13 +876,6 @@ static unsigned wb_drain_inline(struct chm_lru *c)
 	return total;
 }
 
-static void timespec_after(struct timespec *ts, uint64_t ns)
-{
-	uint64_t t = chm_mono_ns() + ns;
-	ts->tv_sec = (time_t)(t / 1000000000ull);
-	ts->tv_nsec = (long)(t % 1000000000ull);
-}
-
 static void *wb_main(void *arg)
 {
 	struct chm_lru *c = arg;
@@ -896,8 +891,7 @@ static void *wb_main(void *arg)
 			continue;
 		}
 		if (wb_run(c, n, nios, done) && !c->stop) {
-			struct timespec ts;
-			timespec_after(&ts, WB_RETRY_NS);
+			struct timespec ts = chm_ns_to_timespec(chm_mono_ns() + WB_RETRY_NS);
 			pthread_cond_timedwait(&c->wb_cond, &dev->lock, &ts);
 		}
 	}
@@ -938,8 +932,7 @@ int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns)
 			break;
 		}
 		/* dev->cond runs on CLOCK_MONOTONIC (set up at open) */
-		struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-		                      .tv_nsec = (long)(deadline % 1000000000ull)};
+		struct timespec ts = chm_ns_to_timespec(deadline);
 		pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
 	}
 	pthread_mutex_unlock(&dev->lock);

@@ -28,7 +28,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dev.h"
+#include "iomap.h"
 #include "states.h"
 
 /* Handle layout (fw_spec/README.md 4.1): the device tag in bits 63..48, then
@@ -647,13 +649,6 @@ int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const 
 	return ok;
 }
 
-static struct timespec ns_to_ts(uint64_t ns)
-{
-	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
-	                      .tv_nsec = (long)(ns % 1000000000ull)};
-	return ts;
-}
-
 /* The view crosses the host link once, when it is handed out; that pass is
  * credited to later reads of the slot. Lock held; the pacing sleep drops it,
  * so the caller looks the handle up again. */
@@ -737,7 +732,7 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 		if (until == UINT64_MAX) {
 			pthread_cond_wait(&r->cond, &dev->lock);
 		} else {
-			struct timespec ts = ns_to_ts(until);
+			struct timespec ts = chm_ns_to_timespec(until);
 			pthread_cond_timedwait(&r->cond, &dev->lock, &ts);
 		}
 	}

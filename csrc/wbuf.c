@@ -24,7 +24,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dev.h"
+#include "iomap.h"
 #include "states.h"
 
 #define EPOCHS 64               /* in-flight read counters, a ring */
@@ -281,9 +283,7 @@ static uint64_t durable_upto(struct chm_wbuf *w)
 
 static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
 {
-	uint64_t until = chm_mono_ns() + ns;
-	struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
-	                      .tv_nsec = (long)(until % 1000000000ull)};
+	struct timespec ts = chm_ns_to_timespec(chm_mono_ns() + ns);
 	pthread_cond_timedwait(c, m, &ts);
 }
 
@@ -416,8 +416,7 @@ int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 		if (deadline == UINT64_MAX) {
 			pthread_cond_wait(&dev->cond, &dev->lock);
 		} else {
-			struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-			                      .tv_nsec = (long)(deadline % 1000000000ull)};
+			struct timespec ts = chm_ns_to_timespec(deadline);
 			pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
 		}
 	}
