@@ -149,9 +149,9 @@ def main(quick: bool, reps: int | None, samples: int | None, json_path: str | No
                         lat = probe(sess, nsamp)
                         flood_rate.append((fl.done - d0) / (time.perf_counter() - t0))
                 else:
-                    with dev.session(quota=FLOOD_QUOTA) as shared, Flooder(dev, shared):
+                    with dev.session(quota=FLOOD_QUOTA) as common, Flooder(dev, common):
                         time.sleep(0.05)
-                        lat = probe(shared, nsamp)
+                        lat = probe(common, nsamp)
                 p50[kind].add(float(np.percentile(lat, 50)))
                 p99[kind].add(float(np.percentile(lat, 99)))
         st = dev.stats()
