@@ -797,7 +797,7 @@ def session_close(dev: CData, sess: int) -> int:
     return _check(rc, call, f"session={sess:#x}")
 
 
-def session_prefetch_object(dev: CData, sess: int, addr: int, length: int, flags: int = 0) -> int:
+def session_prefetch_one(dev: CData, sess: int, addr: int, length: int, flags: int = 0) -> int:
     """One chm_session_prefetch() element; raises its status."""
     call = "chm_session_prefetch"
     what = f"addr={addr!r}, len={length!r}, flags={flags!r}"
@@ -848,7 +848,7 @@ def session_wait(dev: CData, sess: int, h: int, timeout_ns: int) -> ViewInfo:
     return ViewInfo(_view_buffer(vp.data, n, dev), n, int(vp.dev_addr), int(vp.pool_offset))
 
 
-def session_release(dev: CData, sess: int, h: int) -> None:
+def session_release_one(dev: CData, sess: int, h: int) -> None:
     """One chm_session_release() element; raises its status."""
     call = "chm_session_release"
     res = _new("int32_t[1]")
@@ -860,7 +860,7 @@ def session_release(dev: CData, sess: int, h: int) -> None:
     _check(res[0], call, f"handle={h:#x}")
 
 
-def session_prefetch_objects(
+def session_prefetch(
     dev: CData, sess: int, addrs: Any, lens: Any, flags: int = 0
 ) -> tuple[list[int], list[int]]:
     """chm_session_prefetch(): (tokens, statuses), one per element."""
@@ -869,7 +869,7 @@ def session_prefetch_objects(
     return ffi.unpack(hs, n), ffi.unpack(res, n)
 
 
-def session_release_many(dev: CData, sess: int, tokens: Any) -> list[int]:
+def session_release(dev: CData, sess: int, tokens: Any) -> list[int]:
     """chm_session_release(): a status per token."""
     call = "chm_session_release"
     n = len(tokens)
@@ -949,10 +949,10 @@ __all__ += [
     "release_batch",
     "session_close",
     "session_open",
-    "session_prefetch_object",
-    "session_prefetch_objects",
+    "session_prefetch",
+    "session_prefetch_one",
     "session_release",
-    "session_release_many",
+    "session_release_one",
     "session_wait",
     "session_wait_buffer",
 ]

@@ -114,7 +114,7 @@ class Handle:
         if sess is None:
             _release(ptr, self.token)
         else:
-            _ll.session_release(ptr, sess._sid, self.token)
+            _ll.session_release_one(ptr, sess._sid, self.token)
 
     # -- staging
 
@@ -598,7 +598,7 @@ class Session:
         Alignment: none, as for :meth:`Device.prefetch`.
         """
         dev = self._dev
-        tok = _ll.session_prefetch_object(
+        tok = _ll.session_prefetch_one(
             self._p("chm_session_prefetch"), self._sid, addr, length, _NOQUEUE if noqueue else 0
         )
         h = Handle(dev, tok, self)
@@ -928,7 +928,7 @@ class Device:
         else:
             call = "chm_session_prefetch"
             ptr = sess._p(call)
-            toks, res = _ll.session_prefetch_objects(ptr, sess._sid, addrs, lengths, flags)
+            toks, res = _ll.session_prefetch(ptr, sess._sid, addrs, lengths, flags)
         out: list[Handle | ChmError] = [Handle(self, tok, sess) for tok in toks]
         if any(res):  # refused elements: their exceptions instead
             for i, rc in enumerate(res):
@@ -1028,7 +1028,7 @@ class Device:
             if sess is None:
                 res = _ll.prefetch_release_many(ptr, toks)
             else:
-                res = _ll.session_release_many(ptr, sess._sid, toks)
+                res = _ll.session_release(ptr, sess._sid, toks)
         except Cancelled:
             return out  # close() raced us: all released
         for i, rc in zip(where, res, strict=True):

@@ -376,9 +376,10 @@ int chm_dev_pool_fd(chm_dev *dev);
 
 /* ---- prefetch: issue - wait - release ---- */
 
-/* Issues a prefetch of [addr, addr+len) into the staging window. Never
- * blocks: takes a free slot and starts the fill, or queues on the bounded
- * refill queue (FIFO; started as slots are released). Returns 0 and a
+/* Issues a prefetch of [addr, addr+len) into the staging window, in the
+ * default session (see chm_session_open). Never blocks: takes a free slot
+ * and starts the fill, or queues on the bounded refill queue (round-robin
+ * across sessions, FIFO within one; started as slots are released). Returns 0 and a
  * handle in *h; -EINVAL (len 0, len > slot_bytes, range beyond capacity,
  * unknown flags, NULL h), -EAGAIN (refill queue full, or no free slot with
  * CHM_PF_NOQUEUE, or no free request record while some are in use),
@@ -395,7 +396,8 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
  * prefetch mode they reach chm_read and the next prefetch; in lru mode the
  * view is a host copy, all old or all new bytes of each write). Returns 0, -ETIMEDOUT, -EIO (the fill
  * failed; release the handle), -ESTALE (released), -EINVAL (foreign or
- * malformed handle, NULL view), -ECANCELED (device closing). */
+ * malformed handle, a handle of another session than the default one, NULL
+ * view), -ECANCELED (device closing). */
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view);
 
 /* Releases a handle in any state (in lru mode too, where the view is a host
@@ -404,7 +406,8 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
  * slot is freed when its I/O completes, a READY/HELD/FAILED slot is freed
  * now (and the next queued request starts). The handle and any view from it
  * are dead afterwards. Returns 0, -ESTALE (already released or never
- * issued), -EINVAL (foreign or malformed), -ECANCELED (shut down). */
+ * issued), -EINVAL (foreign or malformed, or another session's than the
+ * default one), -ECANCELED (shut down). */
 int chm_prefetch_release(chm_dev *dev, chm_handle h);
 
 /* Batched calls take at most this many elements. */
