@@ -67,11 +67,10 @@ _ENUM_FIELDS = {
 }
 
 
-def _name_of(table: Mapping[str, int], value: int) -> str | int:
-    for name, v in table.items():
-        if v == value:
-            return name
-    return value
+def _name_of(table: dict[str, int], value: int) -> str | int:
+    """The C core's name of an enum value (chm_enum_name), or the number."""
+    name = _ll.name_of(table, value)
+    return value if name is None else name
 
 
 def _bad_value(key: str, value: Any, why: str) -> InvalidArgument:
