@@ -1126,13 +1126,22 @@ def device_machine(
     *,
     name: str | None = None,
     tmp_parent: str | None = None,
+    device_factory: DeviceFactory | None = None,
+    max_sessions: int | None = None,
 ) -> type[DeviceMachine]:
-    """A :class:`DeviceMachine` subclass for one backend, mode and geometry."""
+    """A :class:`DeviceMachine` subclass for one backend, mode and geometry;
+    ``device_factory`` opens the device under test (default: an embedded
+    :class:`chm.Device`), ``max_sessions`` bounds the sessions it opens
+    besides the device's own (0 for a front end without ``session()``)."""
     attrs: dict[str, Any] = {
         "backend": backend,
         "mode": mode,
         "geometry": geometry or Geometry(),
         "tmp_parent": tmp_parent,
     }
+    if device_factory is not None:
+        attrs["device_factory"] = staticmethod(device_factory)
+    if max_sessions is not None:
+        attrs["max_sessions"] = max_sessions
     cls_name = name or f"{backend.capitalize()}{mode.capitalize()}Machine"
     return type(cls_name, (DeviceMachine,), attrs)
