@@ -38,10 +38,6 @@ struct opt {
 };
 
 /* The enum options' names are names.c's tables (chm_enum_name). */
-#define backend_names chm_backend_names
-#define mode_names chm_mode_names
-#define pool_names chm_pool_names
-#define clock_names chm_clock_names
 
 #define F(field) offsetof(struct chm_config, field), sizeof(((struct chm_config *)0)->field)
 #define T(field)                                                                                   \
@@ -60,11 +56,11 @@ static const struct opt opts[] = {
          "bytes per stripe on each target, a multiple of 4096", NULL},
         {"backend", OPT_ENUM, F(backend), "uring",
          "I/O backend: uring (io_uring, O_DIRECT), pread (threads, O_DIRECT), ghost (no data)",
-         backend_names},
+         chm_backend_names},
         {"mode", OPT_ENUM, F(mode), "prefetch",
          "DRAM management: prefetch (staging window + write buffer), lru (transparent cache), "
          "direct (no DRAM)",
-         mode_names},
+         chm_mode_names},
         {"queue_depth", OPT_UINT, F(queue_depth), "64", "backend I/Os in flight (1..4096)", NULL},
         {"sqpoll", OPT_UINT, F(sqpoll), "0", "1: io_uring submission-queue polling thread", NULL},
         {"max_io", OPT_SIZE, F(max_io), "1M", "largest single backend I/O (4K..64M)", NULL},
@@ -74,7 +70,7 @@ static const struct opt opts[] = {
          NULL},
         {"pool", OPT_ENUM, F(pool_kind), "anon",
          "DRAM pool: anon (THP advised), hugetlb, memfd (shareable), file (pool_path: file or devdax)",
-         pool_names},
+         chm_pool_names},
         {"numa_node", OPT_INT, F(numa_node), "-1", "bind the DRAM pool to this NUMA node (-1: no)",
          NULL},
         {"pool_path", OPT_PATH, F(pool_path), "", "file or devdax device for pool=file", NULL},
@@ -87,7 +83,7 @@ static const struct opt opts[] = {
         {"lru_line", OPT_SIZE, F(lru_line_bytes), "64K", "LRU-mode cache line size", NULL},
         {"clock", OPT_ENUM, F(clock), "real",
          "real: pace completions in wall time; virtual: simulated clock (ghost backend)",
-         clock_names},
+         chm_clock_names},
         {"flush_high_water_pct", OPT_UINT, F(flush_high_water_pct), "75",
          "write-buffer fill (percent) at which flushing is forced despite reads", NULL},
         {"timing", OPT_PRESET, 0, 0, "none",
@@ -467,10 +463,12 @@ int chm_config_get(const struct chm_config *cfg, const char *key, char *out, siz
 
 int chm_config_option(unsigned idx, struct chm_option_info *out)
 {
+	chm_detail_clear();
 	if (!out)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "config_option: NULL out");
 	if (idx >= NOPTS)
-		return -ENOENT;
+		return chm_detail(-ENOENT, "config_option: %u is past the last option (%u)", idx,
+		                  (unsigned)NOPTS - 1);
 	out->name = opts[idx].name;
 	out->type = opt_type_names[opts[idx].type];
 	out->defval = opts[idx].defval;

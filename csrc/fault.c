@@ -7,9 +7,9 @@
 
 int chm_fault_inject(chm_dev *dev, int kind, uint64_t nth, uint64_t arg)
 {
+	chm_detail_clear();
 	struct chm_faults *f;
 
-	chm_detail_clear();
 	if (!dev)
 		return chm_detail(-EINVAL, "fault_inject: NULL dev");
 	switch (kind) {

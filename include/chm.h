@@ -251,7 +251,7 @@ const char *chm_strerror(int err);
  * naming the call, the argument and the rule, e.g. "write: addr 0x7b is not
  * a multiple of 512 (CHM_IO_ALIGN)", when that call returned err (a -errno
  * value) and its failure site gave a reason; "" otherwise. Every call that
- * can set a detail clears the thread's detail on entry, and a detail is
+ * returns int clears the thread's detail on entry, and a detail is
  * returned only for the error code it was set with, so a reason from an
  * earlier call is never attached to a later error. Batched calls leave no
  * detail for their elements. The string is thread-local and valid until the

@@ -45,6 +45,11 @@ static void test_detail_is_not_stale(void)
 	CHECK_RC(chm_config_validate(&c, NULL, 0), -EINVAL); /* no targets */
 	const char *d = chm_last_error_detail(-EINVAL);
 	CHECK(strstr(d, "targets") && !strstr(d, "12Q"), "detail: %s", d);
+	/* a failure whose site gives no reason shows none, not an earlier one */
+	CHECK_RC(chm_config_set(&c, "nosuch", "1", NULL, 0), -ENOENT);
+	struct chm_timing t;
+	CHECK_RC(chm_timing_preset("bogus", &t), -ENOENT);
+	CHECK(chm_last_error_detail(-ENOENT)[0] == 0, "stale: %s", chm_last_error_detail(-ENOENT));
 }
 
 static char other_detail[CHM_ERRMSG_MAX];

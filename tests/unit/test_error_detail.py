@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,3 +189,47 @@ def test_reason_is_per_thread(dev: chm.Device) -> None:
     t.join()
     assert seen == [None]
     assert "0x7b" in str(_ll.last_error_detail(-22))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bodies() -> dict[str, str]:
+    out = {}
+    for f in sorted((ROOT / "csrc").glob("*.c")):
+        text = f.read_text()
+        for m in re.finditer(r"^[a-z][^\n;]*\b(chm_\w+)\([^;{]*\)\s*\{(.*?)^\}", text, re.M | re.S):
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def test_every_fallible_call_clears_the_detail_on_entry() -> None:
+    """So no reason outlives the call it belongs to: every int-returning
+    function of chm.h clears the detail first (or is one call to a function
+    that does)."""
+    header = (ROOT / "include" / "chm.h").read_text()
+    region = header[header.index("/* CFFI_BEGIN */") : header.index("/* CFFI_END */")]
+    funcs = re.findall(r"^int (chm_\w+)\(", region, re.M)
+    assert len(funcs) > 20
+    bodies = _bodies()
+
+    def clears(fn: str, depth: int = 0) -> bool:
+        body = bodies[fn].strip()
+        if body.startswith("chm_detail_clear();"):
+            return True
+        m = re.match(r"return (chm_\w+)\(", body)
+        return (
+            m is not None and depth < 3 and m.group(1) in bodies and clears(m.group(1), depth + 1)
+        )
+
+    missing = [fn for fn in funcs if fn != "chm_version" and not clears(fn)]
+    assert missing == []
+
+
+def test_a_call_that_sets_no_reason_shows_no_earlier_one() -> None:
+    cfg = _ll.config_new()
+    with pytest.raises(NotFound):
+        _ll.config_set(cfg, "nosuch", "1")  # ENOENT, with a reason
+    with pytest.raises(NotFound) as info:
+        _ll.timing_preset("bogus")  # ENOENT, and its site gives no reason
+    assert "nosuch" not in str(info.value), str(info.value)
