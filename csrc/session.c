@@ -22,13 +22,19 @@
  * at most k - 1 grants to others per grant of its own session.
  *
  * Locking: everything here runs under dev->lock, except the public calls,
- * which take it. chm_session_* are thin: they check their arguments, find
- * the session and call the staging window's locked primitives.
+ * which enter the device (gate.h) and take it. chm_session_prefetch, _wait
+ * and _release check their arguments as device.c does for the default
+ * session and call the staging window, which finds the session under the
+ * lock. A mode without a staging window (direct) has no sessions.
  */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "dev.h"
+#include "gate.h"
+#include "mode.h"
+#include "session.h"
+#include "staging.h"
 
 /* Session token: device tag in bits 63..48, generation in 47..16, index in
  * 15..0. Token 0 is CHM_SESSION_DEFAULT (the tag is nonzero, so no opened
@@ -206,28 +212,30 @@ int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
 {
 	if (!dev || !out || quota == 0)
 		return -EINVAL;
-	pthread_mutex_lock(&dev->lock);
 	int rc = chm_enter(dev);
 	if (rc)
-		goto out_unlock;
+		return rc;
+	if (!dev->mode->staging) {
+		chm_leave(dev);
+		return -EOPNOTSUPP; /* no window: no handle to scope */
+	}
+	pthread_mutex_lock(&dev->lock);
 	if (!dev->sess_free) {
 		rc = -ENOSPC;
-		goto out_leave;
+	} else {
+		uint32_t si = dev->sess_free - 1;
+		struct chm_sess *ss = &dev->sess[si];
+		dev->sess_free = ss->rr_next;
+		ss->rr_next = 0;
+		ss->open = true;
+		ss->quota = quota;
+		ss->used = 0;
+		ss->q_head = ss->q_tail = 0;
+		ss->in_rr = false;
+		*out = sess_token(dev, si);
 	}
-	uint32_t si = dev->sess_free - 1;
-	struct chm_sess *ss = &dev->sess[si];
-	dev->sess_free = ss->rr_next;
-	ss->rr_next = 0;
-	ss->open = true;
-	ss->quota = quota;
-	ss->used = 0;
-	ss->q_head = ss->q_tail = 0;
-	ss->in_rr = false;
-	*out = sess_token(dev, si);
-out_leave:
-	chm_leave(dev);
-out_unlock:
 	pthread_mutex_unlock(&dev->lock);
+	chm_leave(dev);
 	return rc;
 }
 
@@ -235,9 +243,12 @@ int chm_session_close(chm_dev *dev, chm_session s)
 {
 	if (!dev || s == CHM_SESSION_DEFAULT)
 		return -EINVAL;
+	if (!dev->mode->staging)
+		return -EINVAL; /* no session was ever opened */
 	uint32_t start = 0, si;
 	pthread_mutex_lock(&dev->lock);
-	/* like release, close works while the device is closing */
+	/* like release, close works while the device is closing, but not after
+	 * shutdown freed the tables */
 	int rc = dev->shut ? -ECANCELED : chm_sess_lookup(dev, s, &si);
 	if (rc)
 		goto out_unlock;
@@ -274,38 +285,36 @@ int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t
 {
 	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
 		return -EINVAL;
-	uint32_t start = 0, si = 0;
-	int ok = 0;
-	pthread_mutex_lock(&dev->lock);
+	if (!dev->mode->staging && s != CHM_SESSION_DEFAULT)
+		return -EINVAL; /* no session was ever opened */
 	int rc = chm_enter(dev);
-	if (!rc) {
-		int bad = chm_sess_lookup(dev, s, &si);
-		if (bad) {
-			chm_leave(dev);
-			pthread_mutex_unlock(&dev->lock);
-			return bad;
-		}
-	}
+	int ok = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		int r = rc ? rc : chm_staging_prefetch_args(dev, addrs[i], lens[i], flags);
-		if (!r)
-			r = chm_staging_prefetch_locked(dev, si, addrs[i], lens[i], flags,
-			                                &handles[i], &start);
-		results[i] = r;
-		ok += r == 0;
+		results[i] = rc ? rc : chm_prefetch_check(dev, addrs[i], lens[i], flags);
+		ok += results[i] == 0;
 	}
-	if (!rc)
-		chm_leave(dev);
-	pthread_mutex_unlock(&dev->lock);
-	if (start)
-		chm_staging_submit(dev, start);
+	if (rc)
+		return 0;
+	/* the session is checked even when no element is valid */
+	ok = dev->mode->staging
+	             ? chm_staging_prefetch(dev, s, n, addrs, lens, flags, handles, results)
+	             : 0;
+	chm_leave(dev);
 	return ok;
 }
 
 int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
                      struct chm_view *view)
 {
-	return chm_staging_wait(dev, s, h, timeout_ns, view);
+	if (!dev || !view)
+		return -EINVAL;
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	/* without a window no handle or session was ever issued */
+	rc = dev->mode->staging ? chm_staging_wait(dev, s, h, timeout_ns, view) : -EINVAL;
+	chm_leave(dev);
+	return rc;
 }
 
 int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
@@ -313,20 +322,9 @@ int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handl
 {
 	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
 		return -EINVAL;
-	uint32_t start = 0, si = 0;
-	int ok = 0;
-	pthread_mutex_lock(&dev->lock);
-	int rc = dev->shut ? 0 : chm_sess_lookup(dev, s, &si);
-	if (rc) {
-		pthread_mutex_unlock(&dev->lock);
-		return rc;
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		results[i] = chm_staging_release_locked(dev, si, handles[i], &start);
-		ok += results[i] == 0;
-	}
-	pthread_mutex_unlock(&dev->lock);
-	if (start)
-		chm_staging_submit(dev, start);
-	return ok;
+	if (dev->mode->staging) /* release works while closing too */
+		return chm_staging_release(dev, s, n, handles, results);
+	if (s != CHM_SESSION_DEFAULT)
+		return -EINVAL;
+	return chm_prefetch_release_many(dev, n, handles, results);
 }
