@@ -85,10 +85,27 @@ MODES: dict[str, int] = _enum_table(lib.CHM_ENUM_MODE)
 POOL_KINDS: dict[str, int] = _enum_table(lib.CHM_ENUM_POOL)
 CLOCKS: dict[str, int] = _enum_table(lib.CHM_ENUM_CLOCK)
 FAULTS: dict[str, int] = _enum_table(lib.CHM_ENUM_FAULT)
+
+
+def state_name(kind: int, value: int) -> str | None:
+    """chm_state_name(): the fw_spec name of state ``value`` of the internal
+    state machine ``kind`` (``lib.CHM_STATE_*``), None when it has none."""
+    p = lib.chm_state_name(kind, value)
+    return None if p == ffi.NULL else str(ffi.string(p).decode())
+
+
+def _state_names(kind: int) -> dict[str, int]:
+    """{name: value} of one internal state machine, as the C core names it."""
+    out: dict[str, int] = {}
+    while (name := state_name(kind, len(out))) is not None:
+        out[name] = len(out)
+    return out
+
+
 # The device's internal state machines (fw_spec/*.yaml), by name.
-SLOT_STATES: dict[str, int] = _enum_table(lib.CHM_ENUM_SLOT_STATE)
-WBUF_STATES: dict[str, int] = _enum_table(lib.CHM_ENUM_WBUF_STATE)
-LINE_STATES: dict[str, int] = _enum_table(lib.CHM_ENUM_LINE_STATE)
+SLOT_STATES: dict[str, int] = _state_names(lib.CHM_STATE_SLOT)
+WBUF_STATES: dict[str, int] = _state_names(lib.CHM_STATE_WBUF)
+LINE_STATES: dict[str, int] = _state_names(lib.CHM_STATE_LINE)
 
 
 def name_of(table: dict[str, int], value: int) -> str | None:
@@ -751,6 +768,7 @@ __all__ = [
     "prefetch_wait_buffer",
     "read",
     "read_into",
+    "state_name",
     "stats",
     "strerror",
     "struct_fields",

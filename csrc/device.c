@@ -1,8 +1,10 @@
-/* device.c - device lifecycle (open, shutdown, close), API entry and exit
- * accounting, the read and write paths of each mode, and stats. */
+/* device.c - the top of the C core: every API call of include/chm.h that is
+ * not a configuration call. It validates arguments, enters the device (the
+ * call gate, gate.c) and dispatches through the mode table (mode.h) to
+ * prefetch, lru or direct mode; opening and closing run the layers below in
+ * order (targets, pool, backend, mode) and undo them in reverse. */
 #include <errno.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -11,8 +13,10 @@
 #include "clock.h"
 #include "dev.h"
 #include "errdetail.h"
-#include "iomap.h"
-#include "states.h"
+#include "gate.h"
+#include "mode.h"
+#include "session.h"
+#include "staging.h"
 #include "targets.h"
 
 int chm_version(void)
@@ -39,37 +43,14 @@ const char *chm_strerror(int err)
 	}
 }
 
-_Noreturn void chm_illegal_transition(const char *table, int from, int to, const char *file,
-                                      int line)
-{
-	fprintf(stderr, "chm: illegal transition %d -> %d in %s at %s:%d\n", from, to, table, file,
-	        line);
-	abort();
-}
-
-int chm_enter(struct chm_dev *dev)
-{
-	if (dev->closing)
-		return chm_detail(-ECANCELED,
-		                  "the device is closing (chm_dev_close or shutdown began)");
-	dev->active_calls++;
-	return 0;
-}
-
-void chm_leave(struct chm_dev *dev)
-{
-	if (--dev->active_calls == 0 && dev->closing)
-		pthread_cond_broadcast(&dev->idle_cond);
-}
-
 /* ---- open / close ---- */
 
-static uint64_t pool_bytes_needed(const struct chm_config *c)
-{
-	if (c->mode == CHM_MODE_DIRECT)
-		return 0;
-	return c->dram_bytes;
-}
+/* The mode table, by enum chm_mode (config validation keeps cfg.mode in it). */
+static const struct chm_mode_ops *const modes[] = {
+        [CHM_MODE_PREFETCH] = &chm_mode_prefetch_ops,
+        [CHM_MODE_LRU] = &chm_mode_lru_ops,
+        [CHM_MODE_DIRECT] = &chm_mode_direct_ops,
+};
 
 int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 {
@@ -93,6 +74,7 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 		return chm_open_fail(err, errlen, -ENOMEM, "no host memory for the device");
 	dev->cfg = *cfg;
 	chm_config_derive(&dev->cfg);
+	dev->mode = modes[dev->cfg.mode];
 	while (!dev->tag) {
 		if (getrandom(&dev->tag, sizeof(dev->tag), 0) != sizeof(dev->tag))
 			dev->tag = (uint16_t)(chm_mono_ns() ^ (uintptr_t)dev);
@@ -108,6 +90,7 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_mutex_init(&dev->lock, NULL);
 	pthread_cond_init(&dev->cond, &ca);
+	pthread_mutex_init(&dev->gate_lock, NULL);
 	pthread_cond_init(&dev->idle_cond, &ca);
 	pthread_condattr_destroy(&ca);
 	pthread_mutex_init(&dev->faults.lock, NULL);
@@ -122,7 +105,7 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 		if (rc)
 			goto err_targets;
 	}
-	uint64_t pb = pool_bytes_needed(&dev->cfg);
+	uint64_t pb = dev->mode->uses_pool ? dev->cfg.dram_bytes : 0;
 	if (pb) {
 		rc = chm_pool_check_not_target(dev, ids, -1, err, errlen);
 		if (rc)
@@ -156,29 +139,12 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 		              chm_strerror(rc));
 		goto err_pool;
 	}
-	if (dev->cfg.mode == CHM_MODE_PREFETCH) {
-		dev->staging_off = 0;
-		rc = chm_wbuf_init(dev);
-		if (rc)
-			goto err_backend;
-	} else if (dev->cfg.mode == CHM_MODE_LRU) {
-		rc = chm_lru_init(dev);
-		if (rc)
-			goto err_backend;
-	}
-	if (dev->cfg.mode != CHM_MODE_DIRECT) {
-		rc = chm_staging_init(dev);
-		if (rc)
-			goto err_cache;
-	}
+	rc = dev->mode->init(dev);
+	if (rc)
+		goto err_backend;
 	*out = dev;
 	return 0;
 
-err_cache:
-	if (dev->wbuf)
-		chm_wbuf_fini(dev);
-	if (dev->lru)
-		chm_lru_fini(dev);
 err_backend:
 	dev->be_ops->shutdown(dev->be);
 err_pool:
@@ -191,6 +157,7 @@ err_targets:
 			close(dev->fds[i]);
 	pthread_mutex_destroy(&dev->faults.lock);
 	pthread_cond_destroy(&dev->idle_cond);
+	pthread_mutex_destroy(&dev->gate_lock);
 	pthread_cond_destroy(&dev->cond);
 	pthread_mutex_destroy(&dev->lock);
 	free(dev);
@@ -208,20 +175,13 @@ void chm_dev_shutdown(chm_dev *dev)
 		pthread_mutex_unlock(&dev->lock);
 		return;
 	}
-	dev->closing = true;
-	if (dev->slots)
-		chm_staging_cancel_all(dev);
-	pthread_cond_broadcast(&dev->cond);
-	while (dev->active_calls)
-		pthread_cond_wait(&dev->idle_cond, &dev->lock);
+	chm_gate_close(dev);
+	if (dev->mode->cancel)
+		dev->mode->cancel(dev);
 	pthread_mutex_unlock(&dev->lock);
+	chm_gate_drain(dev);
 
-	if (dev->lq)
-		chm_staging_stop_fillers(dev);
-	if (dev->wbuf)
-		chm_wbuf_fini(dev);
-	if (dev->lru)
-		chm_lru_fini(dev);
+	dev->mode->stop(dev);
 	/* in-flight fills drain here; their done() still takes the lock */
 	dev->be_ops->shutdown(dev->be);
 	dev->be = NULL;
@@ -230,8 +190,7 @@ void chm_dev_shutdown(chm_dev *dev)
 	 * is freed below; only the struct and its lock stay until close */
 	dev->shut = true;
 	pthread_mutex_unlock(&dev->lock);
-	if (dev->slots)
-		chm_staging_fini(dev);
+	dev->mode->fini(dev);
 	if (dev->pool.base)
 		chm_pool_destroy(&dev->pool);
 	dev->pool.base = NULL;
@@ -249,6 +208,7 @@ void chm_dev_close(chm_dev *dev)
 	chm_dev_shutdown(dev);
 	pthread_mutex_destroy(&dev->faults.lock);
 	pthread_cond_destroy(&dev->idle_cond);
+	pthread_mutex_destroy(&dev->gate_lock);
 	pthread_cond_destroy(&dev->cond);
 	pthread_mutex_destroy(&dev->lock);
 	free(dev);
@@ -263,15 +223,20 @@ int chm_dev_config(chm_dev *dev, struct chm_config *out)
 	return 0;
 }
 
+static bool dev_shut(chm_dev *dev)
+{
+	pthread_mutex_lock(&dev->lock);
+	bool shut = dev->shut;
+	pthread_mutex_unlock(&dev->lock);
+	return shut;
+}
+
 int chm_dev_pool_fd(chm_dev *dev)
 {
 	chm_detail_clear();
 	if (!dev)
 		return chm_detail(-EINVAL, "pool_fd: NULL dev");
-	pthread_mutex_lock(&dev->lock);
-	bool shut = dev->shut;
-	pthread_mutex_unlock(&dev->lock);
-	if (shut)
+	if (dev_shut(dev))
 		return chm_detail(-ECANCELED, "pool_fd: the device was shut down");
 	if (dev->pool.kind != CHM_POOL_MEMFD || dev->pool.fd < 0 || !dev->pool.base)
 		return chm_detail(-ENOENT,
@@ -292,46 +257,6 @@ static int check_range(const struct chm_dev *dev, const char *what, uint64_t add
 	return 0;
 }
 
-/* SSD read of an arbitrary range through an aligned bounce buffer. */
-static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len)
-{
-	const uint64_t chunk_max = 8u << 20;
-	uint64_t bounce_len = chunk_max + 2 * CHM_FILL_ALIGN;
-	void *bounce;
-	if (posix_memalign(&bounce, CHM_FILL_ALIGN, bounce_len))
-		return -ENOMEM;
-	int rc = 0;
-	while (len) {
-		uint64_t n = len < chunk_max ? len : chunk_max;
-		uint64_t a0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN);
-		uint64_t a1 = CHM_ALIGN_UP(addr + n, CHM_FILL_ALIGN);
-		if (a1 > dev->cfg.capacity)
-			a1 = dev->cfg.capacity;
-		struct chm_read_tok tok;
-		uint64_t done;
-		pthread_mutex_lock(&dev->lock);
-		chm_wbuf_read_begin(dev, &tok);
-		pthread_mutex_unlock(&dev->lock);
-		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0, &done);
-		if (!rc) /* the caller's buffer: no lock needed for the bulk copy */
-			memcpy(buf, (char *)bounce + (addr - a0), n);
-		pthread_mutex_lock(&dev->lock);
-		chm_wbuf_read_end(dev, &tok);
-		if (!rc) {
-			chm_wbuf_overlay(dev, addr, buf, n);
-			chm_pace(dev, done);
-		}
-		pthread_mutex_unlock(&dev->lock);
-		if (rc)
-			break;
-		addr += n;
-		buf += n;
-		len -= n;
-	}
-	free(bounce);
-	return rc;
-}
-
 int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
 	chm_detail_clear();
@@ -340,62 +265,11 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 	int rc = check_range(dev, "read", addr, len);
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&dev->lock);
 	rc = chm_enter(dev);
 	if (rc)
-		goto out_unlock;
-	uint64_t link_bytes;
-	uint32_t start = 0;
-	if (dev->cfg.mode == CHM_MODE_PREFETCH &&
-	    chm_staging_read_hit(dev, addr, buf, len, &link_bytes, &start)) {
-		dev->st.read_hits++;
-		dev->st.bytes_from_dram += len;
-		if (link_bytes)
-			chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), link_bytes));
-		chm_leave(dev);
-		pthread_mutex_unlock(&dev->lock);
-		if (start)
-			chm_staging_submit(dev, start);
-		return 0;
-	}
-	pthread_mutex_unlock(&dev->lock);
-	if (dev->cfg.mode == CHM_MODE_LRU) {
-		rc = chm_lru_read(dev, addr, buf, len);
-	} else {
-		pthread_mutex_lock(&dev->lock);
-		dev->st.read_misses++;
-		pthread_mutex_unlock(&dev->lock);
-		rc = read_miss(dev, addr, buf, len);
-	}
-	pthread_mutex_lock(&dev->lock);
+		return rc;
+	rc = dev->mode->read(dev, addr, buf, len);
 	chm_leave(dev);
-out_unlock:
-	pthread_mutex_unlock(&dev->lock);
-	return rc;
-}
-
-/* Write-through of an aligned range (direct mode). */
-static int write_through(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
-{
-	const uint64_t chunk_max = 8u << 20;
-	void *bounce;
-	if (posix_memalign(&bounce, CHM_FILL_ALIGN, chunk_max))
-		return -ENOMEM;
-	int rc = 0;
-	const char *p = buf;
-	while (len && !rc) {
-		uint64_t n = len < chunk_max ? len : chunk_max;
-		memcpy(bounce, p, n);
-		uint64_t done;
-		rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, addr, bounce, n, &done);
-		pthread_mutex_lock(&dev->lock);
-		chm_pace(dev, done);
-		pthread_mutex_unlock(&dev->lock);
-		addr += n;
-		p += n;
-		len -= n;
-	}
-	free(bounce);
 	return rc;
 }
 
@@ -417,20 +291,11 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 	if (len % dev->write_align)
 		return chm_detail(-EINVAL, "write: len %llu is not a multiple of %u (%s)",
 		                  (unsigned long long)len, dev->write_align, unit);
-	pthread_mutex_lock(&dev->lock);
 	rc = chm_enter(dev);
-	pthread_mutex_unlock(&dev->lock);
 	if (rc)
 		return rc;
-	if (dev->cfg.mode == CHM_MODE_PREFETCH)
-		rc = chm_wbuf_write(dev, addr, buf, len);
-	else if (dev->cfg.mode == CHM_MODE_LRU)
-		rc = chm_lru_write(dev, addr, buf, len);
-	else
-		rc = write_through(dev, addr, buf, len);
-	pthread_mutex_lock(&dev->lock);
+	rc = dev->mode->write(dev, addr, buf, len);
 	chm_leave(dev);
-	pthread_mutex_unlock(&dev->lock);
 	return rc;
 }
 
@@ -457,22 +322,129 @@ int chm_flush(chm_dev *dev, uint64_t timeout_ns)
 	chm_detail_clear();
 	if (!dev)
 		return chm_detail(-EINVAL, "flush: NULL dev");
-	pthread_mutex_lock(&dev->lock);
 	int rc = chm_enter(dev);
-	pthread_mutex_unlock(&dev->lock);
 	if (rc)
 		return rc;
-	if (dev->cfg.mode == CHM_MODE_PREFETCH)
-		rc = chm_wbuf_flush(dev, timeout_ns);
-	else if (dev->cfg.mode == CHM_MODE_LRU)
-		rc = chm_lru_flush(dev, timeout_ns);
-	else
-		rc = chm_ssd_sync_all(dev); /* writes were synchronous */
-	pthread_mutex_lock(&dev->lock);
+	rc = dev->mode->flush(dev, timeout_ns);
 	chm_leave(dev);
-	pthread_mutex_unlock(&dev->lock);
 	return rc;
 }
+
+/* ---- prefetch: issue - wait - release ---- */
+
+/* What every mode refuses alike (no lock needed: the configuration is fixed
+ * at open); a mode without a staging window then refuses the call. */
+static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
+{
+	if (len == 0)
+		return chm_detail(-EINVAL, "prefetch: len is 0");
+	if (flags & ~(uint32_t)CHM_PF_NOQUEUE)
+		return chm_detail(-EINVAL, "prefetch: unknown flags %#x", flags);
+	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
+		return chm_detail(-EINVAL,
+		                  "prefetch: [%#llx, +%llu) is beyond the capacity (%llu bytes)",
+		                  (unsigned long long)addr, (unsigned long long)len,
+		                  (unsigned long long)dev->cfg.capacity);
+	if (!dev->mode->staging)
+		return chm_detail(-EOPNOTSUPP, "prefetch: mode=%s has no staging window",
+		                  chm_enum_name(CHM_ENUM_MODE, dev->cfg.mode));
+	return 0;
+}
+
+int chm_prefetch_check(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
+{
+	return prefetch_args(dev, addr, len, flags);
+}
+
+int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
+{
+	chm_detail_clear();
+	if (!dev || !h)
+		return chm_detail(-EINVAL, "prefetch: NULL %s", !dev ? "dev" : "h");
+	int32_t rc = prefetch_args(dev, addr, len, flags);
+	if (rc)
+		return rc;
+	rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	chm_staging_prefetch(dev, CHM_SESSION_DEFAULT, 1, &addr, &len, flags, h, &rc);
+	chm_leave(dev);
+	return rc;
+}
+
+int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
+                         uint32_t flags, chm_handle *handles, int32_t *results)
+{
+	chm_detail_clear();
+	if (!dev || !addrs || !lens || !handles || !results)
+		return chm_detail(-EINVAL, "prefetch_objects: a NULL argument");
+	if (n > CHM_BATCH_MAX)
+		return chm_detail(-EINVAL, "prefetch_objects: n %u is above CHM_BATCH_MAX (%d)", n,
+		                  CHM_BATCH_MAX);
+	int rc = chm_enter(dev);
+	int ok = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		results[i] = rc ? rc : prefetch_args(dev, addrs[i], lens[i], flags);
+		ok += results[i] == 0;
+	}
+	if (rc)
+		return 0;
+	if (ok)
+		ok = chm_staging_prefetch(dev, CHM_SESSION_DEFAULT, n, addrs, lens, flags, handles,
+		                          results);
+	chm_leave(dev);
+	chm_detail_clear(); /* an element's reason is not the call's */
+	return ok;
+}
+
+int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
+{
+	chm_detail_clear();
+	if (!dev || !view)
+		return chm_detail(-EINVAL, "wait: NULL %s", !dev ? "dev" : "view");
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	/* without a window no handle was ever issued */
+	rc = dev->mode->staging ? chm_staging_wait(dev, CHM_SESSION_DEFAULT, h, timeout_ns, view)
+	                        : chm_detail(-EINVAL, "wait: handle %#llx: mode=direct issues none",
+	                                     (unsigned long long)h);
+	chm_leave(dev);
+	return rc;
+}
+
+int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles, int32_t *results)
+{
+	chm_detail_clear();
+	if (!dev || !handles || !results)
+		return chm_detail(-EINVAL, "release_many: a NULL argument");
+	if (n > CHM_BATCH_MAX)
+		return chm_detail(-EINVAL, "release_many: n %u is above CHM_BATCH_MAX (%d)", n,
+		                  CHM_BATCH_MAX);
+	/* release works while closing too (it only returns resources) */
+	if (dev->mode->staging) {
+		int ok = chm_staging_release(dev, CHM_SESSION_DEFAULT, n, handles, results);
+		if (n != 1)
+			chm_detail_clear(); /* an element's reason is not the call's */
+		return ok;
+	}
+	int rc = dev_shut(dev) ? -ECANCELED : -EINVAL;
+	for (uint32_t i = 0; i < n; i++)
+		results[i] = rc;
+	return 0;
+}
+
+int chm_prefetch_release(chm_dev *dev, chm_handle h)
+{
+	chm_detail_clear();
+	if (!dev)
+		return chm_detail(-EINVAL, "release: NULL dev");
+	int32_t rc;
+	chm_prefetch_release_many(dev, 1, &h, &rc);
+	return rc;
+}
+
+/* ---- stats ---- */
 
 int chm_stats(chm_dev *dev, struct chm_stats *out)
 {
@@ -481,17 +453,6 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 		return chm_detail(-EINVAL, "stats: NULL %s", !dev ? "dev" : "out");
 	pthread_mutex_lock(&dev->lock);
 	*out = dev->st;
-	out->slots_total = dev->nslots;
-	out->slots_free = dev->slot_count_by_state[CHM_SLOT_FREE];
-	out->slots_filling = dev->slot_count_by_state[CHM_SLOT_FILLING];
-	out->slots_ready = dev->slot_count_by_state[CHM_SLOT_READY];
-	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD] +
-	                  dev->slot_count_by_state[CHM_SLOT_DRAINING];
-	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
-	out->queue_len = dev->q_len;
-	out->queue_cap = dev->cfg.mode != CHM_MODE_DIRECT ? dev->cfg.refill_queue : 0;
-	out->slot_bytes = dev->cfg.mode != CHM_MODE_DIRECT ? dev->cfg.slot_bytes : 0;
-	out->window_bytes = (uint64_t)dev->nslots * dev->slot_stride;
 	out->clock_now_ns = chm_now_ns(dev);
 	out->pool_bytes = dev->pool.base ? dev->pool.bytes : 0;
 	out->pool_kind = dev->cfg.pool_kind;
@@ -499,9 +460,7 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	out->pool_hugepages = dev->pool.hugepages;
 	out->backend = dev->cfg.backend;
 	out->mode = dev->cfg.mode;
-	chm_wbuf_stats(dev, out);
-	if (dev->lru)
-		chm_lru_stats(dev, out);
+	dev->mode->stats(dev, out);
 	pthread_mutex_unlock(&dev->lock);
 	return 0;
 }

@@ -1,9 +1,10 @@
-/* names.c - the names of the API's enumerations, declared once: the option
- * parser (config.c) and every binding (chm/_lowlevel.py builds its tables
- * from chm_enum_name) read them from here, so no name is typed twice.
+/* names.c - the names of the API's public enumerations, declared once: the
+ * option parser (config.c) and every binding (chm/_lowlevel.py builds its
+ * tables from chm_enum_name) read them from here, so no name is typed twice.
+ * (The internal state machines' names are states.c's, chm_state_name.)
  *
  * Each table is indexed by the enum's value (designated initializers), so a
- * value renumbered in chm.h or states.h moves its name with it. */
+ * value renumbered in chm.h moves its name with it. */
 #include <errno.h>
 #include <stddef.h>
 #include <strings.h>
@@ -11,7 +12,6 @@
 #include "chm.h"
 #include "errdetail.h"
 #include "names.h"
-#include "states.h"
 
 const char *const chm_backend_names[] = {
         [CHM_BACKEND_URING] = "uring",
@@ -42,33 +42,10 @@ static const char *const fault_names[] = {
         [CHM_FAULT_EIO_WRITE] = "eio_write", [CHM_FAULT_SHORT_READ] = "short_read",
         [CHM_FAULT_SLOW] = "slow",           NULL,
 };
-static const char *const slot_state_names[] = {
-        [CHM_SLOT_FREE] = "free",
-        [CHM_SLOT_FILLING] = "filling",
-        [CHM_SLOT_READY] = "ready",
-        [CHM_SLOT_HELD] = "held",
-        [CHM_SLOT_FAILED] = "failed",
-        [CHM_SLOT_DRAINING] = "draining",
-        NULL,
-};
-static const char *const wbuf_state_names[] = {
-        [CHM_WB_FREE] = "free",         [CHM_WB_ADMITTED] = "admitted",
-        [CHM_WB_FLUSHING] = "flushing", [CHM_WB_DURABLE] = "durable",
-        [CHM_WB_SKIPPED] = "skipped",   NULL,
-};
-static const char *const line_state_names[] = {
-        [CHM_LINE_INVALID] = "invalid",
-        [CHM_LINE_CLEAN] = "clean",
-        [CHM_LINE_DIRTY] = "dirty",
-        [CHM_LINE_WRITING_BACK] = "writing_back",
-        NULL,
-};
-
 static const char *const *const tables[] = {
-        [CHM_ENUM_BACKEND] = chm_backend_names,   [CHM_ENUM_MODE] = chm_mode_names,
-        [CHM_ENUM_POOL] = chm_pool_names,         [CHM_ENUM_CLOCK] = chm_clock_names,
-        [CHM_ENUM_FAULT] = fault_names,           [CHM_ENUM_SLOT_STATE] = slot_state_names,
-        [CHM_ENUM_WBUF_STATE] = wbuf_state_names, [CHM_ENUM_LINE_STATE] = line_state_names,
+        [CHM_ENUM_BACKEND] = chm_backend_names, [CHM_ENUM_MODE] = chm_mode_names,
+        [CHM_ENUM_POOL] = chm_pool_names,       [CHM_ENUM_CLOCK] = chm_clock_names,
+        [CHM_ENUM_FAULT] = fault_names,
 };
 
 #define NTABLES (int)(sizeof(tables) / sizeof(tables[0]))

@@ -22,14 +22,20 @@
  * at most k - 1 grants to others per grant of its own session.
  *
  * Locking: everything here runs under dev->lock, except the public calls,
- * which take it. chm_session_* are thin: they check their arguments, find
- * the session and call the staging window's locked primitives.
+ * which enter the device (gate.h) and take it. chm_session_prefetch, _wait
+ * and _release check their arguments as device.c does for the default
+ * session and call the staging window, which finds the session under the
+ * lock. A mode without a staging window (direct) has no sessions.
  */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "dev.h"
 #include "errdetail.h"
+#include "gate.h"
+#include "mode.h"
+#include "session.h"
+#include "staging.h"
 
 /* Session token: device tag in bits 63..48, generation in 47..16, index in
  * 15..0. Token 0 is CHM_SESSION_DEFAULT (the tag is nonzero, so no opened
@@ -93,7 +99,7 @@ int chm_sess_admit(struct chm_dev *dev, uint32_t si)
 {
 	const struct chm_sess *ss = &dev->sess[si];
 	if (ss->used >= ss->quota)
-		return chm_detail(-EAGAIN, "prefetch: the session's quota (%u slots) is in use",
+		return chm_detail(-EAGAIN, "prefetch: the session's quota (%u) is in use",
 		                  ss->quota);
 	return 0;
 }
@@ -213,28 +219,31 @@ int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
 	if (!dev || !out || quota == 0)
 		return chm_detail(-EINVAL, "session_open: %s",
 		                  quota ? "a NULL argument" : "quota 0");
-	pthread_mutex_lock(&dev->lock);
 	int rc = chm_enter(dev);
 	if (rc)
-		goto out_unlock;
+		return rc;
+	if (!dev->mode->staging) {
+		chm_leave(dev);
+		/* no window: no handle to scope */
+		return chm_detail(-EOPNOTSUPP, "session_open: mode=direct has no staging window");
+	}
+	pthread_mutex_lock(&dev->lock);
 	if (!dev->sess_free) {
 		rc = chm_detail(-ENOSPC, "session_open: every session is open");
-		goto out_leave;
+	} else {
+		uint32_t si = dev->sess_free - 1;
+		struct chm_sess *ss = &dev->sess[si];
+		dev->sess_free = ss->rr_next;
+		ss->rr_next = 0;
+		ss->open = true;
+		ss->quota = quota;
+		ss->used = 0;
+		ss->q_head = ss->q_tail = 0;
+		ss->in_rr = false;
+		*out = sess_token(dev, si);
 	}
-	uint32_t si = dev->sess_free - 1;
-	struct chm_sess *ss = &dev->sess[si];
-	dev->sess_free = ss->rr_next;
-	ss->rr_next = 0;
-	ss->open = true;
-	ss->quota = quota;
-	ss->used = 0;
-	ss->q_head = ss->q_tail = 0;
-	ss->in_rr = false;
-	*out = sess_token(dev, si);
-out_leave:
-	chm_leave(dev);
-out_unlock:
 	pthread_mutex_unlock(&dev->lock);
+	chm_leave(dev);
 	return rc;
 }
 
@@ -244,9 +253,12 @@ int chm_session_close(chm_dev *dev, chm_session s)
 	if (!dev || s == CHM_SESSION_DEFAULT)
 		return chm_detail(-EINVAL, "session_close: %s",
 		                  dev ? "the default session cannot be closed" : "NULL dev");
+	if (!dev->mode->staging) /* no session was ever opened */
+		return chm_detail(-EINVAL, "session_close: mode=direct has no sessions");
 	uint32_t start = 0, si;
 	pthread_mutex_lock(&dev->lock);
-	/* like release, close works while the device is closing */
+	/* like release, close works while the device is closing, but not after
+	 * shutdown freed the tables */
 	int rc = dev->shut ? -ECANCELED : chm_sess_lookup(dev, s, &si);
 	if (rc)
 		goto out_unlock;
@@ -286,39 +298,40 @@ int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t
 		return chm_detail(-EINVAL, "session_prefetch: %s",
 		                  n > CHM_BATCH_MAX ? "n is above CHM_BATCH_MAX"
 		                                    : "a NULL argument");
-	uint32_t start = 0, si = 0;
-	int ok = 0;
-	pthread_mutex_lock(&dev->lock);
+	if (!dev->mode->staging && s != CHM_SESSION_DEFAULT) /* no session was ever opened */
+		return chm_detail(-EINVAL, "session_prefetch: mode=direct has no sessions");
 	int rc = chm_enter(dev);
-	if (!rc) {
-		int bad = chm_sess_lookup(dev, s, &si);
-		if (bad) {
-			chm_leave(dev);
-			pthread_mutex_unlock(&dev->lock);
-			return bad;
-		}
-	}
+	int ok = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		int r = rc ? rc : chm_staging_prefetch_args(dev, addrs[i], lens[i], flags);
-		if (!r)
-			r = chm_staging_prefetch_locked(dev, si, addrs[i], lens[i], flags,
-			                                &handles[i], &start);
-		results[i] = r;
-		ok += r == 0;
+		results[i] = rc ? rc : chm_prefetch_check(dev, addrs[i], lens[i], flags);
+		ok += results[i] == 0;
 	}
-	if (!rc)
-		chm_leave(dev);
-	pthread_mutex_unlock(&dev->lock);
-	chm_detail_clear(); /* an element's reason is not the call's */
-	if (start)
-		chm_staging_submit(dev, start);
+	if (rc)
+		return 0;
+	/* the session is checked even when no element is valid */
+	ok = dev->mode->staging
+	             ? chm_staging_prefetch(dev, s, n, addrs, lens, flags, handles, results)
+	             : 0;
+	chm_leave(dev);
+	if (n != 1)
+		chm_detail_clear(); /* an element's reason is not the call's */
 	return ok;
 }
 
 int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
                      struct chm_view *view)
 {
-	return chm_staging_wait(dev, s, h, timeout_ns, view);
+	chm_detail_clear();
+	if (!dev || !view)
+		return chm_detail(-EINVAL, "session_wait: NULL %s", !dev ? "dev" : "view");
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	/* without a window no handle or session was ever issued */
+	rc = dev->mode->staging ? chm_staging_wait(dev, s, h, timeout_ns, view)
+	                        : chm_detail(-EINVAL, "session_wait: mode=direct has no sessions");
+	chm_leave(dev);
+	return rc;
 }
 
 int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
@@ -329,21 +342,13 @@ int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handl
 		return chm_detail(-EINVAL, "session_release: %s",
 		                  n > CHM_BATCH_MAX ? "n is above CHM_BATCH_MAX"
 		                                    : "a NULL argument");
-	uint32_t start = 0, si = 0;
-	int ok = 0;
-	pthread_mutex_lock(&dev->lock);
-	int rc = dev->shut ? 0 : chm_sess_lookup(dev, s, &si);
-	if (rc) {
-		pthread_mutex_unlock(&dev->lock);
-		return rc;
+	if (dev->mode->staging) { /* release works while closing too */
+		int ok = chm_staging_release(dev, s, n, handles, results);
+		if (n != 1)
+			chm_detail_clear(); /* an element's reason is not the call's */
+		return ok;
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		results[i] = chm_staging_release_locked(dev, si, handles[i], &start);
-		ok += results[i] == 0;
-	}
-	pthread_mutex_unlock(&dev->lock);
-	chm_detail_clear(); /* an element's reason is not the call's */
-	if (start)
-		chm_staging_submit(dev, start);
-	return ok;
+	if (s != CHM_SESSION_DEFAULT)
+		return chm_detail(-EINVAL, "session_release: mode=direct has no sessions");
+	return chm_prefetch_release_many(dev, n, handles, results);
 }

@@ -86,32 +86,13 @@ enum chm_clock_kind {
 	CHM_CLOCK_VIRTUAL = 1, /* simulated clock (ghost backend only) */
 };
 
-/* Staging slot states (fw_spec/staging.yaml). */
-enum chm_slot_state {
-	CHM_SLOT_FREE = 0,
-	CHM_SLOT_FILLING = 1,
-	CHM_SLOT_READY = 2,
-	CHM_SLOT_HELD = 3,
-	CHM_SLOT_FAILED = 4,
-	CHM_SLOT_DRAINING = 5, /* released while hits still copy from it */
-};
-
-/* Write-buffer entry states (fw_spec/wbuf.yaml). SKIPPED is never stored:
- * it is the outcome of a write that was not admitted. */
-enum chm_wbuf_state {
-	CHM_WB_FREE = 0,
-	CHM_WB_ADMITTED = 1,
-	CHM_WB_FLUSHING = 2,
-	CHM_WB_DURABLE = 3,
-	CHM_WB_SKIPPED = 4,
-};
-
-/* LRU line states (fw_spec/lru.yaml). */
-enum chm_line_state {
-	CHM_LINE_INVALID = 0,
-	CHM_LINE_CLEAN = 1,
-	CHM_LINE_DIRTY = 2,
-	CHM_LINE_WRITING_BACK = 3,
+/* The device's internal state machines, by kind, for chm_state_name(). The
+ * states themselves are the core's (csrc/states.h); fw_spec/staging.yaml,
+ * wbuf.yaml and lru.yaml name and number them. */
+enum chm_state_kind {
+	CHM_STATE_SLOT = 0, /* a staging slot */
+	CHM_STATE_WBUF = 1, /* a write-buffer entry */
+	CHM_STATE_LINE = 2, /* an LRU line */
 };
 
 /* chm_prefetch_object() flags. */
@@ -247,6 +228,11 @@ int chm_version(void);
 /* Returns a static English string for a -errno value returned by chm. */
 const char *chm_strerror(int err);
 
+/* Returns the name of state value of machine kind (enum chm_state_kind): the
+ * fw_spec name in lowercase ("free", "writing_back", ...), a static string;
+ * NULL when kind or value names no state. Never blocks; thread-safe. */
+const char *chm_state_name(int kind, int value);
+
 /* Why the most recent failing chm call of this thread failed, in one line
  * naming the call, the argument and the rule, e.g. "write: addr 0x7b is not
  * a multiple of 512 (CHM_IO_ALIGN)", when that call returned err (a -errno
@@ -258,16 +244,14 @@ const char *chm_strerror(int err);
  * thread's next chm call. Never blocks, never fails. */
 const char *chm_last_error_detail(int err);
 
-/* The enumerations chm_enum_name() and chm_enum_value() know. */
+/* The public enumerations chm_enum_name() and chm_enum_value() know (the
+ * internal state machines' names come from chm_state_name()). */
 enum chm_enum_kind {
-	CHM_ENUM_BACKEND = 0,    /* enum chm_backend_kind */
-	CHM_ENUM_MODE = 1,       /* enum chm_mode */
-	CHM_ENUM_POOL = 2,       /* enum chm_pool_kind */
-	CHM_ENUM_CLOCK = 3,      /* enum chm_clock_kind */
-	CHM_ENUM_FAULT = 4,      /* enum chm_fault_kind */
-	CHM_ENUM_SLOT_STATE = 5, /* staging slot states (fw_spec/staging.yaml) */
-	CHM_ENUM_WBUF_STATE = 6, /* write-buffer entry states (fw_spec/wbuf.yaml) */
-	CHM_ENUM_LINE_STATE = 7, /* lru line states (fw_spec/lru.yaml) */
+	CHM_ENUM_BACKEND = 0, /* enum chm_backend_kind */
+	CHM_ENUM_MODE = 1,    /* enum chm_mode */
+	CHM_ENUM_POOL = 2,    /* enum chm_pool_kind */
+	CHM_ENUM_CLOCK = 3,   /* enum chm_clock_kind */
+	CHM_ENUM_FAULT = 4,   /* enum chm_fault_kind */
 };
 
 /* The lowercase name of value in enumeration kind (chm_enum_name(
@@ -459,7 +443,8 @@ typedef uint64_t chm_session;
  * queued requests); a prefetch over it fails -EAGAIN. quota is 1..2^32-1;
  * one at least slot_count + refill_queue never limits. Never blocks.
  * Returns 0 and the session in *out; -EINVAL (NULL dev or out, quota 0),
- * -ENOSPC (CHM_SESSION_MAX sessions open), -ECANCELED (closing). */
+ * -ENOSPC (CHM_SESSION_MAX sessions open), -EOPNOTSUPP (direct mode: no
+ * staging window), -ECANCELED (closing). */
 int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out);
 
 /* Closes a session: releases every handle it holds, as chm_prefetch_release

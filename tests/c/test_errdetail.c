@@ -163,9 +163,8 @@ static void test_config_get(void)
 static void test_enum_names(void)
 {
 	CHECK(!strcmp(chm_enum_name(CHM_ENUM_MODE, CHM_MODE_LRU), "lru"));
-	CHECK(!strcmp(chm_enum_name(CHM_ENUM_SLOT_STATE, CHM_SLOT_DRAINING), "draining"));
-	CHECK(!strcmp(chm_enum_name(CHM_ENUM_LINE_STATE, CHM_LINE_WRITING_BACK), "writing_back"));
 	CHECK(!strcmp(chm_enum_name(CHM_ENUM_FAULT, CHM_FAULT_SLOW), "slow"));
+	CHECK(!strcmp(chm_enum_name(CHM_ENUM_BACKEND, CHM_BACKEND_GHOST), "ghost"));
 	CHECK(chm_enum_name(CHM_ENUM_MODE, 3) == NULL);
 	CHECK(chm_enum_name(CHM_ENUM_MODE, -1) == NULL);
 	CHECK(chm_enum_name(99, 0) == NULL);

@@ -374,6 +374,28 @@ static void test_shutdown(void)
 	chm_dev_close(dev);
 }
 
+/* Direct mode has no staging window, so no sessions. */
+static void test_direct_mode(void)
+{
+	struct chm_config c;
+	chm_dev *dev = NULL;
+	chm_config_init(&c);
+	cfg_set(&c, "backend", "ghost");
+	cfg_set(&c, "capacity", "1G");
+	cfg_set(&c, "mode", "direct");
+	CHECK_RC(chm_dev_open(&c, &dev), 0);
+	if (!dev)
+		return;
+	chm_session s;
+	chm_handle h;
+	CHECK_RC(chm_session_open(dev, 4, &s), -EOPNOTSUPP);
+	CHECK_RC(pf1(dev, CHM_SESSION_DEFAULT, 0, &h), -EOPNOTSUPP);
+	CHECK_RC(pf1(dev, 0x1234000000010001ull, 0, &h), -EINVAL);
+	CHECK_RC(ready(dev, CHM_SESSION_DEFAULT, 1), -EINVAL);
+	CHECK_RC(chm_session_close(dev, 0x1234000000010001ull), -EINVAL);
+	chm_dev_close(dev);
+}
+
 int main(void)
 {
 	test_tokens();
@@ -383,5 +405,6 @@ int main(void)
 	test_quota();
 	test_round_robin();
 	test_shutdown();
+	test_direct_mode();
 	return check_summary();
 }

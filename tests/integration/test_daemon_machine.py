@@ -51,8 +51,14 @@ class DaemonMachine(_Base):  # type: ignore[misc]
                          else f"{k} = {str(v).lower()}")  # fmt: skip
         with open(cfg, "w") as f:
             f.write("\n".join(lines) + "\n")
+        # the one client may hold every request entry of the device (the
+        # default client quota is half of them), so the embedded device's
+        # model holds for it
+        g = self.geometry
+        quota = str(g.slots + g.refill_queue)
         self._daemon = DaemonProcess(
-            ["--config", cfg, "--no-kv"], os.path.join(self._sockdir, "chm.sock")
+            ["--config", cfg, "--no-kv", "--client-quota", quota],
+            os.path.join(self._sockdir, "chm.sock"),
         ).start()
         return chm.connect(self._daemon.socket)
 

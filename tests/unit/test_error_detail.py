@@ -120,7 +120,7 @@ def test_queue_full_and_timeouts(dev: chm.Device) -> None:
 
 def test_mode_refusal() -> None:
     with chm.Device.open(**{**OPTS, "mode": "direct"}) as d:
-        _raises(NotSupported, "mode=direct has no DRAM", lambda: d.prefetch(0, 4096))
+        _raises(NotSupported, "mode=direct has no staging window", lambda: d.prefetch(0, 4096))
 
 
 def test_fault_kinds(dev: chm.Device) -> None:
