@@ -277,7 +277,10 @@ class Handle:
                 ptr = dev._ptr
                 if ptr is not None:  # else closing the device released everything
                     with contextlib.suppress(Cancelled):  # close() raced us
-                        self._c_release(ptr)
+                        if self._sess is None:  # the hot path: no extra call
+                            _release(ptr, self.token)
+                        else:
+                            self._c_release(ptr)
                 return
             self._done = False  # a wait() registered a view meanwhile
         with dev._lock:
