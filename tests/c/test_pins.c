@@ -225,6 +225,12 @@ int main(void)
 	pthread_create(&cy, NULL, cycler_main, NULL);
 	struct timespec ts = {SECONDS, 0};
 	nanosleep(&ts, NULL);
+	/* a loaded host (or TSan) may have run the threads little: give them
+	 * up to 30 s more to reach the counts the checks below need */
+	for (int i = 0; i < 300 && (atomic_load(&reads) <= 50 || atomic_load(&cycles) <= 50); i++) {
+		struct timespec tenth = {0, 100000000};
+		nanosleep(&tenth, NULL);
+	}
 	atomic_store(&stop, true);
 	pthread_join(r, NULL);
 	pthread_join(cy, NULL);
