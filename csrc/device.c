@@ -14,6 +14,7 @@
 #include "dev.h"
 #include "gate.h"
 #include "mode.h"
+#include "session.h"
 #include "staging.h"
 #include "targets.h"
 
@@ -319,6 +320,11 @@ static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len,
 	return 0;
 }
 
+int chm_prefetch_check(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
+{
+	return prefetch_args(dev, addr, len, flags);
+}
+
 int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
 {
 	if (!dev || !h)
@@ -329,7 +335,7 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 	rc = chm_enter(dev);
 	if (rc)
 		return rc;
-	chm_staging_prefetch(dev, 1, &addr, &len, flags, h, &rc);
+	chm_staging_prefetch(dev, CHM_SESSION_DEFAULT, 1, &addr, &len, flags, h, &rc);
 	chm_leave(dev);
 	return rc;
 }
@@ -348,7 +354,8 @@ int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const 
 	if (rc)
 		return 0;
 	if (ok)
-		ok = chm_staging_prefetch(dev, n, addrs, lens, flags, handles, results);
+		ok = chm_staging_prefetch(dev, CHM_SESSION_DEFAULT, n, addrs, lens, flags, handles,
+		                          results);
 	chm_leave(dev);
 	return ok;
 }
@@ -361,7 +368,8 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 	if (rc)
 		return rc;
 	/* without a window no handle was ever issued */
-	rc = dev->mode->staging ? chm_staging_wait(dev, h, timeout_ns, view) : -EINVAL;
+	rc = dev->mode->staging ? chm_staging_wait(dev, CHM_SESSION_DEFAULT, h, timeout_ns, view)
+	                        : -EINVAL;
 	chm_leave(dev);
 	return rc;
 }
@@ -372,7 +380,7 @@ int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handle
 		return -EINVAL;
 	/* release works while closing too (it only returns resources) */
 	if (dev->mode->staging)
-		return chm_staging_release(dev, n, handles, results);
+		return chm_staging_release(dev, CHM_SESSION_DEFAULT, n, handles, results);
 	int rc = dev_shut(dev) ? -ECANCELED : -EINVAL;
 	for (uint32_t i = 0; i < n; i++)
 		results[i] = rc;
