@@ -31,6 +31,7 @@
 #include <stdlib.h>
 
 #include "dev.h"
+#include "errdetail.h"
 #include "gate.h"
 #include "mode.h"
 #include "session.h"
@@ -86,9 +87,10 @@ int chm_sess_lookup(struct chm_dev *dev, chm_session s, uint32_t *idx)
 	uint32_t i = (uint32_t)(s & SESS_IDX_MASK);
 	uint64_t gen = (s >> SESS_GEN_SHIFT) & UINT32_MAX;
 	if ((uint16_t)(s >> SESS_TAG_SHIFT) != dev->tag || i == 0 || i >= dev->nsess || gen == 0)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "session %#llx is not one of this device's",
+		                  (unsigned long long)s);
 	if (!dev->sess[i].open || dev->sess[i].gen != gen)
-		return -ESTALE;
+		return chm_detail(-ESTALE, "session %#llx is closed", (unsigned long long)s);
 	*idx = i;
 	return 0;
 }
@@ -96,7 +98,10 @@ int chm_sess_lookup(struct chm_dev *dev, chm_session s, uint32_t *idx)
 int chm_sess_admit(struct chm_dev *dev, uint32_t si)
 {
 	const struct chm_sess *ss = &dev->sess[si];
-	return ss->used >= ss->quota ? -EAGAIN : 0;
+	if (ss->used >= ss->quota)
+		return chm_detail(-EAGAIN, "prefetch: the session's quota (%u) is in use",
+		                  ss->quota);
+	return 0;
 }
 
 void chm_sess_charge(struct chm_dev *dev, struct chm_slot *s, uint32_t si)
@@ -210,18 +215,21 @@ struct chm_req *chm_sess_dequeue(struct chm_dev *dev)
 
 int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
 {
+	chm_detail_clear();
 	if (!dev || !out || quota == 0)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "session_open: %s",
+		                  quota ? "a NULL argument" : "quota 0");
 	int rc = chm_enter(dev);
 	if (rc)
 		return rc;
 	if (!dev->mode->staging) {
 		chm_leave(dev);
-		return -EOPNOTSUPP; /* no window: no handle to scope */
+		/* no window: no handle to scope */
+		return chm_detail(-EOPNOTSUPP, "session_open: mode=direct has no staging window");
 	}
 	pthread_mutex_lock(&dev->lock);
 	if (!dev->sess_free) {
-		rc = -ENOSPC;
+		rc = chm_detail(-ENOSPC, "session_open: every session is open");
 	} else {
 		uint32_t si = dev->sess_free - 1;
 		struct chm_sess *ss = &dev->sess[si];
@@ -241,10 +249,12 @@ int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
 
 int chm_session_close(chm_dev *dev, chm_session s)
 {
+	chm_detail_clear();
 	if (!dev || s == CHM_SESSION_DEFAULT)
-		return -EINVAL;
-	if (!dev->mode->staging)
-		return -EINVAL; /* no session was ever opened */
+		return chm_detail(-EINVAL, "session_close: %s",
+		                  dev ? "the default session cannot be closed" : "NULL dev");
+	if (!dev->mode->staging) /* no session was ever opened */
+		return chm_detail(-EINVAL, "session_close: mode=direct has no sessions");
 	uint32_t start = 0, si;
 	pthread_mutex_lock(&dev->lock);
 	/* like release, close works while the device is closing, but not after
@@ -288,10 +298,13 @@ int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t
                          const uint64_t *lens, uint32_t flags, chm_handle *handles,
                          int32_t *results)
 {
+	chm_detail_clear();
 	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
-	if (!dev->mode->staging && s != CHM_SESSION_DEFAULT)
-		return -EINVAL; /* no session was ever opened */
+		return chm_detail(-EINVAL, "session_prefetch: %s",
+		                  n > CHM_BATCH_MAX ? "n is above CHM_BATCH_MAX"
+		                                    : "a NULL argument");
+	if (!dev->mode->staging && s != CHM_SESSION_DEFAULT) /* no session was ever opened */
+		return chm_detail(-EINVAL, "session_prefetch: mode=direct has no sessions");
 	int rc = chm_enter(dev);
 	int ok = 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -305,19 +318,23 @@ int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t
 	             ? chm_staging_prefetch(dev, s, n, addrs, lens, flags, handles, results)
 	             : 0;
 	chm_leave(dev);
+	if (n != 1)
+		chm_detail_clear(); /* an element's reason is not the call's */
 	return ok;
 }
 
 int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
                      struct chm_view *view)
 {
+	chm_detail_clear();
 	if (!dev || !view)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "session_wait: NULL %s", !dev ? "dev" : "view");
 	int rc = chm_enter(dev);
 	if (rc)
 		return rc;
 	/* without a window no handle or session was ever issued */
-	rc = dev->mode->staging ? chm_staging_wait(dev, s, h, timeout_ns, view) : -EINVAL;
+	rc = dev->mode->staging ? chm_staging_wait(dev, s, h, timeout_ns, view)
+	                        : chm_detail(-EINVAL, "session_wait: mode=direct has no sessions");
 	chm_leave(dev);
 	return rc;
 }
@@ -325,11 +342,18 @@ int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout
 int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
                         int32_t *results)
 {
+	chm_detail_clear();
 	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
-	if (dev->mode->staging) /* release works while closing too */
-		return chm_staging_release(dev, s, n, handles, results);
+		return chm_detail(-EINVAL, "session_release: %s",
+		                  n > CHM_BATCH_MAX ? "n is above CHM_BATCH_MAX"
+		                                    : "a NULL argument");
+	if (dev->mode->staging) { /* release works while closing too */
+		int ok = chm_staging_release(dev, s, n, handles, results);
+		if (n != 1)
+			chm_detail_clear(); /* an element's reason is not the call's */
+		return ok;
+	}
 	if (s != CHM_SESSION_DEFAULT)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "session_release: mode=direct has no sessions");
 	return chm_prefetch_release_many(dev, n, handles, results);
 }
