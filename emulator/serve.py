@@ -62,7 +62,7 @@ class ServeOptions:
     metrics: str | None = None  # host:port of a loopback Prometheus endpoint
     max_clients: int = 256
     # request entries (slots + queue) one client's session may hold at once
-    # (default: half the device's, sessions.default_quota)
+    # (default: all of the device's, sessions.default_quota)
     client_quota: int | None = None
 
 

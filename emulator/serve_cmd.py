@@ -8,7 +8,7 @@ A TOML file has the serve settings at the top level and the device options
     journal = "/var/lib/chm/kv.journal"
     force = []                 # refusal reasons to override, e.g. ["filesystem"]
     metrics = "127.0.0.1:9464" # optional Prometheus endpoint (loopback only)
-    client_quota = 16          # slots + queue entries per client (default: half the device's)
+    client_quota = 16          # slots + queue entries per client (default: all the device's)
 
     [device]
     targets = ["/dev/nvme1n1"]
@@ -121,7 +121,7 @@ def _quota(value: Any) -> int | None:
 @click.option(
     "--client-quota",
     type=click.IntRange(1, 2**32 - 1),
-    help="Slots + queue entries one client may hold at once (default: half the device's).",
+    help="Slots + queue entries one client may hold at once (default: all the device's).",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), help="Log level.")
 def serve(config_file: str | None, **flags: Any) -> None:

@@ -1,7 +1,7 @@
 """Per-client scopes of handles and pins inside the daemon.
 
 Each Scope is a C device session (``chm_session_open``) with the daemon's
-per-client quota: the device scopes the client's handles, holds it to at
+per-client quota (``client_quota``): the device scopes the client's handles, holds it to at
 most ``quota`` slots plus queue entries (-EAGAIN beyond), serves the refill
 queue round-robin across clients (one client flooding it delays another's
 prefetch by about one grant) and releases everything on
@@ -35,9 +35,13 @@ def _rc(exc: ChmError) -> int:
 
 
 def default_quota(slot_count: int, refill_queue: int) -> int:
-    """A client's quota when none is configured: half the device's request
-    entries (slots + refill queue), so no client can take them all."""
-    return max(1, (slot_count + refill_queue) // 2)
+    """A client's quota when none is configured: every request entry of the
+    device (slots + refill queue), so one client alone can use the whole
+    device as an embedded caller can. With several clients, a smaller
+    ``client_quota`` keeps one from taking every queue entry (the others'
+    prefetches would get -EAGAIN until it releases some); the queue is served
+    round-robin either way."""
+    return max(1, slot_count + refill_queue)
 
 
 class Scope:
