@@ -32,6 +32,7 @@
 #include <stdlib.h>
 
 #include "dev.h"
+#include "errdetail.h"
 #include "session.h"
 
 /* Session token: device tag in bits 63..48, generation in 47..16, index in
@@ -84,9 +85,10 @@ int chm_sess_lookup(struct chm_dev *dev, chm_session s, uint32_t *idx)
 	uint32_t i = (uint32_t)(s & SESS_IDX_MASK);
 	uint64_t gen = (s >> SESS_GEN_SHIFT) & UINT32_MAX;
 	if ((uint16_t)(s >> SESS_TAG_SHIFT) != dev->tag || i == 0 || i >= dev->nsess || gen == 0)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "session %#llx is not one of this device's",
+		                  (unsigned long long)s);
 	if (!dev->sess[i].open || dev->sess[i].gen != gen)
-		return -ESTALE;
+		return chm_detail(-ESTALE, "session %#llx is closed", (unsigned long long)s);
 	*idx = i;
 	return 0;
 }
@@ -94,7 +96,10 @@ int chm_sess_lookup(struct chm_dev *dev, chm_session s, uint32_t *idx)
 int chm_sess_admit(struct chm_dev *dev, uint32_t si)
 {
 	const struct chm_sess *ss = &dev->sess[si];
-	return ss->used >= ss->quota ? -EAGAIN : 0;
+	if (ss->used >= ss->quota)
+		return chm_detail(-EAGAIN, "prefetch: the session's quota (%u) is in use",
+		                  ss->quota);
+	return 0;
 }
 
 void chm_sess_charge(struct chm_dev *dev, struct chm_slot *s, uint32_t si)
@@ -211,7 +216,7 @@ int chm_sess_open(struct chm_dev *dev, uint32_t quota, chm_session *out)
 	pthread_mutex_lock(&dev->lock);
 	int rc = 0;
 	if (!dev->sess_free) {
-		rc = -ENOSPC;
+		rc = chm_detail(-ENOSPC, "session_open: every session is open");
 	} else {
 		uint32_t si = dev->sess_free - 1;
 		struct chm_sess *ss = &dev->sess[si];
