@@ -80,11 +80,18 @@ FAULTS: dict[str, int] = {
 }
 
 
+def state_name(kind: int, value: int) -> str | None:
+    """chm_state_name(): the name of state value of internal machine kind
+    (CHM_STATE_SLOT, _WBUF, _LINE), or None when there is no such state."""
+    name = lib.chm_state_name(kind, value)
+    return None if name == ffi.NULL else str(ffi.string(name).decode())
+
+
 def _state_names(kind: int) -> dict[str, int]:
     """{name: value} of one internal state machine, as the C core names it."""
     out: dict[str, int] = {}
-    while (name := lib.chm_state_name(kind, len(out))) != ffi.NULL:
-        out[ffi.string(name).decode()] = len(out)
+    while (name := state_name(kind, len(out))) is not None:
+        out[name] = len(out)
     return out
 
 
@@ -695,6 +702,7 @@ __all__ = [
     "prefetch_wait_buffer",
     "read",
     "read_into",
+    "state_name",
     "stats",
     "strerror",
     "struct_fields",
