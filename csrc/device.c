@@ -351,6 +351,11 @@ static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len,
 	return 0;
 }
 
+int chm_prefetch_check(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
+{
+	return prefetch_args(dev, addr, len, flags);
+}
+
 int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
 {
 	chm_detail_clear();
@@ -437,99 +442,6 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 	int32_t rc;
 	chm_prefetch_release_many(dev, 1, &h, &rc);
 	return rc;
-}
-
-/* ---- sessions (the table is session.c's, their requests staging's) ---- */
-
-int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
-{
-	chm_detail_clear();
-	if (!dev || !out || quota == 0)
-		return chm_detail(-EINVAL, "session_open: %s",
-		                  quota ? "a NULL argument" : "quota 0");
-	int rc = chm_enter(dev);
-	if (rc)
-		return rc;
-	/* no window: no handle to scope */
-	rc = dev->mode->staging
-	             ? chm_sess_open(dev, quota, out)
-	             : chm_detail(-EOPNOTSUPP, "session_open: mode=direct has no staging window");
-	chm_leave(dev);
-	return rc;
-}
-
-int chm_session_close(chm_dev *dev, chm_session s)
-{
-	chm_detail_clear();
-	if (!dev || s == CHM_SESSION_DEFAULT)
-		return chm_detail(-EINVAL, "session_close: %s",
-		                  dev ? "the default session cannot be closed" : "NULL dev");
-	if (!dev->mode->staging) /* no session was ever opened */
-		return chm_detail(-EINVAL, "session_close: mode=direct has no sessions");
-	return chm_staging_session_close(dev, s);
-}
-
-int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t *addrs,
-                         const uint64_t *lens, uint32_t flags, chm_handle *handles,
-                         int32_t *results)
-{
-	chm_detail_clear();
-	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
-		return chm_detail(-EINVAL, "session_prefetch: %s",
-		                  n > CHM_BATCH_MAX ? "n is above CHM_BATCH_MAX"
-		                                    : "a NULL argument");
-	if (!dev->mode->staging && s != CHM_SESSION_DEFAULT) /* no session was ever opened */
-		return chm_detail(-EINVAL, "session_prefetch: mode=direct has no sessions");
-	int rc = chm_enter(dev);
-	int ok = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		results[i] = rc ? rc : prefetch_args(dev, addrs[i], lens[i], flags);
-		ok += results[i] == 0;
-	}
-	if (rc)
-		return 0;
-	/* the session is checked even when no element is valid */
-	if (dev->mode->staging)
-		ok = chm_staging_prefetch(dev, s, n, addrs, lens, flags, handles, results);
-	chm_leave(dev);
-	if (n != 1)
-		chm_detail_clear(); /* an element's reason is not the call's */
-	return ok;
-}
-
-int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
-                     struct chm_view *view)
-{
-	chm_detail_clear();
-	if (!dev || !view)
-		return chm_detail(-EINVAL, "session_wait: NULL %s", !dev ? "dev" : "view");
-	int rc = chm_enter(dev);
-	if (rc)
-		return rc;
-	/* without a window no handle or session was ever issued */
-	rc = dev->mode->staging ? chm_staging_wait(dev, s, h, timeout_ns, view)
-	                        : chm_detail(-EINVAL, "session_wait: mode=direct has no sessions");
-	chm_leave(dev);
-	return rc;
-}
-
-int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
-                        int32_t *results)
-{
-	chm_detail_clear();
-	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
-		return chm_detail(-EINVAL, "session_release: %s",
-		                  n > CHM_BATCH_MAX ? "n is above CHM_BATCH_MAX"
-		                                    : "a NULL argument");
-	if (dev->mode->staging) { /* release works while closing too */
-		int ok = chm_staging_release(dev, s, n, handles, results);
-		if (n != 1)
-			chm_detail_clear(); /* an element's reason is not the call's */
-		return ok;
-	}
-	if (s != CHM_SESSION_DEFAULT)
-		return chm_detail(-EINVAL, "session_release: mode=direct has no sessions");
-	return chm_prefetch_release_many(dev, n, handles, results);
 }
 
 /* ---- stats ---- */

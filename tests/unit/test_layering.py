@@ -39,6 +39,7 @@ LAYERS: list[list[str]] = [
     ["mode_direct", "lru"],
     ["mode_prefetch"],
     ["device"],
+    ["session_api"],
 ]
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
