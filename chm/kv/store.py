@@ -117,7 +117,7 @@ class StoreStats:
         return asdict(self)
 
 
-def _metas(meta: Sequence[bytes | None] | None, n: int) -> list[bytes]:
+def check_meta(meta: Sequence[bytes | None] | None, n: int) -> list[bytes]:
     """put()'s per-key metadata, checked: bytes-like of at most MAX_META bytes."""
     if meta is None:
         return [b""] * n
@@ -540,7 +540,7 @@ class Store:
         ks = self._keys(keys)
         if len(srcs) != ks.size:
             raise InvalidArgument(None, f"put: {ks.size} keys but {len(srcs)} sources")
-        metas = _metas(meta, ks.size)
+        metas = check_meta(meta, ks.size)
         bufs = []
         for j, s in enumerate(srcs):
             b = as_src(s, f"source {j}")
