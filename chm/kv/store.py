@@ -491,7 +491,12 @@ class Store:
         return ok
 
     def info(self, key: Any) -> dict[str, Any] | None:
-        """The index entry of one engine key (see :meth:`entries`) or None."""
+        """The index entry of one key (see :meth:`entries`) or None: an engine
+        key, or a ``KEY_DTYPE`` array of one digest."""
+        if isinstance(key, np.ndarray):
+            if key.size != 1:
+                raise InvalidArgument(None, f"info: one key, not an array of {key.size}")
+            return self.entries(key)[0]
         return self.entries([key])[0]
 
     def entries(self, keys: Any) -> list[dict[str, Any] | None]:
