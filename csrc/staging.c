@@ -1,13 +1,16 @@
 /* staging.c - the staging window: fixed-depth slots, a bounded FIFO refill
  * queue and the issue-wait-release API.
  *
- * The window is slot_count slots of slot_stride bytes carved from the DRAM
- * pool (slot_stride = slot_size rounded up to 4 KiB, plus 4 KiB so that an
+ * The window is slot_count slots of slot_stride bytes of the memory the mode
+ * hands over: the front of the DRAM pool in prefetch mode, host view
+ * buffers in lru mode (slot_stride = slot_size rounded up to 4 KiB, plus 4 KiB so that an
  * unaligned object still fits after its fill is widened to 4 KiB sectors).
  * A request record (chm_req) exists for every issued, unreleased prefetch; it
- * is either QUEUED (waiting for a slot, FIFO) or SLOTTED. Handles name a
- * request record by index and generation, so a recycled record never
- * answers to an old handle.
+ * is either QUEUED (waiting for a slot in its session's FIFO; session.c
+ * serves the sessions round-robin) or SLOTTED. Handles name a request record
+ * by index and generation, so a recycled record never answers to an old
+ * handle; the record names its session, and a handle is used only through
+ * it.
  *
  * Locking: dev->lock guards every field here and is held for state changes
  * only. A read hit pins its slot (pins > 0), copies with the lock dropped and
@@ -15,19 +18,29 @@
  * DRAINING and the last unpin frees it; a write admitted over a pinned READY
  * slot marks it behind, and the last unpin re-overlays the log on it. Each
  * request record has its own condition variable, so a completion, release
- * or unpin wakes only that request's waiters. I/O is submitted to the
- * backend after the lock is dropped (a backend may complete inline and its
- * done() takes the lock); fills started under the lock are chained on a
- * start list and submitted by chm_staging_submit().
+ * or unpin wakes only that request's waiters. How a fill is done is the
+ * mode's (dev->mode's fill hooks: backend reads in prefetch mode, a read
+ * through the cache in lru mode); it is submitted after the lock is dropped
+ * (a backend may complete inline and its done() takes the lock): fills
+ * started under the lock are chained on a start list and submitted by
+ * chm_staging_submit(). The prefetch API's argument checks and the call gate
+ * are device.c's; this file sits below the modes and calls only the write
+ * buffer, the I/O mapping and the clock.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dev.h"
+#include "errdetail.h"
+#include "iomap.h"
+#include "mode.h"
+#include "session.h"
+#include "staging.h"
 #include "states.h"
+#include "wbuf.h"
 
 /* Handle layout (fw_spec/README.md 4.1): the device tag in bits 63..48, then
  * the request record's generation, then its index in the low idx_bits, the
@@ -48,10 +61,15 @@ static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out
 	uint32_t idx = (uint32_t)(low & ((UINT64_C(1) << dev->handle_idx_bits) - 1));
 	uint64_t gen = low >> dev->handle_idx_bits;
 	if ((uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag || idx >= dev->nreqs)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "handle %#llx is not one of this device's (%s)",
+		                  (unsigned long long)h,
+		                  (uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag
+		                          ? "another device tag"
+		                          : "no such request");
 	struct chm_req *r = &dev->reqs[idx];
 	if (r->state == CHM_REQ_FREE || r->gen != gen)
-		return -ESTALE;
+		return chm_detail(-ESTALE, "handle %#llx was released (or never issued)",
+		                  (unsigned long long)h);
 	*out = r;
 	return 0;
 }
@@ -142,8 +160,6 @@ uint64_t chm_staging_last_generation(struct chm_dev *dev)
 	return dev->handle_gen_last;
 }
 
-static void fill_io_done(struct chm_io *io);
-
 /* FREE -> FILLING for request r; chains the slot on *start for submission. */
 static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 {
@@ -152,6 +168,7 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	dev->slot_free_head = s->fnext;
 	s->fnext = 0;
 	slot_set(dev, s, CHM_SLOT_FILLING);
+	chm_sess_charge(dev, s, r->sess);
 	r->state = CHM_REQ_SLOTTED;
 	r->slot = (int32_t)si;
 	s->req = (int32_t)(r - dev->reqs);
@@ -166,29 +183,18 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	s->link_credit = 0;
 	s->stale = false;
 	s->behind = false;
+	s->repatch = false;
 	s->pins = 0;
+	s->fill_bytes = 0;
 	s->issue_ns = chm_now_ns(dev);
-	int n;
-	if (dev->cfg.mode == CHM_MODE_LRU) {
-		/* one job for a filler thread, which reads through the cache */
-		memset(&s->ios[0], 0, sizeof(s->ios[0]));
-		s->ios[0].len = (uint32_t)s->fill_len;
-		n = 1;
-	} else {
-		n = chm_map_ios(dev, CHM_IO_READ, s->fill_start, s->fill_len, s->buf, s->ios,
-		                dev->max_ios);
-		/* max_ios is sized from the slot stride at init: mapping cannot fail */
-		chm_wbuf_read_begin(dev, &s->rtok);
-	}
-	s->nios = (uint32_t)n;
-	s->ios_pending = (uint32_t)n;
+	unsigned n = dev->mode->fill_start(dev, s);
+	s->nios = n;
+	s->ios_pending = n;
 	uint64_t ready = s->issue_ns;
-	for (int i = 0; i < n; i++) {
+	for (unsigned i = 0; i < n; i++) {
 		struct chm_io *io = &s->ios[i];
-		io->done = fill_io_done;
+		io->done = chm_staging_fill_io_done;
 		io->ctx = s;
-		if (dev->cfg.mode != CHM_MODE_LRU)
-			io->model_done_ns = chm_timing_ssd(&dev->timing, 0, s->issue_ns, io->len);
 		if (io->model_done_ns > ready)
 			ready = io->model_done_ns;
 		s->ioptrs[i] = io;
@@ -198,18 +204,12 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	*start = si + 1;
 }
 
-/* Hands free slots to queued requests, FIFO. */
+/* Hands free slots to queued requests, round-robin across sessions. */
 static void queue_kick(struct chm_dev *dev, uint32_t *start)
 {
-	while (dev->slot_free_head && dev->q_head) {
-		struct chm_req *r = &dev->reqs[dev->q_head - 1];
-		dev->q_head = r->qnext;
-		if (!dev->q_head)
-			dev->q_tail = 0;
-		r->qnext = 0;
-		dev->q_len--;
+	struct chm_req *r;
+	while (dev->slot_free_head && (r = chm_sess_dequeue(dev)))
 		fill_start(dev, r, start);
-	}
 }
 
 static void req_wake(struct chm_dev *dev, int32_t ri)
@@ -218,15 +218,72 @@ static void req_wake(struct chm_dev *dev, int32_t ri)
 		pthread_cond_broadcast(&dev->reqs[ri].cond);
 }
 
-/* A behind slot leaves that condition (re-overlaid, or freed). Lock held. */
-static void slot_catch_up(struct chm_dev *dev, struct chm_slot *s, bool overlay)
+/* A behind slot that is freed leaves that condition. Lock held. */
+static void slot_drop_behind(struct chm_dev *dev, struct chm_slot *s)
 {
 	if (!s->behind)
 		return;
-	if (overlay)
-		chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
 	s->behind = false;
 	chm_wbuf_unpin_log(dev);
+}
+
+#define CATCH_UP_SEGS 32 /* log entries copied per catch-up round, unlocked */
+
+/* Brings behind slot s up to date with the write-buffer log (W10) without
+ * the device lock: the caller holds the only pin of s (so it is neither
+ * freed nor refilled), hits skip it and wait waits while it is behind, and
+ * the log is pinned (nothing moves or is reclaimed), so the copies run
+ * unlocked. A write admitted over it meanwhile sets repatch: the whole
+ * range is laid over again, oldest entry first, so that an older write
+ * never ends on top of a newer one. A slot released meanwhile (DRAINING)
+ * is not worth finishing. More overlapping entries than CATCH_UP_SEGS are
+ * laid over under the lock. Lock held on entry and exit. */
+static void slot_catch_up_copy(struct chm_dev *dev, struct chm_slot *s)
+{
+	struct chm_wbuf_seg seg[CATCH_UP_SEGS];
+	do {
+		s->repatch = false;
+		if (s->state == CHM_SLOT_DRAINING)
+			break;
+		int n = chm_wbuf_overlay_segs(dev, s->fill_start, s->fill_len, seg, CATCH_UP_SEGS);
+		if (n < 0) {
+			chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
+			continue;
+		}
+		if (n == 0)
+			continue;
+		pthread_mutex_unlock(&dev->lock);
+		for (int i = 0; i < n; i++)
+			memcpy(s->buf + (seg[i].addr - s->fill_start), seg[i].src, seg[i].len);
+		pthread_mutex_lock(&dev->lock);
+	} while (s->repatch);
+	s->behind = false;
+	chm_wbuf_unpin_log(dev);
+	req_wake(dev, s->req);
+}
+
+/* Marks READY slot s behind (hits skip it, wait waits) with a log pin. */
+static void slot_behind(struct chm_dev *dev, struct chm_slot *s)
+{
+	s->behind = true;
+	chm_wbuf_pin_log(dev);
+}
+
+/* Drops a pin of s. The last pin of a behind slot brings it up to date
+ * first (slot_catch_up_copy, lock dropped around the copies); the last pin
+ * of a DRAINING slot frees it (fills it starts are chained on *start).
+ * Lock held on entry and exit. */
+static void slot_unpin(struct chm_dev *dev, struct chm_slot *s, uint32_t *start)
+{
+	if (s->pins == 1 && s->behind && s->state != CHM_SLOT_DRAINING)
+		slot_catch_up_copy(dev, s); /* the writes it missed */
+	if (--s->pins == 0 && s->state == CHM_SLOT_DRAINING) {
+		slot_set(dev, s, CHM_SLOT_FREE); /* unpin_last */
+		slot_drop_behind(dev, s);
+		s->fnext = dev->slot_free_head;
+		dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
+		queue_kick(dev, start);
+	}
 }
 
 /* A slot becomes FREE (from any state via the event that fits). */
@@ -234,8 +291,9 @@ static void slot_free(struct chm_dev *dev, struct chm_slot *s, uint32_t *start)
 {
 	if (s->state == CHM_SLOT_READY || s->state == CHM_SLOT_HELD)
 		staged_unlink(dev, s);
-	slot_catch_up(dev, s, false);
+	slot_drop_behind(dev, s);
 	slot_set(dev, s, CHM_SLOT_FREE);
+	chm_sess_uncharge(dev, s);
 	s->req = -1;
 	s->fnext = dev->slot_free_head;
 	dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
@@ -255,7 +313,7 @@ static void lat_record(struct chm_dev *dev, uint64_t ns)
 	dev->st.refill_lat_sum_ns += ns;
 }
 
-static void fill_io_done(struct chm_io *io)
+void chm_staging_fill_io_done(struct chm_io *io)
 {
 	struct chm_slot *s = io->ctx;
 	struct chm_dev *dev = s->dev;
@@ -265,14 +323,13 @@ static void fill_io_done(struct chm_io *io)
 		s->err = s->err ? s->err : io->res;
 	else if ((uint64_t)io->res != io->len)
 		s->err = s->err ? s->err : -EIO; /* short transfer */
-	if (io->res > 0 && dev->cfg.mode == CHM_MODE_PREFETCH)
-		dev->st.bytes_read_ssd += (uint64_t)io->res;
+	if (io->res > 0)
+		s->fill_bytes += (uint64_t)io->res;
 	if (io->model_done_ns > s->ready_ns) /* a fault delayed it in the model */
 		s->ready_ns = io->model_done_ns;
 	if (--s->ios_pending == 0) {
 		uint64_t now = chm_now_ns(dev);
-		if (dev->cfg.mode == CHM_MODE_PREFETCH)
-			chm_wbuf_read_end(dev, &s->rtok);
+		dev->mode->fill_end(dev, s);
 		lat_record(dev, now - s->issue_ns);
 		if (dev->cfg.clock == CHM_CLOCK_REAL && dev->timing.enabled && now > s->ready_ns) {
 			dev->st.pacing_late++;
@@ -280,6 +337,7 @@ static void fill_io_done(struct chm_io *io)
 		}
 		if (s->req < 0) {
 			slot_set(dev, s, CHM_SLOT_FREE); /* fill_done_orphan */
+			chm_sess_uncharge(dev, s);
 			s->fnext = dev->slot_free_head;
 			dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
 			/* counted once, as cancelled, at release */
@@ -288,49 +346,22 @@ static void fill_io_done(struct chm_io *io)
 			slot_set(dev, s, CHM_SLOT_FAILED);
 			dev->st.prefetch_failed++;
 		} else {
-			chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
 			slot_set(dev, s, CHM_SLOT_READY);
 			staged_link(dev, s);
 			dev->st.prefetch_completed++;
+			if (chm_wbuf_overlay_segs(dev, s->fill_start, s->fill_len, NULL, 0)) {
+				/* buffered writes over the fill: READY but behind, laid
+				 * over here with the lock dropped around the copies */
+				slot_behind(dev, s);
+				s->pins++;
+				slot_unpin(dev, s, &start);
+			}
 		}
 		req_wake(dev, s->req);
 	}
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
-}
-
-/* ---- lru mode: prefetch hints filled through the cache ---- */
-
-static void lru_enqueue(struct chm_dev *dev, struct chm_slot *s)
-{
-	pthread_mutex_lock(&dev->lock);
-	dev->lq[(dev->lq_head + dev->lq_len) % dev->nslots] = (uint32_t)(s - dev->slots);
-	dev->lq_len++;
-	pthread_cond_signal(&dev->lq_cond);
-	pthread_mutex_unlock(&dev->lock);
-}
-
-static void *lru_filler_main(void *arg)
-{
-	struct chm_dev *dev = arg;
-	pthread_mutex_lock(&dev->lock);
-	for (;;) {
-		while (!dev->lq_len && !dev->lq_stop)
-			pthread_cond_wait(&dev->lq_cond, &dev->lock);
-		if (!dev->lq_len)
-			break; /* stopping and drained */
-		struct chm_slot *s = &dev->slots[dev->lq[dev->lq_head]];
-		dev->lq_head = (dev->lq_head + 1) % dev->nslots;
-		dev->lq_len--;
-		pthread_mutex_unlock(&dev->lock);
-		int rc = chm_lru_read(dev, s->addr, s->buf + (s->addr - s->fill_start), s->len);
-		s->ios[0].res = rc < 0 ? rc : (int32_t)s->ios[0].len;
-		fill_io_done(&s->ios[0]);
-		pthread_mutex_lock(&dev->lock);
-	}
-	pthread_mutex_unlock(&dev->lock);
-	return NULL;
 }
 
 void chm_staging_submit(struct chm_dev *dev, uint32_t head)
@@ -341,28 +372,33 @@ void chm_staging_submit(struct chm_dev *dev, uint32_t head)
 		 * and the slot may be freed and re-chained before submit returns */
 		uint32_t next = s->start_next;
 		uint32_t n = s->nios;
-		if (dev->cfg.mode == CHM_MODE_LRU) {
-			lru_enqueue(dev, s);
-			head = next;
-			continue;
-		}
-		int rc = dev->be_ops->submit(dev->be, s->ioptrs, n);
+		int rc = dev->mode->fill_submit(dev, s);
 		if (rc < 0) {
 			/* no done() will run for any of them: fail the fill */
 			for (uint32_t i = 0; i < n; i++) {
 				s->ioptrs[i]->res = rc;
-				fill_io_done(s->ioptrs[i]);
+				chm_staging_fill_io_done(s->ioptrs[i]);
 			}
 		}
 		head = next;
 	}
 }
 
-int chm_staging_init(struct chm_dev *dev)
+static uint64_t slot_stride(const struct chm_config *c)
+{
+	return CHM_ALIGN_UP(c->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
+}
+
+uint64_t chm_staging_mem_bytes(const struct chm_config *cfg)
+{
+	return (uint64_t)cfg->slot_count * slot_stride(cfg);
+}
+
+int chm_staging_init(struct chm_dev *dev, char *mem)
 {
 	struct chm_config *c = &dev->cfg;
 	dev->nslots = c->slot_count;
-	dev->slot_stride = CHM_ALIGN_UP(c->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
+	dev->slot_stride = slot_stride(c);
 	dev->nreqs = dev->nslots + c->refill_queue;
 	dev->handle_idx_bits = 1;
 	while (dev->nreqs >> dev->handle_idx_bits)
@@ -370,17 +406,6 @@ int chm_staging_init(struct chm_dev *dev)
 	dev->handle_gen_last = (UINT64_C(1) << (HANDLE_TAG_SHIFT - dev->handle_idx_bits)) - 1;
 	dev->max_ios = chm_map_max_ios(c, dev->slot_stride);
 	dev->staged_head = -1;
-	char *mem = (char *)dev->pool.base + dev->staging_off;
-	if (dev->cfg.mode == CHM_MODE_LRU) {
-		dev->view_mem_bytes = (uint64_t)dev->nslots * dev->slot_stride;
-		dev->view_mem = mmap(NULL, dev->view_mem_bytes, PROT_READ | PROT_WRITE,
-		                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-		if (dev->view_mem == MAP_FAILED) {
-			dev->view_mem = NULL;
-			return -ENOMEM;
-		}
-		mem = dev->view_mem;
-	}
 	dev->slots = calloc(dev->nslots, sizeof(*dev->slots));
 	if (!dev->slots)
 		goto err_slots;
@@ -398,6 +423,7 @@ int chm_staging_init(struct chm_dev *dev)
 		s->dev = dev;
 		s->state = CHM_SLOT_FREE;
 		s->req = -1;
+		s->sess = -1;
 		s->sprev = s->snext = -1;
 		s->buf = mem + (uint64_t)i * dev->slot_stride;
 		s->ios = &ios[(size_t)i * dev->max_ios];
@@ -418,29 +444,13 @@ int chm_staging_init(struct chm_dev *dev)
 	pthread_condattr_destroy(&rca);
 	dev->req_free_head = dev->nreqs ? 1 : 0;
 	dev->req_free_tail = dev->nreqs;
-	if (dev->cfg.mode == CHM_MODE_LRU) {
-		dev->lq = calloc(dev->nslots, sizeof(*dev->lq));
-		if (!dev->lq)
-			goto err_lq;
-		pthread_condattr_t ca;
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&dev->lq_cond, &ca);
-		pthread_condattr_destroy(&ca);
-		unsigned want = dev->nslots < 4 ? dev->nslots : 4;
-		for (; dev->lq_nthreads < want; dev->lq_nthreads++)
-			if (pthread_create(&dev->lq_threads[dev->lq_nthreads], NULL,
-			                   lru_filler_main, dev))
-				goto err_threads;
-	}
+	if (chm_sess_init(dev))
+		goto err_sess;
 	return 0;
 
-err_threads:
-	chm_staging_stop_fillers(dev);
-	pthread_cond_destroy(&dev->lq_cond);
-	free(dev->lq);
-	dev->lq = NULL;
-err_lq:
+err_sess:
+	for (uint32_t i = 0; i < dev->nreqs; i++)
+		pthread_cond_destroy(&dev->reqs[i].cond);
 	free(ptrs);
 err_ptrs:
 	free(ios);
@@ -451,39 +461,18 @@ err_reqs:
 	free(dev->slots);
 	dev->slots = NULL;
 err_slots:
-	if (dev->view_mem)
-		munmap(dev->view_mem, dev->view_mem_bytes);
-	dev->view_mem = NULL;
 	return -ENOMEM;
-}
-
-void chm_staging_stop_fillers(struct chm_dev *dev)
-{
-	pthread_mutex_lock(&dev->lock);
-	dev->lq_stop = true;
-	pthread_cond_broadcast(&dev->lq_cond);
-	pthread_mutex_unlock(&dev->lock);
-	for (unsigned i = 0; i < dev->lq_nthreads; i++)
-		pthread_join(dev->lq_threads[i], NULL);
-	dev->lq_nthreads = 0;
 }
 
 void chm_staging_fini(struct chm_dev *dev)
 {
-	if (dev->lq) {
-		pthread_cond_destroy(&dev->lq_cond);
-		free(dev->lq);
-		dev->lq = NULL;
-	}
-	if (dev->view_mem)
-		munmap(dev->view_mem, dev->view_mem_bytes);
-	dev->view_mem = NULL;
 	if (dev->slots) {
 		free(dev->slots[0].ios);
 		free(dev->slots[0].ioptrs);
 	}
 	for (uint32_t i = 0; dev->reqs && i < dev->nreqs; i++)
 		pthread_cond_destroy(&dev->reqs[i].cond);
+	chm_sess_fini(dev);
 	free(dev->slots);
 	free(dev->reqs);
 	dev->slots = NULL;
@@ -492,15 +481,11 @@ void chm_staging_fini(struct chm_dev *dev)
 
 void chm_staging_cancel_all(struct chm_dev *dev)
 {
-	while (dev->q_head) {
-		struct chm_req *r = &dev->reqs[dev->q_head - 1];
-		dev->q_head = r->qnext;
-		r->qnext = 0;
-		dev->q_len--;
+	struct chm_req *r;
+	while ((r = chm_sess_dequeue(dev))) {
 		dev->st.prefetch_cancelled++;
 		req_free(dev, r);
 	}
-	dev->q_tail = 0;
 	for (uint32_t i = 0; i < dev->nreqs; i++)
 		pthread_cond_broadcast(&dev->reqs[i].cond);
 }
@@ -533,46 +518,67 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 	/* pinned: not refilled, freed or patched while this copies */
 	memcpy(buf, s->buf + (addr - s->fill_start), len);
 	pthread_mutex_lock(&dev->lock);
-	if (--s->pins == 0) {
-		if (s->state == CHM_SLOT_DRAINING) {
-			slot_set(dev, s, CHM_SLOT_FREE); /* unpin_last */
-			slot_catch_up(dev, s, false);
-			s->fnext = dev->slot_free_head;
-			dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
-			queue_kick(dev, start);
+	slot_unpin(dev, s, start);
+	return true;
+}
+
+/* Brings staged copies that overlap a newly admitted object up to date
+ * (W10) without touching a held view (W11). A READY slot is marked behind
+ * (no hits, wait waits) and re-overlaid from the log by the last holder of
+ * a pin on it (slot_catch_up_copy, copies without the lock): by the caller
+ * itself when no hit is copying from it, else by the last of those hits.
+ * One that is behind already is caught up again (repatch). A HELD slot is
+ * read through its view without the lock: its bytes stay as wait handed
+ * them out, and the slot is marked stale so that chm_read of its range goes
+ * to the SSD with the write-buffer overlay (read-your-writes) instead. Lock
+ * held; dropped around the copies. */
+void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t *start)
+{
+	uint32_t mine = 0; /* slots to catch up here (index+1, via catch_next) */
+	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
+		struct chm_slot *s = &dev->slots[i];
+		uint64_t a = addr > s->fill_start ? addr : s->fill_start;
+		uint64_t b = addr + len < s->fill_start + s->fill_len ? addr + len
+		                                                      : s->fill_start + s->fill_len;
+		if (a >= b)
+			continue;
+		if (s->state == CHM_SLOT_HELD) {
+			s->stale = true;
 		} else if (s->behind) {
-			slot_catch_up(dev, s, true); /* the writes it missed */
-			req_wake(dev, s->req);
+			s->repatch = true;
+		} else {
+			slot_behind(dev, s);
+			if (!s->pins) {
+				s->pins++; /* ours, for the catch-up below */
+				s->catch_next = mine;
+				mine = (uint32_t)i + 1;
+			}
 		}
 	}
-	return true;
+	while (mine) {
+		struct chm_slot *s = &dev->slots[mine - 1];
+		mine = s->catch_next;
+		slot_unpin(dev, s, start);
+	}
 }
 
 /* ---- the API ---- */
 
-/* Checks a prefetch's arguments (no lock needed: the configuration is
- * fixed at open). */
-static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
+/* One prefetch with valid arguments in session si, inside the device
+ * (lock held). */
+static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint64_t len,
+                           uint32_t flags, chm_handle *h, uint32_t *start)
 {
-	if (len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
-		return -EINVAL;
-	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
-		return -EINVAL;
-	if (dev->cfg.mode == CHM_MODE_DIRECT)
-		return -EOPNOTSUPP;
-	if (len > dev->cfg.slot_bytes)
-		return -EINVAL;
-	return 0;
-}
-
-/* One prefetch with valid arguments, inside the device (lock held). */
-static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
-                           chm_handle *h, uint32_t *start)
-{
-	if (!dev->slot_free_head &&
-	    ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue)) {
+	bool full = !dev->slot_free_head &&
+	            ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue);
+	int rc = full ? chm_detail(-EAGAIN, "prefetch: %s",
+	                           flags & CHM_PF_NOQUEUE
+	                                   ? "no free slot (CHM_PF_NOQUEUE)"
+	                                   : "the refill queue is full (refill_queue)")
+	              : chm_sess_admit(dev, si); /* its quota, with its own reason */
+	if (rc) {
 		dev->st.prefetch_rejected++;
-		return -EAGAIN;
+		return rc;
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
 	 * (after 2^47 handles or more): then -EAGAIN while a release can still
@@ -580,78 +586,54 @@ static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uin
 	struct chm_req *r = req_alloc(dev);
 	if (!r) {
 		dev->st.prefetch_rejected++;
-		return dev->reqs_live ? -EAGAIN : -ENOSPC;
+		return chm_detail(
+		        dev->reqs_live ? -EAGAIN : -ENOSPC,
+		        "prefetch: every free request record is retired (reopen the device)");
 	}
 	r->addr = addr;
 	r->len = len;
+	r->sess = (uint16_t)si;
 	r->issue_ns = chm_now_ns(dev);
 	dev->st.prefetch_issued++;
 	if (dev->slot_free_head) {
 		fill_start(dev, r, start);
 	} else {
 		r->state = CHM_REQ_QUEUED;
-		uint32_t ri = (uint32_t)(r - dev->reqs) + 1;
-		if (dev->q_tail)
-			dev->reqs[dev->q_tail - 1].qnext = ri;
-		else
-			dev->q_head = ri;
-		dev->q_tail = ri;
-		dev->q_len++;
+		chm_sess_enqueue(dev, r);
 		dev->st.prefetch_queued++;
 	}
 	*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
 	return 0;
 }
 
-int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
+int chm_staging_prefetch(struct chm_dev *dev, chm_session sess, uint32_t n, const uint64_t *addrs,
+                         const uint64_t *lens, uint32_t flags, chm_handle *handles,
+                         int32_t *results)
 {
-	if (!dev || !h)
-		return -EINVAL;
-	int rc = prefetch_args(dev, addr, len, flags);
-	if (rc)
-		return rc;
-	uint32_t start = 0;
-	pthread_mutex_lock(&dev->lock);
-	rc = chm_enter(dev);
-	if (!rc) {
-		rc = prefetch_locked(dev, addr, len, flags, h, &start);
-		chm_leave(dev);
-	}
-	pthread_mutex_unlock(&dev->lock);
-	if (start)
-		chm_staging_submit(dev, start);
-	return rc;
-}
-
-int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
-                         uint32_t flags, chm_handle *handles, int32_t *results)
-{
-	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
-	uint32_t start = 0;
+	uint32_t start = 0, si;
 	int ok = 0;
 	pthread_mutex_lock(&dev->lock);
-	int rc = chm_enter(dev);
+	int rc = chm_sess_lookup(dev, sess, &si);
+	if (rc) {
+		pthread_mutex_unlock(&dev->lock);
+		return rc;
+	}
 	for (uint32_t i = 0; i < n; i++) {
-		int r = rc ? rc : prefetch_args(dev, addrs[i], lens[i], flags);
+		int r = results[i];
+		if (!r && lens[i] > dev->cfg.slot_bytes)
+			r = chm_detail(-EINVAL,
+			               "prefetch: len %llu is larger than a slot (slot_size %llu)",
+			               (unsigned long long)lens[i],
+			               (unsigned long long)dev->cfg.slot_bytes);
 		if (!r)
-			r = prefetch_locked(dev, addrs[i], lens[i], flags, &handles[i], &start);
+			r = prefetch_locked(dev, si, addrs[i], lens[i], flags, &handles[i], &start);
 		results[i] = r;
 		ok += r == 0;
 	}
-	if (!rc)
-		chm_leave(dev);
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
 	return ok;
-}
-
-static struct timespec ns_to_ts(uint64_t ns)
-{
-	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
-	                      .tv_nsec = (long)(ns % 1000000000ull)};
-	return ts;
 }
 
 /* The view crosses the host link once, when it is handed out; that pass is
@@ -664,13 +646,23 @@ static void host_transfer(struct chm_dev *dev, struct chm_slot *s, uint64_t len)
 		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
 }
 
-int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
+/* The handle h of session si (-EINVAL when another session's). */
+static int handle_lookup_in(struct chm_dev *dev, uint32_t si, chm_handle h, struct chm_req **out)
 {
-	if (!dev || !view)
-		return -EINVAL;
+	int rc = handle_lookup(dev, h, out);
+	if (!rc && (*out)->sess != si)
+		rc = chm_detail(-EINVAL, "handle %#llx belongs to another session",
+		                (unsigned long long)h);
+	return rc;
+}
+
+int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64_t timeout_ns,
+                     struct chm_view *view)
+{
 	struct chm_req *r;
+	uint32_t si;
 	pthread_mutex_lock(&dev->lock);
-	int rc = chm_enter(dev);
+	int rc = chm_sess_lookup(dev, sess, &si);
 	if (rc)
 		goto out_unlock;
 	uint64_t start_mono = chm_mono_ns();
@@ -679,15 +671,18 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 	for (;;) {
 		if (dev->closing) {
 			rc = -ECANCELED;
-			goto out_leave;
+			goto out_unlock;
 		}
-		rc = handle_lookup(dev, h, &r);
+		rc = handle_lookup_in(dev, si, h, &r);
 		if (rc)
-			goto out_leave;
+			goto out_unlock;
 		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
 		if (s && s->state == CHM_SLOT_FAILED) {
-			rc = -EIO;
-			goto out_leave;
+			rc = chm_detail(-EIO,
+			                "wait: the fill of handle %#llx failed (backing I/O); "
+			                "release it",
+			                (unsigned long long)h);
+			goto out_unlock;
 		}
 		if (s && s->state == CHM_SLOT_HELD)
 			break;
@@ -712,60 +707,55 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 				until = ready_mono;
 		}
 		if (timeout_ns == 0 || chm_mono_ns() >= deadline) {
-			rc = -ETIMEDOUT;
-			goto out_leave;
+			rc = chm_detail(
+			        -ETIMEDOUT, "wait: handle %#llx not staged within %llu ns (%s)",
+			        (unsigned long long)h, (unsigned long long)timeout_ns,
+			        r->state == CHM_REQ_QUEUED ? "queued for a slot" : "filling");
+			goto out_unlock;
 		}
 		if (until == UINT64_MAX) {
 			pthread_cond_wait(&r->cond, &dev->lock);
 		} else {
-			struct timespec ts = ns_to_ts(until);
+			struct timespec ts = chm_ns_to_timespec(until);
 			pthread_cond_timedwait(&r->cond, &dev->lock, &ts);
 		}
 	}
 	/* pacing may have dropped the lock: the handle could be gone */
-	rc = handle_lookup(dev, h, &r);
+	rc = handle_lookup_in(dev, si, h, &r);
 	if (rc)
-		goto out_leave;
+		goto out_unlock;
 	struct chm_slot *s = &dev->slots[r->slot];
 	view->data = s->buf + (r->addr - s->fill_start);
 	view->len = r->len;
 	view->dev_addr = r->addr;
 	/* lru-mode views are host copies, outside the pool */
-	view->pool_offset = dev->view_mem ? UINT64_MAX
-	                                  : (uint64_t)((char *)view->data - (char *)dev->pool.base);
+	char *pool = dev->pool.base;
+	bool in_pool =
+	        pool && (char *)view->data >= pool && (char *)view->data < pool + dev->pool.bytes;
+	view->pool_offset = in_pool ? (uint64_t)((char *)view->data - pool) : UINT64_MAX;
 	rc = 0;
-out_leave:
-	chm_leave(dev);
 out_unlock:
 	pthread_mutex_unlock(&dev->lock);
 	return rc;
 }
 
-/* One release (lock held). */
-static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
+/* One release in session si (lock held). */
+static int release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32_t *start)
 {
 	struct chm_req *r;
 	/* release works while closing too (it only returns resources), but not
 	 * after shutdown freed the request table */
-	int rc = dev->shut ? -ECANCELED : handle_lookup(dev, h, &r);
-	if (rc)
-		return rc;
+	int rc = dev->shut ? -ECANCELED : handle_lookup_in(dev, si, h, &r);
+	if (!rc)
+		chm_staging_release_req(dev, r, start);
+	return rc;
+}
+
+void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
+{
 	dev->st.prefetch_released++;
 	if (r->state == CHM_REQ_QUEUED) {
-		uint32_t ri = (uint32_t)(r - dev->reqs) + 1, prev = 0;
-		for (uint32_t q = dev->q_head; q; prev = q, q = dev->reqs[q - 1].qnext) {
-			if (q != ri)
-				continue;
-			if (prev)
-				dev->reqs[prev - 1].qnext = r->qnext;
-			else
-				dev->q_head = r->qnext;
-			if (dev->q_tail == ri)
-				dev->q_tail = prev;
-			break;
-		}
-		r->qnext = 0;
-		dev->q_len--;
+		chm_sess_unqueue(dev, r);
 		dev->st.prefetch_cancelled++;
 	} else {
 		struct chm_slot *s = &dev->slots[r->slot];
@@ -776,6 +766,7 @@ static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
 			/* hits still copy from it: the last unpin frees it */
 			staged_unlink(dev, s);
 			slot_set(dev, s, CHM_SLOT_DRAINING); /* release_pinned */
+			chm_sess_uncharge(dev, s);
 			s->req = -1;
 		} else {
 			slot_free(dev, s, start);
@@ -783,35 +774,42 @@ static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
 	}
 	req_free(dev, r);
 	pthread_cond_broadcast(&r->cond);
-	return 0;
 }
 
-int chm_prefetch_release(chm_dev *dev, chm_handle h)
+int chm_staging_release(struct chm_dev *dev, chm_session sess, uint32_t n,
+                        const chm_handle *handles, int32_t *results)
 {
-	if (!dev)
-		return -EINVAL;
-	uint32_t start = 0;
-	pthread_mutex_lock(&dev->lock);
-	int rc = release_locked(dev, h, &start);
-	pthread_mutex_unlock(&dev->lock);
-	if (start)
-		chm_staging_submit(dev, start);
-	return rc;
-}
-
-int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles, int32_t *results)
-{
-	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
-	uint32_t start = 0;
+	uint32_t start = 0, si = 0;
 	int ok = 0;
 	pthread_mutex_lock(&dev->lock);
+	/* after shutdown the session table is gone: every element is
+	 * -ECANCELED, whatever the session */
+	int rc = dev->shut ? 0 : chm_sess_lookup(dev, sess, &si);
+	if (rc) {
+		pthread_mutex_unlock(&dev->lock);
+		return rc;
+	}
 	for (uint32_t i = 0; i < n; i++) {
-		results[i] = release_locked(dev, handles[i], &start);
+		results[i] = release_locked(dev, si, handles[i], &start);
 		ok += results[i] == 0;
 	}
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
 	return ok;
+}
+
+void chm_staging_stats(struct chm_dev *dev, struct chm_stats *out)
+{
+	out->slots_total = dev->nslots;
+	out->slots_free = dev->slot_count_by_state[CHM_SLOT_FREE];
+	out->slots_filling = dev->slot_count_by_state[CHM_SLOT_FILLING];
+	out->slots_ready = dev->slot_count_by_state[CHM_SLOT_READY];
+	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD] +
+	                  dev->slot_count_by_state[CHM_SLOT_DRAINING];
+	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
+	out->queue_len = dev->q_len;
+	out->queue_cap = dev->cfg.refill_queue;
+	out->slot_bytes = dev->cfg.slot_bytes;
+	out->window_bytes = (uint64_t)dev->nslots * dev->slot_stride;
 }

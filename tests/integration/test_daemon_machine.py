@@ -37,6 +37,10 @@ class _WithRemoteHandles:
 
 
 class DaemonMachine(_Base):  # type: ignore[misc]
+    # The daemon client has no session API of its own (each client is one
+    # session of the daemon's device): no session rules here.
+    max_sessions = 0
+
     def create_device(self, targets: list[str], options: dict[str, Any]) -> RemoteDevice:
         self._sockdir = tempfile.mkdtemp(prefix="chm-machine-sock-")
         cfg = os.path.join(self._sockdir, "serve.toml")
@@ -47,8 +51,14 @@ class DaemonMachine(_Base):  # type: ignore[misc]
                          else f"{k} = {str(v).lower()}")  # fmt: skip
         with open(cfg, "w") as f:
             f.write("\n".join(lines) + "\n")
+        # the one client may hold every request entry of the device (the
+        # default client quota is half of them), so the embedded device's
+        # model holds for it
+        g = self.geometry
+        quota = str(g.slots + g.refill_queue)
         self._daemon = DaemonProcess(
-            ["--config", cfg, "--no-kv"], os.path.join(self._sockdir, "chm.sock")
+            ["--config", cfg, "--no-kv", "--client-quota", quota],
+            os.path.join(self._sockdir, "chm.sock"),
         ).start()
         return chm.connect(self._daemon.socket)
 

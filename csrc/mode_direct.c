@@ -1,0 +1,152 @@
+/* mode_direct.c - direct mode, the lower bound: no DRAM, every read and
+ * write goes to the SSD (DESIGN.md §3). Also the SSD read of any range that
+ * prefetch mode uses for a miss (chm_direct_read): through an aligned bounce
+ * buffer, with the write-buffer overlay on top when the device has one.
+ * No device lock is held for I/O or copies (the overlay is copied from the
+ * pinned log with the lock dropped); dev->lock is taken only for the
+ * write-buffer read bookkeeping and for pacing. Calls only downwards
+ * (write buffer, iomap, clock).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "dev.h"
+#include "iomap.h"
+#include "mode.h"
+#include "mode_direct.h"
+#include "wbuf.h"
+
+#define CHUNK_MAX (8ull << 20) /* bytes per bounce round */
+#define OVERLAY_SEGS 32        /* write-buffer entries copied unlocked per round */
+
+/* The write buffer's data over the caller's buffer (read your writes),
+ * copied with the lock dropped while the log is pinned; more than
+ * OVERLAY_SEGS overlapping entries are copied under the lock. Lock held on
+ * entry and exit. */
+static void overlay_unlocked(struct chm_dev *dev, uint64_t addr, char *out, uint64_t len)
+{
+	struct chm_wbuf_seg seg[OVERLAY_SEGS];
+	int n = chm_wbuf_overlay_segs(dev, addr, len, seg, OVERLAY_SEGS);
+	if (n < 0) {
+		chm_wbuf_overlay(dev, addr, out, len);
+		return;
+	}
+	if (n == 0)
+		return;
+	chm_wbuf_pin_log(dev);
+	pthread_mutex_unlock(&dev->lock);
+	for (int i = 0; i < n; i++)
+		memcpy(out + (seg[i].addr - addr), seg[i].src, seg[i].len);
+	pthread_mutex_lock(&dev->lock);
+	chm_wbuf_unpin_log(dev);
+}
+
+int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
+{
+	uint64_t bounce_len = CHUNK_MAX + 2 * CHM_FILL_ALIGN;
+	char *out = buf;
+	void *bounce;
+	if (posix_memalign(&bounce, CHM_FILL_ALIGN, bounce_len))
+		return -ENOMEM;
+	int rc = 0;
+	while (len) {
+		uint64_t n = len < CHUNK_MAX ? len : CHUNK_MAX;
+		uint64_t a0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN);
+		uint64_t a1 = CHM_ALIGN_UP(addr + n, CHM_FILL_ALIGN);
+		if (a1 > dev->cfg.capacity)
+			a1 = dev->cfg.capacity;
+		struct chm_read_tok tok;
+		uint64_t done;
+		pthread_mutex_lock(&dev->lock);
+		chm_wbuf_read_begin(dev, &tok);
+		pthread_mutex_unlock(&dev->lock);
+		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0, &done);
+		if (!rc) /* the caller's buffer: no lock needed for the bulk copy */
+			memcpy(out, (char *)bounce + (addr - a0), n);
+		pthread_mutex_lock(&dev->lock);
+		chm_wbuf_read_end(dev, &tok);
+		if (!rc) {
+			overlay_unlocked(dev, addr, out, n);
+			chm_pace(dev, done);
+		}
+		pthread_mutex_unlock(&dev->lock);
+		if (rc)
+			break;
+		addr += n;
+		out += n;
+		len -= n;
+	}
+	free(bounce);
+	return rc;
+}
+
+static int direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
+{
+	pthread_mutex_lock(&dev->lock);
+	dev->st.read_misses++;
+	pthread_mutex_unlock(&dev->lock);
+	return chm_direct_read(dev, addr, buf, len);
+}
+
+/* Write-through of an aligned range. */
+static int direct_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
+{
+	void *bounce;
+	if (posix_memalign(&bounce, CHM_FILL_ALIGN, CHUNK_MAX))
+		return -ENOMEM;
+	int rc = 0;
+	const char *p = buf;
+	while (len && !rc) {
+		uint64_t n = len < CHUNK_MAX ? len : CHUNK_MAX;
+		memcpy(bounce, p, n);
+		uint64_t done;
+		rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, addr, bounce, n, &done);
+		pthread_mutex_lock(&dev->lock);
+		chm_pace(dev, done);
+		pthread_mutex_unlock(&dev->lock);
+		addr += n;
+		p += n;
+		len -= n;
+	}
+	free(bounce);
+	return rc;
+}
+
+static int direct_flush(struct chm_dev *dev, uint64_t timeout_ns)
+{
+	(void)timeout_ns;
+	return chm_ssd_sync_all(dev); /* writes were synchronous */
+}
+
+static int direct_init(struct chm_dev *dev)
+{
+	(void)dev;
+	return 0;
+}
+
+static void direct_nothing(struct chm_dev *dev)
+{
+	(void)dev;
+}
+
+static void direct_stats(struct chm_dev *dev, struct chm_stats *out)
+{
+	(void)dev;
+	(void)out;
+}
+
+const struct chm_mode_ops chm_mode_direct_ops = {
+        .name = "direct",
+        .uses_pool = false,
+        .staging = false,
+        .init = direct_init,
+        .stop = direct_nothing,
+        .fini = direct_nothing,
+        .read = direct_read,
+        .write = direct_write,
+        .flush = direct_flush,
+        .stats = direct_stats,
+};
