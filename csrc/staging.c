@@ -808,6 +808,9 @@ void chm_staging_stats(struct chm_dev *dev, struct chm_stats *out)
 	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD] +
 	                  dev->slot_count_by_state[CHM_SLOT_DRAINING];
 	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
+	out->slots_catching_up = 0;
+	for (uint32_t i = 0; i < dev->nslots; i++)
+		out->slots_catching_up += dev->slots[i].behind;
 	out->queue_len = dev->q_len;
 	out->queue_cap = dev->cfg.refill_queue;
 	out->slot_bytes = dev->cfg.slot_bytes;
