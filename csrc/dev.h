@@ -98,17 +98,32 @@ void chm_pool_destroy(struct chm_pool *pool);
  * Timing model (timing.c). Pure functions over a state.
  */
 struct chm_timing_state {
+	pthread_mutex_t lock;      /* the model's own lock: guards the fields below,
+	                            * never held while taking dev->lock */
 	struct chm_timing p;       /* parameters */
 	bool enabled;              /* derived: any parameter non-zero */
 	uint64_t chan_free_ns[64]; /* per-channel busy-until on the device clock */
-	uint64_t link_free_ns;     /* link busy-until */
+	uint64_t link_free_ns;     /* device->host link direction busy-until */
+	uint64_t link_in_free_ns;  /* host->device link direction busy-until */
 	uint64_t ssd_read_free_ns, ssd_write_free_ns; /* bandwidth pipes */
 };
+/* The functions below take ts->lock themselves: callers may hold dev->lock
+ * or not. */
 void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p);
 /* Returns when an SSD transfer of len bytes submitted at now_ns completes. */
 uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len);
+/* Returns when an SSD transfer of a whole object of len bytes, split into
+ * pieces of at most piece bytes all submitted at now_ns, completes (the
+ * latest piece). The one SSD cost of an object in every mode. */
+uint64_t chm_timing_ssd_object(struct chm_timing_state *ts, int write, uint64_t now_ns,
+                               uint64_t len, uint64_t piece);
 /* Returns when a DRAM->host transfer of len bytes started at now_ns completes. */
 uint64_t chm_timing_host(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len);
+/* Returns when a host->DRAM transfer of len bytes started at now_ns completes
+ * (the link's other direction: a write does not hold up reads' transfers). */
+uint64_t chm_timing_host_in(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len);
+/* When the SSD read pipe is busy until (read pressure, virtual flusher). */
+uint64_t chm_timing_read_busy_until(struct chm_timing_state *ts);
 
 /* Write-buffer read token (see chm_wbuf_read_begin). */
 struct chm_read_tok {
@@ -220,7 +235,7 @@ struct chm_dev {
 
 	/* timing */
 	struct chm_timing_state timing;
-	uint64_t vclock_ns; /* CHM_CLOCK_VIRTUAL device clock */
+	uint64_t vclock_ns; /* CHM_CLOCK_VIRTUAL device clock (atomic, vclock.c) */
 	uint64_t t0_ns;     /* CLOCK_MONOTONIC at open */
 
 	struct chm_faults faults;
@@ -233,6 +248,24 @@ struct chm_dev {
 
 /* Device clock: virtual time or monotonic ns since open. Lock held or not. */
 uint64_t chm_now_ns(struct chm_dev *dev);
+
+/* The virtual clock (vclock.c): read, and raise to t (never lowered;
+ * returns the clock after). Lock held or not; lock-free. */
+uint64_t chm_vclock_now(const struct chm_dev *dev);
+uint64_t chm_vclock_raise(struct chm_dev *dev, uint64_t t);
+
+/* Ghost I/O without a buffer (backend_ghost.c): len bytes in pieces of at
+ * most piece bytes, op CHM_IO_READ or CHM_IO_WRITE, with the injected faults
+ * a ghost submit would apply to each piece. *delay_ns gets the largest
+ * fault delay. Returns 0 or the first piece's -errno (-EIO for short). */
+int chm_ghost_pieces(struct chm_dev *dev, int op, uint64_t len, uint64_t piece, uint64_t *delay_ns);
+
+/* True when writes carry no payload and lines, the write buffer and bounce
+ * buffers hold no data: the ghost backend. */
+static inline bool chm_nodata(const struct chm_dev *dev)
+{
+	return dev->cfg.backend == CHM_BACKEND_GHOST;
+}
 uint64_t chm_mono_ns(void);
 
 /* API entry/exit accounting so close can wait for callers. Lock held.
@@ -254,11 +287,15 @@ int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *
 unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len);
 
 /* Synchronous SSD transfer through the backend (blocks the caller). buf must
- * be CHM_IO_ALIGN-aligned, addr/len too. Each I/O is charged to the timing
- * model at submission; *done_ns (may be NULL) gets the latest modeled
+ * be CHM_IO_ALIGN-aligned, addr/len too. The transfer is charged to the
+ * timing model once, as one object, at submission; *done_ns (may be NULL) gets the latest modeled
  * completion, fault delays included. Returns 0 or -errno. */
 int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
                     uint64_t *done_ns);
+/* The same transfer with the model charged by the caller: each I/O carries
+ * model_ns as its modeled completion (fault delays added on top). */
+int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
+                    uint64_t model_ns, uint64_t *done_ns);
 
 /* fdatasync of every target through the backend (blocks). */
 int chm_ssd_sync_all(struct chm_dev *dev);
@@ -299,6 +336,10 @@ void chm_wbuf_fini(struct chm_dev *dev); /* flushes (best effort), stops */
 /* Admits (0) or skips (CHM_WRITE_SKIPPED); never waits for the SSD. */
 int chm_wbuf_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
 int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns);
+/* Virtual time: runs the flusher up to the device clock (completes the
+ * batches the model has finished by then, starts those due). Lock held;
+ * a no-op without a write buffer or in real time. */
+void chm_wbuf_vt_advance(struct chm_dev *dev);
 /* Overlays buffered data on [addr,addr+len) in buf, oldest first. Lock held. */
 void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
 /* Read-side bookkeeping: an SSD read in flight keeps buffered entries that
@@ -319,6 +360,10 @@ int chm_lru_init(struct chm_dev *dev);  /* starts the write-back thread */
 void chm_lru_fini(struct chm_dev *dev); /* writes back dirty lines, stops */
 int chm_lru_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
 int chm_lru_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
+/* A prefetch hint's fill: reads through the cache into buf without the host
+ * link; in virtual time it does not move the clock and *done_ns gets the
+ * modeled completion. */
+int chm_lru_fill(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len, uint64_t *done_ns);
 int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns);    /* dirty -> durable */
 void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
 

@@ -61,15 +61,15 @@ uint64_t chm_mono_ns(void)
 uint64_t chm_now_ns(struct chm_dev *dev)
 {
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
-		return dev->vclock_ns;
+		return chm_vclock_now(dev);
 	return chm_mono_ns() - dev->t0_ns;
 }
 
 void chm_pace(struct chm_dev *dev, uint64_t done_ns)
 {
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
-		if (dev->vclock_ns < done_ns)
-			dev->vclock_ns = done_ns;
+		chm_vclock_raise(dev, done_ns);
+		chm_wbuf_vt_advance(dev); /* what the flusher did meanwhile */
 		return;
 	}
 	if (!dev->timing.enabled)
@@ -221,8 +221,8 @@ static int run_ios(struct chm_dev *dev, struct chm_io *ios, unsigned n, uint64_t
 	return rc < 0 ? rc : w.err;
 }
 
-int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
-                    uint64_t *done_ns)
+int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
+                    uint64_t model_ns, uint64_t *done_ns)
 {
 	const uint64_t round_max = 32ull << 20;
 	unsigned max = chm_map_max_ios(&dev->cfg, len < round_max ? len : round_max);
@@ -230,7 +230,7 @@ int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 	if (!ios)
 		return -ENOMEM;
 	char *p = buf;
-	uint64_t moved, done, latest = 0;
+	uint64_t moved, done, latest = model_ns;
 	int rc = 0;
 	while (len && !rc) {
 		uint64_t round = len < round_max ? len : round_max;
@@ -239,12 +239,8 @@ int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 			rc = n;
 			break;
 		}
-		pthread_mutex_lock(&dev->lock);
-		uint64_t now = chm_now_ns(dev);
 		for (int i = 0; i < n; i++)
-			ios[i].model_done_ns =
-			        chm_timing_ssd(&dev->timing, op == CHM_IO_WRITE, now, ios[i].len);
-		pthread_mutex_unlock(&dev->lock);
+			ios[i].model_done_ns = model_ns;
 		rc = run_ios(dev, ios, (unsigned)n, &moved, &done);
 		pthread_mutex_lock(&dev->lock);
 		if (op == CHM_IO_READ)
@@ -261,6 +257,14 @@ int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 	if (done_ns)
 		*done_ns = latest;
 	return rc;
+}
+
+int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
+                    uint64_t *done_ns)
+{
+	uint64_t model = chm_timing_ssd_object(&dev->timing, op == CHM_IO_WRITE, chm_now_ns(dev),
+	                                       len, dev->cfg.max_io);
+	return chm_ssd_rw_data(dev, op, addr, buf, len, model, done_ns);
 }
 
 /* fdatasync every target through the backend. */
@@ -741,15 +745,47 @@ static int check_range(const struct chm_dev *dev, uint64_t addr, uint64_t len)
 	return 0;
 }
 
-/* SSD read of an arbitrary range through an aligned bounce buffer. */
+/* A miss without a payload (ghost): the SSD read of the whole widened
+ * range as one object, then the link, the faults a ghost read would see, no
+ * copy. */
+static int read_miss_nodata(struct chm_dev *dev, uint64_t addr, uint64_t len)
+{
+	uint64_t a0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN);
+	uint64_t a1 = CHM_ALIGN_UP(addr + len, CHM_FILL_ALIGN);
+	uint64_t delay, done;
+	if (a1 > dev->cfg.capacity)
+		a1 = dev->cfg.capacity;
+	done = chm_timing_ssd_object(&dev->timing, 0, chm_now_ns(dev), a1 - a0, dev->cfg.max_io);
+	int rc = chm_ghost_pieces(dev, CHM_IO_READ, a1 - a0, dev->cfg.max_io, &delay);
+	pthread_mutex_lock(&dev->lock);
+	if (!rc) {
+		dev->st.bytes_read_ssd += a1 - a0;
+		chm_pace(dev, chm_timing_host(&dev->timing, done + delay, len));
+	}
+	pthread_mutex_unlock(&dev->lock);
+	return rc;
+}
+
+/* SSD read of an arbitrary range through an aligned bounce buffer. The
+ * model charges the whole widened range as one object at the start and the
+ * link after it (store and forward), whatever the chunks of the copy. */
 static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len)
 {
+	if (chm_nodata(dev))
+		return read_miss_nodata(dev, addr, len);
 	const uint64_t chunk_max = 8u << 20;
 	uint64_t bounce_len = chunk_max + 2 * CHM_FILL_ALIGN;
 	void *bounce;
 	if (posix_memalign(&bounce, CHM_FILL_ALIGN, bounce_len))
 		return -ENOMEM;
 	int rc = 0;
+	uint64_t r0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN),
+	         r1 = CHM_ALIGN_UP(addr + len, CHM_FILL_ALIGN);
+	if (r1 > dev->cfg.capacity)
+		r1 = dev->cfg.capacity;
+	uint64_t total = len;
+	uint64_t model =
+	        chm_timing_ssd_object(&dev->timing, 0, chm_now_ns(dev), r1 - r0, dev->cfg.max_io);
 	while (len) {
 		uint64_t n = len < chunk_max ? len : chunk_max;
 		uint64_t a0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN);
@@ -761,23 +797,28 @@ static int read_miss(struct chm_dev *dev, uint64_t addr, char *buf, uint64_t len
 		pthread_mutex_lock(&dev->lock);
 		chm_wbuf_read_begin(dev, &tok);
 		pthread_mutex_unlock(&dev->lock);
-		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0, &done);
+		rc = chm_ssd_rw_data(dev, CHM_IO_READ, a0, bounce, a1 - a0, model, &done);
 		if (!rc) /* the caller's buffer: no lock needed for the bulk copy */
 			memcpy(buf, (char *)bounce + (addr - a0), n);
 		pthread_mutex_lock(&dev->lock);
 		chm_wbuf_read_end(dev, &tok);
-		if (!rc) {
+		if (!rc)
 			chm_wbuf_overlay(dev, addr, buf, n);
-			chm_pace(dev, done);
-		}
 		pthread_mutex_unlock(&dev->lock);
 		if (rc)
 			break;
+		/* a fault's delay (done past the charge) shows in the model */
+		model = done > model ? done : model;
 		addr += n;
 		buf += n;
 		len -= n;
 	}
 	free(bounce);
+	if (!rc) {
+		pthread_mutex_lock(&dev->lock);
+		chm_pace(dev, chm_timing_host(&dev->timing, model, total));
+		pthread_mutex_unlock(&dev->lock);
+	}
 	return rc;
 }
 
@@ -822,34 +863,48 @@ out_unlock:
 	return rc;
 }
 
-/* Write-through of an aligned range (direct mode). */
+/* Write-through of an aligned range (direct mode): the host->device link,
+ * then the SSD write of the whole object (store and forward), blocking. */
 static int write_through(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
 {
+	uint64_t in_done = chm_timing_host_in(&dev->timing, chm_now_ns(dev), len);
+	uint64_t model = chm_timing_ssd_object(&dev->timing, 1, in_done, len, dev->cfg.max_io),
+	         done;
+	int rc = 0;
+	if (chm_nodata(dev)) { /* no payload: nothing to copy or move */
+		uint64_t delay;
+		rc = chm_ghost_pieces(dev, CHM_IO_WRITE, len, dev->cfg.max_io, &delay);
+		pthread_mutex_lock(&dev->lock);
+		if (!rc)
+			dev->st.bytes_written_ssd += len;
+		chm_pace(dev, model + delay);
+		pthread_mutex_unlock(&dev->lock);
+		return rc;
+	}
 	const uint64_t chunk_max = 8u << 20;
 	void *bounce;
 	if (posix_memalign(&bounce, CHM_FILL_ALIGN, chunk_max))
 		return -ENOMEM;
-	int rc = 0;
 	const char *p = buf;
 	while (len && !rc) {
 		uint64_t n = len < chunk_max ? len : chunk_max;
 		memcpy(bounce, p, n);
-		uint64_t done;
-		rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, addr, bounce, n, &done);
-		pthread_mutex_lock(&dev->lock);
-		chm_pace(dev, done);
-		pthread_mutex_unlock(&dev->lock);
+		rc = chm_ssd_rw_data(dev, CHM_IO_WRITE, addr, bounce, n, model, &done);
+		model = done > model ? done : model;
 		addr += n;
 		p += n;
 		len -= n;
 	}
 	free(bounce);
+	pthread_mutex_lock(&dev->lock);
+	chm_pace(dev, model);
+	pthread_mutex_unlock(&dev->lock);
 	return rc;
 }
 
 int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len, uint32_t flags)
 {
-	if (!dev || !buf || flags)
+	if (!dev || flags || (!buf && !chm_nodata(dev)))
 		return -EINVAL;
 	int rc = check_range(dev, addr, len);
 	if (rc)

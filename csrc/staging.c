@@ -183,14 +183,17 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	s->nios = (uint32_t)n;
 	s->ios_pending = (uint32_t)n;
 	uint64_t ready = s->issue_ns;
+	/* prefetch mode: the SSD read of the widened object, charged once (lru
+	 * mode: its filler charges the cache's own misses) */
+	if (dev->cfg.mode != CHM_MODE_LRU)
+		ready = chm_timing_ssd_object(&dev->timing, 0, s->issue_ns, s->fill_len,
+		                              dev->cfg.max_io);
 	for (int i = 0; i < n; i++) {
 		struct chm_io *io = &s->ios[i];
 		io->done = fill_io_done;
 		io->ctx = s;
 		if (dev->cfg.mode != CHM_MODE_LRU)
-			io->model_done_ns = chm_timing_ssd(&dev->timing, 0, s->issue_ns, io->len);
-		if (io->model_done_ns > ready)
-			ready = io->model_done_ns;
+			io->model_done_ns = ready;
 		s->ioptrs[i] = io;
 	}
 	s->ready_ns = ready;
@@ -311,6 +314,17 @@ static void lru_enqueue(struct chm_dev *dev, struct chm_slot *s)
 	pthread_mutex_unlock(&dev->lock);
 }
 
+/* Fills slot s through the cache (lock not held): the hint's lines come
+ * in from the SSD, the host link is left to the wait. */
+static void lru_fill_slot(struct chm_dev *dev, struct chm_slot *s)
+{
+	uint64_t done = 0;
+	int rc = chm_lru_fill(dev, s->addr, s->buf + (s->addr - s->fill_start), s->len, &done);
+	s->ios[0].res = rc < 0 ? rc : (int32_t)s->ios[0].len;
+	s->ios[0].model_done_ns = done;
+	fill_io_done(&s->ios[0]);
+}
+
 static void *lru_filler_main(void *arg)
 {
 	struct chm_dev *dev = arg;
@@ -324,9 +338,7 @@ static void *lru_filler_main(void *arg)
 		dev->lq_head = (dev->lq_head + 1) % dev->nslots;
 		dev->lq_len--;
 		pthread_mutex_unlock(&dev->lock);
-		int rc = chm_lru_read(dev, s->addr, s->buf + (s->addr - s->fill_start), s->len);
-		s->ios[0].res = rc < 0 ? rc : (int32_t)s->ios[0].len;
-		fill_io_done(&s->ios[0]);
+		lru_fill_slot(dev, s);
 		pthread_mutex_lock(&dev->lock);
 	}
 	pthread_mutex_unlock(&dev->lock);
@@ -342,7 +354,12 @@ void chm_staging_submit(struct chm_dev *dev, uint32_t head)
 		uint32_t next = s->start_next;
 		uint32_t n = s->nios;
 		if (dev->cfg.mode == CHM_MODE_LRU) {
-			lru_enqueue(dev, s);
+			/* virtual time: inline, in call order, so a replay is
+			 * the same every run; real time: a filler thread */
+			if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
+				lru_fill_slot(dev, s);
+			else
+				lru_enqueue(dev, s);
 			head = next;
 			continue;
 		}
@@ -695,8 +712,7 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 		/* behind: the last unpin brings it up to date, then wakes us */
 		if (s && s->state == CHM_SLOT_READY && !s->behind) {
 			if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
-				if (dev->vclock_ns < s->ready_ns)
-					dev->vclock_ns = s->ready_ns;
+				chm_pace(dev, s->ready_ns); /* virtual: never drops the lock */
 				slot_set(dev, s, CHM_SLOT_HELD);
 				host_transfer(dev, s, r->len);
 				break;
