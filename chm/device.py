@@ -551,9 +551,35 @@ class Device:
         ptr = self._ptr
         if ptr is None:
             raise _closed_error("chm_prefetch_object")
-        h = Handle(self, _prefetch(ptr, addr, length, _NOQUEUE if noqueue else 0))
+        try:
+            h = Handle(self, _prefetch(ptr, addr, length, _NOQUEUE if noqueue else 0))
+        except InvalidArgument:
+            big = self._too_big("prefetch", length)
+            if big is not None:
+                raise big from None
+            raise
         self._handles[h.token] = _ref(h)
         return h
+
+    def _too_big(self, what: str, length: object) -> InvalidArgument | None:
+        """The configuration error for an object no slot or write buffer can take."""
+        if not isinstance(length, int) or isinstance(length, bool):
+            return None
+        cfg = self._config
+        if what == "prefetch" and cfg.mode != "direct" and length > cfg.slot_bytes:
+            limit, opt = cfg.slot_bytes, "slot_size"
+        elif what == "write" and cfg.mode == "prefetch" and length > cfg.wbuf_bytes:
+            limit, opt = cfg.wbuf_bytes, "wbuf"
+        else:
+            return None
+        call = "chm_prefetch_object" if what == "prefetch" else "chm_write_object"
+        return InvalidArgument(
+            None,
+            f"{what} of a {length}-byte object: larger than {opt}={limit} bytes, so "
+            f"it can never succeed (a configuration error); open the device with "
+            f"{opt} >= {length}, or object_size={length} to size the defaults",
+            call=call,
+        )
 
     def prefetch_many(
         self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
@@ -635,8 +661,10 @@ class Device:
         out: list[bool | ChmError] = []
         for i, rc in enumerate(rcs):
             if rc < 0:
-                args = f"addr={addrs[i]:#x}, len={len(datas[i])}"
-                out.append(_ll.status_error(rc, "chm_write_objects", args))
+                n = len(datas[i])
+                big = self._too_big("write", n) if rc == -errno.EINVAL else None
+                args = f"addr={addrs[i]:#x}, len={n}"
+                out.append(big or _ll.status_error(rc, "chm_write_objects", args))
             else:
                 out.append(rc != _ll.WRITE_SKIPPED)
         return out
@@ -694,7 +722,13 @@ class Device:
         direct-I/O granularity, ``chm._lowlevel.IO_ALIGN``); otherwise
         InvalidArgument. Reads and prefetches have no such rule.
         """
-        rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)
+        try:
+            rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)
+        except InvalidArgument:
+            big = self._too_big("write", memoryview(data).nbytes if data is not None else 0)
+            if big is not None:
+                raise big from None
+            raise
         return rc != _ll.WRITE_SKIPPED
 
     def write_length(self, addr: int, length: int) -> bool:
@@ -711,7 +745,13 @@ class Device:
                 f"needs the ghost backend, not {self._config.backend!r}",
                 call="chm_write_object",
             )
-        rc = _ll.write_length(self._p("chm_write_object"), addr, length)
+        try:
+            rc = _ll.write_length(self._p("chm_write_object"), addr, length)
+        except InvalidArgument:
+            big = self._too_big("write", length)
+            if big is not None:
+                raise big from None
+            raise
         return rc != _ll.WRITE_SKIPPED
 
     def clock_ns(self) -> int:

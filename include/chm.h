@@ -157,6 +157,7 @@ struct chm_config {
 	int32_t clock;                 /* enum chm_clock_kind */
 	uint32_t flush_high_water_pct; /* wbuf fill that forces flushing */
 	struct chm_timing timing;      /* zero = no pacing */
+	uint64_t object_bytes;         /* size of the caller's objects; 0 = not given */
 };
 
 /* Description of one configuration option (see chm_config_option()). */
