@@ -174,8 +174,10 @@ def test_clock_calls_refuse_bad_input() -> None:
         with pytest.raises(NotSupported):
             dev.advance_clock(10**9)
         assert dev.clock_ns() >= 0
-    with chm.Device.open(
-        backend="pread", capacity="64M", dram="16M", wbuf="4M", slot_size="1M"
-    ) as dev:
-        with pytest.raises(InvalidArgument, match="ghost backend"):
-            dev.write_length(0, 4096)
+    with (
+        chm.Device.open(
+            backend="pread", capacity="64M", dram="16M", wbuf="4M", slot_size="1M"
+        ) as dev,
+        pytest.raises(InvalidArgument, match="ghost backend"),
+    ):
+        dev.write_length(0, 4096)
