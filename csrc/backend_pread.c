@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "dev.h"
 
 #define PREAD_MAX_WORKERS 8
@@ -68,17 +69,6 @@ static void pread_execute(struct chm_dev *dev, struct chm_io *io)
 		io->res = pread_transfer(fd, io->op, io->buf, io->len, io->offset);
 }
 
-static void sleep_ns(uint64_t ns)
-{
-	struct timespec ts = {
-	        .tv_sec = (time_t)(ns / 1000000000u),
-	        .tv_nsec = (long)(ns % 1000000000u),
-	};
-
-	while (nanosleep(&ts, &ts) && errno == EINTR)
-		;
-}
-
 static void *pread_worker(void *arg)
 {
 	struct pread_be *pb = arg;
@@ -103,7 +93,7 @@ static void *pread_worker(void *arg)
 		pread_execute(pb->dev, io);
 		delay = chm_fault_apply(pb->dev, io);
 		if (delay)
-			sleep_ns(delay);
+			chm_sleep_ns(delay);
 		io->done(io);
 
 		pthread_mutex_lock(&pb->lock);

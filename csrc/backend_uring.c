@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "dev.h"
 
 #define URING_PIECE_SHIFT 30      /* a registered buffer is at most 1 GiB */
@@ -222,24 +223,10 @@ static bool uring_account(struct chm_io *io, int res)
 	return (uint32_t)io->res >= io->len;
 }
 
-static void sleep_until(const struct timespec *t0, uint64_t delay_ns)
-{
-	struct timespec t = *t0;
-
-	t.tv_sec += (time_t)(delay_ns / 1000000000u);
-	t.tv_nsec += (long)(delay_ns % 1000000000u);
-	if (t.tv_nsec >= 1000000000L) {
-		t.tv_sec++;
-		t.tv_nsec -= 1000000000L;
-	}
-	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) == EINTR)
-		;
-}
-
 /* Applies faults and calls done() for finished ios. No lock held. */
 static void uring_complete(struct uring_be *ub, struct chm_io **ios, unsigned n)
 {
-	struct timespec t0;
+	uint64_t t0 = 0;
 	bool have_t0 = false;
 	uint64_t delay;
 	unsigned i;
@@ -249,10 +236,10 @@ static void uring_complete(struct uring_be *ub, struct chm_io **ios, unsigned n)
 		if (delay) {
 			/* A batch completed together is late together. */
 			if (!have_t0) {
-				clock_gettime(CLOCK_MONOTONIC, &t0);
+				t0 = chm_mono_ns();
 				have_t0 = true;
 			}
-			sleep_until(&t0, delay);
+			chm_sleep_until_ns(t0 + delay);
 		}
 		ios[i]->done(ios[i]);
 	}

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -20,6 +21,7 @@ _Static_assert(CHM_HIST_BUCKETS == 32, "refill_lat_hist is [32]");
 
 struct chm_dev;
 struct chm_backend;
+struct chm_mode_ops;
 
 /* ---------------------------------------------------------------------------
  * Backend I/O: one contiguous transfer to one target.
@@ -162,6 +164,7 @@ struct chm_slot {
 	uint64_t fill_len;   /* aligned bytes being read */
 	char *buf;           /* slot memory in the pool */
 	uint32_t ios_pending;
+	uint64_t fill_bytes;      /* bytes the fill's ios moved so far */
 	int32_t err;              /* first -errno of the fill */
 	uint64_t issue_ns;        /* device clock when the fill started */
 	uint64_t ready_ns;        /* modeled completion (device clock) */
@@ -196,12 +199,17 @@ struct chm_dev {
 	const struct chm_backend_ops *be_ops;
 	struct chm_backend *be;
 
-	pthread_mutex_t lock; /* guards everything below */
-	pthread_cond_t cond;  /* broadcast on any completion / release */
-	bool closing;
-	bool shut;                /* chm_dev_shutdown finished: resources freed */
-	uint32_t active_calls;    /* callers inside the device */
+	const struct chm_mode_ops *mode; /* prefetch | lru | direct (mode.h) */
+
+	/* call gate (gate.c): atomics, and gate_lock for the close that waits */
+	_Atomic bool closing;
+	_Atomic uint32_t active_calls; /* callers inside the device */
+	pthread_mutex_t gate_lock;
 	pthread_cond_t idle_cond; /* signalled when active_calls drops to 0 */
+
+	pthread_mutex_t lock; /* guards everything below */
+	pthread_cond_t cond;  /* lru and write-buffer waits: a line, a flush */
+	bool shut;            /* chm_dev_shutdown finished: resources freed */
 
 	/* staging window */
 	struct chm_slot *slots;
@@ -219,24 +227,17 @@ struct chm_dev {
 	uint32_t q_head, q_tail;  /* refill FIFO (index+1) */
 	uint32_t q_len;
 	uint32_t max_ios;     /* ios per slot */
-	uint64_t staging_off; /* offset of the window in the pool */
-	uint64_t slot_stride; /* bytes of pool per slot (derived) */
+	uint64_t slot_stride; /* bytes of slot memory per slot (derived) */
 	int32_t staged_head;  /* first READY/HELD slot, -1 = none */
-	/* lru mode: slots are host view buffers filled through the cache by
-	 * filler threads (prefetch is a hint there; nothing is pinned) */
-	void *view_mem;
-	uint64_t view_mem_bytes;
-	uint32_t *lq; /* ring of slot indices to fill */
-	uint32_t lq_head, lq_len;
-	pthread_cond_t lq_cond;
-	pthread_t lq_threads[4];
-	unsigned lq_nthreads;
-	bool lq_stop;
 
 	/* timing */
 	struct chm_timing_state timing;
-	uint64_t vclock_ns; /* CHM_CLOCK_VIRTUAL device clock (atomic, vclock.c) */
-	uint64_t t0_ns;     /* CLOCK_MONOTONIC at open */
+	uint64_t vclock_ns; /* CHM_CLOCK_VIRTUAL device clock (atomics, clock.c) */
+	/* virtual time: run by the clock whenever it moves, lock held (the
+	 * mode's work at simulated times: the write buffer's flusher); NULL
+	 * for none. A hook, so the clock never calls up into a mode. */
+	void (*clock_hook)(struct chm_dev *dev);
+	uint64_t t0_ns; /* CLOCK_MONOTONIC at open */
 
 	struct chm_faults faults;
 	struct chm_stats st; /* counters (pool/slot fields filled on copy) */
@@ -246,19 +247,8 @@ struct chm_dev {
 	struct chm_lru *lru;
 };
 
-/* Device clock: virtual time or monotonic ns since open. Lock held or not. */
-uint64_t chm_now_ns(struct chm_dev *dev);
-
-/* The virtual clock (vclock.c): read, and raise to t (never lowered;
- * returns the clock after). Lock held or not; lock-free. */
-uint64_t chm_vclock_now(const struct chm_dev *dev);
-uint64_t chm_vclock_raise(struct chm_dev *dev, uint64_t t);
-
-/* Ghost I/O without a buffer (backend_ghost.c): len bytes in pieces of at
- * most piece bytes, op CHM_IO_READ or CHM_IO_WRITE, with the injected faults
- * a ghost submit would apply to each piece. *delay_ns gets the largest
- * fault delay. Returns 0 or the first piece's -errno (-EIO for short). */
-int chm_ghost_pieces(struct chm_dev *dev, int op, uint64_t len, uint64_t piece, uint64_t *delay_ns);
+/* Config (config.c) */
+int chm_config_derive(struct chm_config *cfg); /* fills 0 = derive fields */
 
 /* True when writes carry no payload and lines, the write buffer and bounce
  * buffers hold no data: the ghost backend. */
@@ -266,106 +256,12 @@ static inline bool chm_nodata(const struct chm_dev *dev)
 {
 	return dev->cfg.backend == CHM_BACKEND_GHOST;
 }
-uint64_t chm_mono_ns(void);
 
-/* API entry/exit accounting so close can wait for callers. Lock held.
- * chm_enter returns -ECANCELED when the device is closing. */
-int chm_enter(struct chm_dev *dev);
-void chm_leave(struct chm_dev *dev);
-
-/* Paces the caller to the modeled completion time done_ns: advances the
- * virtual clock, or sleeps (lock held; it is dropped while sleeping) until
- * the monotonic device clock reaches it. Counts host lateness. */
-void chm_pace(struct chm_dev *dev, uint64_t done_ns);
-
-/* Address mapping: splits [addr, addr+len) (aligned) into ios for target
- * stripes, each at most cfg.max_io. Returns the number of ios written, or
- * -EINVAL if more than max would be needed. */
-int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
-                struct chm_io *ios, unsigned max);
-/* Upper bound of ios for a transfer of len bytes. */
-unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len);
-
-/* Synchronous SSD transfer through the backend (blocks the caller). buf must
- * be CHM_IO_ALIGN-aligned, addr/len too. The transfer is charged to the
- * timing model once, as one object, at submission; *done_ns (may be NULL) gets the latest modeled
- * completion, fault delays included. Returns 0 or -errno. */
-int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
-                    uint64_t *done_ns);
-/* The same transfer with the model charged by the caller: each I/O carries
- * model_ns as its modeled completion (fault delays added on top). */
-int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
-                    uint64_t model_ns, uint64_t *done_ns);
-
-/* fdatasync of every target through the backend (blocks). */
-int chm_ssd_sync_all(struct chm_dev *dev);
-
-/* Staging window (staging.c); callers hold dev->lock unless noted. */
-int chm_staging_init(struct chm_dev *dev);
-void chm_staging_fini(struct chm_dev *dev);
-/* Copies [addr,addr+len) from a READY/HELD slot covering it that is not
- * stale or behind; true on hit. Called with the lock held; the slot is
- * pinned and the copy made with the lock dropped, so the caller looks at
- * device state again afterwards. Fills started by the unpin (a DRAINING slot
- * freed) are chained on *start for chm_staging_submit.
- * *link_bytes is what the copy costs on the host link: a view handed out by
- * wait already paid for one pass over its object, which reads consume. */
-bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len,
-                          uint64_t *link_bytes, uint32_t *start);
-/* Test-only hooks (tests/c/test_regress_handle_wrap.c), not part of the API:
- * set the generation of FREE request record idx to gen (1..last), so a test
- * reaches the last generation without 2^47 prefetches; returns 0, -EINVAL or
- * -EBUSY (record in use). Take dev->lock themselves. */
-int chm_staging_test_set_generation(struct chm_dev *dev, uint32_t idx, uint64_t gen);
-uint64_t chm_staging_last_generation(struct chm_dev *dev);
-/* Stops lru-mode filler threads after draining their queue (close). */
-void chm_staging_stop_fillers(struct chm_dev *dev);
-/* Cancels queued requests and wakes every waiter (close). Lock held. */
-void chm_staging_cancel_all(struct chm_dev *dev);
-/* Submits fills started under the lock; call with the lock NOT held.
- * head is the start list (slot index+1) returned by the locked section. */
-void chm_staging_submit(struct chm_dev *dev, uint32_t head);
-
-/* Config (config.c) */
-int chm_config_derive(struct chm_config *cfg); /* fills 0 = derive fields */
-
-/* Write buffer (wbuf.c), prefetch mode. The region is the last wbuf_bytes
- * of the pool. Calls without "lock held" take dev->lock themselves. */
-int chm_wbuf_init(struct chm_dev *dev);  /* starts the flusher */
-void chm_wbuf_fini(struct chm_dev *dev); /* flushes (best effort), stops */
-/* Admits (0) or skips (CHM_WRITE_SKIPPED); never waits for the SSD. */
-int chm_wbuf_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
-int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns);
-/* Virtual time: runs the flusher up to the device clock (completes the
- * batches the model has finished by then, starts those due). Lock held;
- * a no-op without a write buffer or in real time. */
-void chm_wbuf_vt_advance(struct chm_dev *dev);
-/* Overlays buffered data on [addr,addr+len) in buf, oldest first. Lock held. */
-void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
-/* Read-side bookkeeping: an SSD read in flight keeps buffered entries that
- * became durable after it started from being reclaimed (it may have read the
- * old bytes and needs the overlay), and tells the flusher reads are busy.
- * Lock held; no-ops when the device has no write buffer. */
-void chm_wbuf_read_begin(struct chm_dev *dev, struct chm_read_tok *tok);
-void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok);
-/* A log pin keeps every entry from reclaim (a slot that is behind the log
- * needs them for its re-overlay). Lock held. */
-void chm_wbuf_pin_log(struct chm_dev *dev);
-void chm_wbuf_unpin_log(struct chm_dev *dev);
-void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
-
-/* LRU mode (lru.c): the whole pool is one transparent cache of lru_line
- * lines. Calls take dev->lock themselves unless noted; they block. */
-int chm_lru_init(struct chm_dev *dev);  /* starts the write-back thread */
-void chm_lru_fini(struct chm_dev *dev); /* writes back dirty lines, stops */
-int chm_lru_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
-int chm_lru_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
-/* A prefetch hint's fill: reads through the cache into buf without the host
- * link; in virtual time it does not move the clock and *done_ns gets the
- * modeled completion. */
-int chm_lru_fill(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len, uint64_t *done_ns);
-int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns);    /* dirty -> durable */
-void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
+/* Ghost I/O without a buffer (backend_ghost.c): len bytes in pieces of at
+ * most piece bytes, op CHM_IO_READ or CHM_IO_WRITE, with the injected faults
+ * a ghost submit would apply to each piece. *delay_ns gets the largest
+ * fault delay. Returns 0 or the first piece's -errno (-EIO for short). */
+int chm_ghost_pieces(struct chm_dev *dev, int op, uint64_t len, uint64_t piece, uint64_t *delay_ns);
 
 static inline int chm_io_check(const struct chm_dev *dev, const struct chm_io *io)
 {

@@ -57,14 +57,27 @@
  * Counters: lru_hits / lru_misses count line lookups of reads and writes; a
  * whole-line write that misses allocates without reading the SSD. A miss
  * that reads a line evicted earlier is an LRU-induced refill.
+ *
+ * Prefetch hints: the mode has a staging window (staging.c) so the prefetch
+ * API works, but its slots are host view buffers outside the pool, and a
+ * fill is one job for a filler thread that reads the object through the
+ * cache (a hint fills the cache; nothing is pinned in it). The fillers and
+ * their queue are this file's (struct chm_lru), and so is the mode table
+ * chm_mode_lru_ops.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dev.h"
+#include "iomap.h"
+#include "lru.h"
+#include "mode.h"
+#include "staging.h"
 #include "states.h"
 
 #define FILL_BATCH_LINES 1024u    /* lines per fill batch at most */
@@ -139,6 +152,16 @@ struct chm_lru {
 	unsigned *wb_nios;
 	struct chm_io *wb_ios;
 	struct chm_io **wb_ptrs;
+
+	/* prefetch hints: view buffers and the filler threads' queue */
+	void *view_mem;
+	uint64_t view_mem_bytes;
+	uint32_t *lq; /* ring of slot indices to fill */
+	uint32_t lq_head, lq_len;
+	pthread_cond_t lq_cond;
+	pthread_t lq_threads[4];
+	unsigned lq_nthreads;
+	bool lq_stop;
 };
 
 /* ---- lines ---- */
@@ -829,13 +852,6 @@ int chm_lru_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 	return access_range(dev, addr, buf, NULL, len, false, false, NULL);
 }
 
-int chm_lru_fill(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len, uint64_t *done_ns)
-{
-	if (!dev->lru || !len)
-		return -EINVAL;
-	return access_range(dev, addr, buf, NULL, len, false, true, done_ns);
-}
-
 int chm_lru_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
 {
 	if (!dev->lru || !len || addr % CHM_IO_ALIGN || len % CHM_IO_ALIGN)
@@ -925,13 +941,6 @@ static unsigned wb_drain_inline(struct chm_lru *c)
 	return total;
 }
 
-static void timespec_after(struct timespec *ts, uint64_t ns)
-{
-	uint64_t t = chm_mono_ns() + ns;
-	ts->tv_sec = (time_t)(t / 1000000000ull);
-	ts->tv_nsec = (long)(t % 1000000000ull);
-}
-
 static void *wb_main(void *arg)
 {
 	struct chm_lru *c = arg;
@@ -947,8 +956,7 @@ static void *wb_main(void *arg)
 			continue;
 		}
 		if (wb_run(c, n, nios, done) && !c->stop) {
-			struct timespec ts;
-			timespec_after(&ts, WB_RETRY_NS);
+			struct timespec ts = chm_ns_to_timespec(chm_mono_ns() + WB_RETRY_NS);
 			pthread_cond_timedwait(&c->wb_cond, &dev->lock, &ts);
 		}
 	}
@@ -989,8 +997,7 @@ int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns)
 			break;
 		}
 		/* dev->cond runs on CLOCK_MONOTONIC (set up at open) */
-		struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-		                      .tv_nsec = (long)(deadline % 1000000000ull)};
+		struct timespec ts = chm_ns_to_timespec(deadline);
 		pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
 	}
 	pthread_mutex_unlock(&dev->lock);
@@ -1000,12 +1007,11 @@ int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns)
 	return rc;
 }
 
-void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out)
+static void lru_stats(struct chm_dev *dev, struct chm_stats *out)
 {
 	struct chm_lru *c = dev->lru;
 
-	if (!c)
-		return;
+	chm_staging_stats(dev, out);
 	out->lru_hits = c->hits;
 	out->lru_misses = c->misses;
 	out->lru_refills = c->refills;
@@ -1019,7 +1025,7 @@ void chm_lru_stats(struct chm_dev *dev, struct chm_stats *out)
 
 /* ---- setup / teardown ---- */
 
-int chm_lru_init(struct chm_dev *dev)
+static int cache_init(struct chm_dev *dev)
 {
 	const struct chm_config *cfg = &dev->cfg;
 	uint64_t line = cfg->lru_line_bytes;
@@ -1108,12 +1114,11 @@ err_lines:
 	return rc;
 }
 
-void chm_lru_fini(struct chm_dev *dev)
+/* Stops the write-back thread and writes back every dirty line. */
+static void cache_stop(struct chm_dev *dev)
 {
 	struct chm_lru *c = dev->lru;
 
-	if (!c)
-		return;
 	pthread_mutex_lock(&dev->lock);
 	c->stop = true;
 	pthread_cond_signal(&c->wb_cond);
@@ -1133,6 +1138,11 @@ void chm_lru_fini(struct chm_dev *dev)
 			tries++;
 	}
 	pthread_mutex_unlock(&dev->lock);
+}
+
+static void cache_free(struct chm_dev *dev)
+{
+	struct chm_lru *c = dev->lru;
 
 	dev->lru = NULL;
 	pthread_cond_destroy(&c->wb_cond);
@@ -1145,3 +1155,171 @@ void chm_lru_fini(struct chm_dev *dev)
 	free(c->lines);
 	free(c);
 }
+
+/* ---- prefetch hints filled through the cache ---- */
+
+static unsigned lru_fill_start(struct chm_dev *dev, struct chm_slot *s)
+{
+	(void)dev;
+	/* one job for a filler thread, which reads through the cache */
+	memset(&s->ios[0], 0, sizeof(s->ios[0]));
+	s->ios[0].len = (uint32_t)s->fill_len;
+	return 1;
+}
+
+/* Fills slot s through the cache (lock not held): the hint's lines come
+ * in from the SSD; the host link is left to the wait. */
+static void fill_slot(struct chm_dev *dev, struct chm_slot *s)
+{
+	uint64_t done = 0;
+	int rc = access_range(dev, s->addr, s->buf + (s->addr - s->fill_start), NULL, s->len, false,
+	                      true, &done);
+	s->ios[0].res = rc < 0 ? rc : (int32_t)s->ios[0].len;
+	s->ios[0].model_done_ns = done;
+	chm_staging_fill_io_done(&s->ios[0]);
+}
+
+static int lru_fill_submit(struct chm_dev *dev, struct chm_slot *s)
+{
+	struct chm_lru *c = dev->lru;
+	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
+		/* inline, in call order, so a replay is the same every run */
+		fill_slot(dev, s);
+		return 0;
+	}
+	pthread_mutex_lock(&dev->lock);
+	c->lq[(c->lq_head + c->lq_len) % dev->nslots] = (uint32_t)(s - dev->slots);
+	c->lq_len++;
+	pthread_cond_signal(&c->lq_cond);
+	pthread_mutex_unlock(&dev->lock);
+	return 0;
+}
+
+static void lru_fill_end(struct chm_dev *dev, struct chm_slot *s)
+{
+	(void)dev;
+	(void)s; /* the cache counted its own I/O */
+}
+
+static void *filler_main(void *arg)
+{
+	struct chm_dev *dev = arg;
+	struct chm_lru *c = dev->lru;
+	pthread_mutex_lock(&dev->lock);
+	for (;;) {
+		while (!c->lq_len && !c->lq_stop)
+			pthread_cond_wait(&c->lq_cond, &dev->lock);
+		if (!c->lq_len)
+			break; /* stopping and drained */
+		struct chm_slot *s = &dev->slots[c->lq[c->lq_head]];
+		c->lq_head = (c->lq_head + 1) % dev->nslots;
+		c->lq_len--;
+		pthread_mutex_unlock(&dev->lock);
+		fill_slot(dev, s);
+		pthread_mutex_lock(&dev->lock);
+	}
+	pthread_mutex_unlock(&dev->lock);
+	return NULL;
+}
+
+/* Drains the fill queue and stops the filler threads. */
+static void fillers_stop(struct chm_dev *dev)
+{
+	struct chm_lru *c = dev->lru;
+	pthread_mutex_lock(&dev->lock);
+	c->lq_stop = true;
+	pthread_cond_broadcast(&c->lq_cond);
+	pthread_mutex_unlock(&dev->lock);
+	for (unsigned i = 0; i < c->lq_nthreads; i++)
+		pthread_join(c->lq_threads[i], NULL);
+	c->lq_nthreads = 0;
+}
+
+static void hints_free(struct chm_lru *c)
+{
+	free(c->lq);
+	c->lq = NULL;
+	if (c->view_mem)
+		munmap(c->view_mem, c->view_mem_bytes);
+	c->view_mem = NULL;
+}
+
+static int lru_init(struct chm_dev *dev)
+{
+	int rc = cache_init(dev);
+	if (rc)
+		return rc;
+	struct chm_lru *c = dev->lru;
+	c->view_mem_bytes = chm_staging_mem_bytes(&dev->cfg);
+	c->view_mem = mmap(NULL, c->view_mem_bytes, PROT_READ | PROT_WRITE,
+	                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (c->view_mem == MAP_FAILED) {
+		c->view_mem = NULL;
+		rc = -ENOMEM;
+		goto err_view;
+	}
+	c->lq = calloc(dev->cfg.slot_count ? dev->cfg.slot_count : 1, sizeof(*c->lq));
+	if (!c->lq) {
+		rc = -ENOMEM;
+		goto err_view;
+	}
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->lq_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	rc = chm_staging_init(dev, c->view_mem);
+	if (rc)
+		goto err_staging;
+	unsigned want = dev->nslots < 4 ? dev->nslots : 4;
+	for (; c->lq_nthreads < want; c->lq_nthreads++) {
+		if (pthread_create(&c->lq_threads[c->lq_nthreads], NULL, filler_main, dev)) {
+			rc = -ENOMEM;
+			goto err_threads;
+		}
+	}
+	return 0;
+
+err_threads:
+	fillers_stop(dev);
+	chm_staging_fini(dev);
+err_staging:
+	pthread_cond_destroy(&c->lq_cond);
+err_view:
+	hints_free(c);
+	cache_stop(dev);
+	cache_free(dev);
+	return rc;
+}
+
+static void lru_stop(struct chm_dev *dev)
+{
+	fillers_stop(dev);
+	cache_stop(dev);
+}
+
+static void lru_fini(struct chm_dev *dev)
+{
+	struct chm_lru *c = dev->lru;
+	chm_staging_fini(dev);
+	pthread_cond_destroy(&c->lq_cond);
+	hints_free(c);
+	cache_free(dev);
+}
+
+const struct chm_mode_ops chm_mode_lru_ops = {
+        .name = "lru",
+        .uses_pool = true,
+        .staging = true,
+        .init = lru_init,
+        .cancel = chm_staging_cancel_all,
+        .stop = lru_stop,
+        .fini = lru_fini,
+        .read = chm_lru_read,
+        .write = chm_lru_write,
+        .flush = chm_lru_flush,
+        .stats = lru_stats,
+        .fill_start = lru_fill_start,
+        .fill_submit = lru_fill_submit,
+        .fill_end = lru_fill_end,
+};

@@ -1,8 +1,9 @@
 /* staging.c - the staging window: fixed-depth slots, a bounded FIFO refill
  * queue and the issue-wait-release API.
  *
- * The window is slot_count slots of slot_stride bytes carved from the DRAM
- * pool (slot_stride = slot_size rounded up to 4 KiB, plus 4 KiB so that an
+ * The window is slot_count slots of slot_stride bytes of the memory the mode
+ * hands over: the front of the DRAM pool in prefetch mode, host view
+ * buffers in lru mode (slot_stride = slot_size rounded up to 4 KiB, plus 4 KiB so that an
  * unaligned object still fits after its fill is widened to 4 KiB sectors).
  * A request record (chm_req) exists for every issued, unreleased prefetch; it
  * is either QUEUED (waiting for a slot, FIFO) or SLOTTED. Handles name a
@@ -15,19 +16,27 @@
  * DRAINING and the last unpin frees it; a write admitted over a pinned READY
  * slot marks it behind, and the last unpin re-overlays the log on it. Each
  * request record has its own condition variable, so a completion, release
- * or unpin wakes only that request's waiters. I/O is submitted to the
- * backend after the lock is dropped (a backend may complete inline and its
- * done() takes the lock); fills started under the lock are chained on a
- * start list and submitted by chm_staging_submit().
+ * or unpin wakes only that request's waiters. How a fill is done is the
+ * mode's (dev->mode's fill hooks: backend reads in prefetch mode, a read
+ * through the cache in lru mode); it is submitted after the lock is dropped
+ * (a backend may complete inline and its done() takes the lock): fills
+ * started under the lock are chained on a start list and submitted by
+ * chm_staging_submit(). The prefetch API's argument checks and the call gate
+ * are device.c's; this file sits below the modes and calls only the write
+ * buffer, the I/O mapping and the clock.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dev.h"
+#include "iomap.h"
+#include "mode.h"
+#include "staging.h"
 #include "states.h"
+#include "wbuf.h"
 
 /* Handle layout (fw_spec/README.md 4.1): the device tag in bits 63..48, then
  * the request record's generation, then its index in the low idx_bits, the
@@ -142,8 +151,6 @@ uint64_t chm_staging_last_generation(struct chm_dev *dev)
 	return dev->handle_gen_last;
 }
 
-static void fill_io_done(struct chm_io *io);
-
 /* FREE -> FILLING for request r; chains the slot on *start for submission. */
 static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 {
@@ -167,33 +174,18 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	s->stale = false;
 	s->behind = false;
 	s->pins = 0;
+	s->fill_bytes = 0;
 	s->issue_ns = chm_now_ns(dev);
-	int n;
-	if (dev->cfg.mode == CHM_MODE_LRU) {
-		/* one job for a filler thread, which reads through the cache */
-		memset(&s->ios[0], 0, sizeof(s->ios[0]));
-		s->ios[0].len = (uint32_t)s->fill_len;
-		n = 1;
-	} else {
-		n = chm_map_ios(dev, CHM_IO_READ, s->fill_start, s->fill_len, s->buf, s->ios,
-		                dev->max_ios);
-		/* max_ios is sized from the slot stride at init: mapping cannot fail */
-		chm_wbuf_read_begin(dev, &s->rtok);
-	}
-	s->nios = (uint32_t)n;
-	s->ios_pending = (uint32_t)n;
+	unsigned n = dev->mode->fill_start(dev, s);
+	s->nios = n;
+	s->ios_pending = n;
 	uint64_t ready = s->issue_ns;
-	/* prefetch mode: the SSD read of the widened object, charged once (lru
-	 * mode: its filler charges the cache's own misses) */
-	if (dev->cfg.mode != CHM_MODE_LRU)
-		ready = chm_timing_ssd_object(&dev->timing, 0, s->issue_ns, s->fill_len,
-		                              dev->cfg.max_io);
-	for (int i = 0; i < n; i++) {
+	for (unsigned i = 0; i < n; i++) {
 		struct chm_io *io = &s->ios[i];
-		io->done = fill_io_done;
+		io->done = chm_staging_fill_io_done;
 		io->ctx = s;
-		if (dev->cfg.mode != CHM_MODE_LRU)
-			io->model_done_ns = ready;
+		if (io->model_done_ns > ready)
+			ready = io->model_done_ns;
 		s->ioptrs[i] = io;
 	}
 	s->ready_ns = ready;
@@ -258,7 +250,7 @@ static void lat_record(struct chm_dev *dev, uint64_t ns)
 	dev->st.refill_lat_sum_ns += ns;
 }
 
-static void fill_io_done(struct chm_io *io)
+void chm_staging_fill_io_done(struct chm_io *io)
 {
 	struct chm_slot *s = io->ctx;
 	struct chm_dev *dev = s->dev;
@@ -268,14 +260,13 @@ static void fill_io_done(struct chm_io *io)
 		s->err = s->err ? s->err : io->res;
 	else if ((uint64_t)io->res != io->len)
 		s->err = s->err ? s->err : -EIO; /* short transfer */
-	if (io->res > 0 && dev->cfg.mode == CHM_MODE_PREFETCH)
-		dev->st.bytes_read_ssd += (uint64_t)io->res;
+	if (io->res > 0)
+		s->fill_bytes += (uint64_t)io->res;
 	if (io->model_done_ns > s->ready_ns) /* a fault delayed it in the model */
 		s->ready_ns = io->model_done_ns;
 	if (--s->ios_pending == 0) {
 		uint64_t now = chm_now_ns(dev);
-		if (dev->cfg.mode == CHM_MODE_PREFETCH)
-			chm_wbuf_read_end(dev, &s->rtok);
+		dev->mode->fill_end(dev, s);
 		lat_record(dev, now - s->issue_ns);
 		if (dev->cfg.clock == CHM_CLOCK_REAL && dev->timing.enabled && now > s->ready_ns) {
 			dev->st.pacing_late++;
@@ -291,7 +282,6 @@ static void fill_io_done(struct chm_io *io)
 			slot_set(dev, s, CHM_SLOT_FAILED);
 			dev->st.prefetch_failed++;
 		} else {
-			chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
 			slot_set(dev, s, CHM_SLOT_READY);
 			staged_link(dev, s);
 			dev->st.prefetch_completed++;
@@ -303,48 +293,6 @@ static void fill_io_done(struct chm_io *io)
 		chm_staging_submit(dev, start);
 }
 
-/* ---- lru mode: prefetch hints filled through the cache ---- */
-
-static void lru_enqueue(struct chm_dev *dev, struct chm_slot *s)
-{
-	pthread_mutex_lock(&dev->lock);
-	dev->lq[(dev->lq_head + dev->lq_len) % dev->nslots] = (uint32_t)(s - dev->slots);
-	dev->lq_len++;
-	pthread_cond_signal(&dev->lq_cond);
-	pthread_mutex_unlock(&dev->lock);
-}
-
-/* Fills slot s through the cache (lock not held): the hint's lines come
- * in from the SSD, the host link is left to the wait. */
-static void lru_fill_slot(struct chm_dev *dev, struct chm_slot *s)
-{
-	uint64_t done = 0;
-	int rc = chm_lru_fill(dev, s->addr, s->buf + (s->addr - s->fill_start), s->len, &done);
-	s->ios[0].res = rc < 0 ? rc : (int32_t)s->ios[0].len;
-	s->ios[0].model_done_ns = done;
-	fill_io_done(&s->ios[0]);
-}
-
-static void *lru_filler_main(void *arg)
-{
-	struct chm_dev *dev = arg;
-	pthread_mutex_lock(&dev->lock);
-	for (;;) {
-		while (!dev->lq_len && !dev->lq_stop)
-			pthread_cond_wait(&dev->lq_cond, &dev->lock);
-		if (!dev->lq_len)
-			break; /* stopping and drained */
-		struct chm_slot *s = &dev->slots[dev->lq[dev->lq_head]];
-		dev->lq_head = (dev->lq_head + 1) % dev->nslots;
-		dev->lq_len--;
-		pthread_mutex_unlock(&dev->lock);
-		lru_fill_slot(dev, s);
-		pthread_mutex_lock(&dev->lock);
-	}
-	pthread_mutex_unlock(&dev->lock);
-	return NULL;
-}
-
 void chm_staging_submit(struct chm_dev *dev, uint32_t head)
 {
 	while (head) {
@@ -353,33 +301,33 @@ void chm_staging_submit(struct chm_dev *dev, uint32_t head)
 		 * and the slot may be freed and re-chained before submit returns */
 		uint32_t next = s->start_next;
 		uint32_t n = s->nios;
-		if (dev->cfg.mode == CHM_MODE_LRU) {
-			/* virtual time: inline, in call order, so a replay is
-			 * the same every run; real time: a filler thread */
-			if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
-				lru_fill_slot(dev, s);
-			else
-				lru_enqueue(dev, s);
-			head = next;
-			continue;
-		}
-		int rc = dev->be_ops->submit(dev->be, s->ioptrs, n);
+		int rc = dev->mode->fill_submit(dev, s);
 		if (rc < 0) {
 			/* no done() will run for any of them: fail the fill */
 			for (uint32_t i = 0; i < n; i++) {
 				s->ioptrs[i]->res = rc;
-				fill_io_done(s->ioptrs[i]);
+				chm_staging_fill_io_done(s->ioptrs[i]);
 			}
 		}
 		head = next;
 	}
 }
 
-int chm_staging_init(struct chm_dev *dev)
+static uint64_t slot_stride(const struct chm_config *c)
+{
+	return CHM_ALIGN_UP(c->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
+}
+
+uint64_t chm_staging_mem_bytes(const struct chm_config *cfg)
+{
+	return (uint64_t)cfg->slot_count * slot_stride(cfg);
+}
+
+int chm_staging_init(struct chm_dev *dev, char *mem)
 {
 	struct chm_config *c = &dev->cfg;
 	dev->nslots = c->slot_count;
-	dev->slot_stride = CHM_ALIGN_UP(c->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
+	dev->slot_stride = slot_stride(c);
 	dev->nreqs = dev->nslots + c->refill_queue;
 	dev->handle_idx_bits = 1;
 	while (dev->nreqs >> dev->handle_idx_bits)
@@ -387,17 +335,6 @@ int chm_staging_init(struct chm_dev *dev)
 	dev->handle_gen_last = (UINT64_C(1) << (HANDLE_TAG_SHIFT - dev->handle_idx_bits)) - 1;
 	dev->max_ios = chm_map_max_ios(c, dev->slot_stride);
 	dev->staged_head = -1;
-	char *mem = (char *)dev->pool.base + dev->staging_off;
-	if (dev->cfg.mode == CHM_MODE_LRU) {
-		dev->view_mem_bytes = (uint64_t)dev->nslots * dev->slot_stride;
-		dev->view_mem = mmap(NULL, dev->view_mem_bytes, PROT_READ | PROT_WRITE,
-		                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-		if (dev->view_mem == MAP_FAILED) {
-			dev->view_mem = NULL;
-			return -ENOMEM;
-		}
-		mem = dev->view_mem;
-	}
 	dev->slots = calloc(dev->nslots, sizeof(*dev->slots));
 	if (!dev->slots)
 		goto err_slots;
@@ -435,30 +372,8 @@ int chm_staging_init(struct chm_dev *dev)
 	pthread_condattr_destroy(&rca);
 	dev->req_free_head = dev->nreqs ? 1 : 0;
 	dev->req_free_tail = dev->nreqs;
-	if (dev->cfg.mode == CHM_MODE_LRU) {
-		dev->lq = calloc(dev->nslots, sizeof(*dev->lq));
-		if (!dev->lq)
-			goto err_lq;
-		pthread_condattr_t ca;
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&dev->lq_cond, &ca);
-		pthread_condattr_destroy(&ca);
-		unsigned want = dev->nslots < 4 ? dev->nslots : 4;
-		for (; dev->lq_nthreads < want; dev->lq_nthreads++)
-			if (pthread_create(&dev->lq_threads[dev->lq_nthreads], NULL,
-			                   lru_filler_main, dev))
-				goto err_threads;
-	}
 	return 0;
 
-err_threads:
-	chm_staging_stop_fillers(dev);
-	pthread_cond_destroy(&dev->lq_cond);
-	free(dev->lq);
-	dev->lq = NULL;
-err_lq:
-	free(ptrs);
 err_ptrs:
 	free(ios);
 err_ios:
@@ -468,33 +383,11 @@ err_reqs:
 	free(dev->slots);
 	dev->slots = NULL;
 err_slots:
-	if (dev->view_mem)
-		munmap(dev->view_mem, dev->view_mem_bytes);
-	dev->view_mem = NULL;
 	return -ENOMEM;
-}
-
-void chm_staging_stop_fillers(struct chm_dev *dev)
-{
-	pthread_mutex_lock(&dev->lock);
-	dev->lq_stop = true;
-	pthread_cond_broadcast(&dev->lq_cond);
-	pthread_mutex_unlock(&dev->lock);
-	for (unsigned i = 0; i < dev->lq_nthreads; i++)
-		pthread_join(dev->lq_threads[i], NULL);
-	dev->lq_nthreads = 0;
 }
 
 void chm_staging_fini(struct chm_dev *dev)
 {
-	if (dev->lq) {
-		pthread_cond_destroy(&dev->lq_cond);
-		free(dev->lq);
-		dev->lq = NULL;
-	}
-	if (dev->view_mem)
-		munmap(dev->view_mem, dev->view_mem_bytes);
-	dev->view_mem = NULL;
 	if (dev->slots) {
 		free(dev->slots[0].ios);
 		free(dev->slots[0].ioptrs);
@@ -565,22 +458,41 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 	return true;
 }
 
-/* ---- the API ---- */
-
-/* Checks a prefetch's arguments (no lock needed: the configuration is
- * fixed at open). */
-static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
+/* Brings staged copies that overlap a newly admitted object up to date
+ * (W10) without touching a held view (W11). A READY slot that no hit is
+ * copying from has no reader, so it is patched: the whole overlap is
+ * re-overlaid from the log, oldest entry first, rather than with this
+ * object alone, so an older overlapping write whose copy finished later
+ * does not end up on top of a newer one. A HELD slot is read through its
+ * view without the lock: its bytes stay as wait handed them out, and the
+ * slot is marked stale so that chm_read of its range goes to the SSD with
+ * the write-buffer overlay (read-your-writes) instead. A READY slot that a
+ * hit is copying from (pinned) is not patched under the copy either: it is
+ * marked behind, holds a log pin, and is re-overlaid by the last unpin. Lock
+ * held. */
+void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len)
 {
-	if (len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
-		return -EINVAL;
-	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
-		return -EINVAL;
-	if (dev->cfg.mode == CHM_MODE_DIRECT)
-		return -EOPNOTSUPP;
-	if (len > dev->cfg.slot_bytes)
-		return -EINVAL;
-	return 0;
+	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
+		struct chm_slot *s = &dev->slots[i];
+		uint64_t a = addr > s->fill_start ? addr : s->fill_start;
+		uint64_t b = addr + len < s->fill_start + s->fill_len ? addr + len
+		                                                      : s->fill_start + s->fill_len;
+		if (a >= b)
+			continue;
+		if (s->state == CHM_SLOT_HELD) {
+			s->stale = true;
+		} else if (s->pins) {
+			if (!s->behind) {
+				s->behind = true;
+				chm_wbuf_pin_log(dev);
+			}
+		} else {
+			chm_wbuf_overlay(dev, a, s->buf + (a - s->fill_start), b - a);
+		}
+	}
 }
+
+/* ---- the API ---- */
 
 /* One prefetch with valid arguments, inside the device (lock held). */
 static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
@@ -620,55 +532,26 @@ static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uin
 	return 0;
 }
 
-int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
+int chm_staging_prefetch(struct chm_dev *dev, uint32_t n, const uint64_t *addrs,
+                         const uint64_t *lens, uint32_t flags, chm_handle *handles,
+                         int32_t *results)
 {
-	if (!dev || !h)
-		return -EINVAL;
-	int rc = prefetch_args(dev, addr, len, flags);
-	if (rc)
-		return rc;
-	uint32_t start = 0;
-	pthread_mutex_lock(&dev->lock);
-	rc = chm_enter(dev);
-	if (!rc) {
-		rc = prefetch_locked(dev, addr, len, flags, h, &start);
-		chm_leave(dev);
-	}
-	pthread_mutex_unlock(&dev->lock);
-	if (start)
-		chm_staging_submit(dev, start);
-	return rc;
-}
-
-int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
-                         uint32_t flags, chm_handle *handles, int32_t *results)
-{
-	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
 	uint32_t start = 0;
 	int ok = 0;
 	pthread_mutex_lock(&dev->lock);
-	int rc = chm_enter(dev);
 	for (uint32_t i = 0; i < n; i++) {
-		int r = rc ? rc : prefetch_args(dev, addrs[i], lens[i], flags);
+		int r = results[i];
+		if (!r && lens[i] > dev->cfg.slot_bytes)
+			r = -EINVAL;
 		if (!r)
 			r = prefetch_locked(dev, addrs[i], lens[i], flags, &handles[i], &start);
 		results[i] = r;
 		ok += r == 0;
 	}
-	if (!rc)
-		chm_leave(dev);
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
 	return ok;
-}
-
-static struct timespec ns_to_ts(uint64_t ns)
-{
-	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
-	                      .tv_nsec = (long)(ns % 1000000000ull)};
-	return ts;
 }
 
 /* The view crosses the host link once, when it is handed out; that pass is
@@ -681,30 +564,26 @@ static void host_transfer(struct chm_dev *dev, struct chm_slot *s, uint64_t len)
 		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
 }
 
-int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
+int chm_staging_wait(struct chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
 {
-	if (!dev || !view)
-		return -EINVAL;
 	struct chm_req *r;
+	int rc;
 	pthread_mutex_lock(&dev->lock);
-	int rc = chm_enter(dev);
-	if (rc)
-		goto out_unlock;
 	uint64_t start_mono = chm_mono_ns();
 	uint64_t deadline =
 	        timeout_ns > UINT64_MAX - start_mono ? UINT64_MAX : start_mono + timeout_ns;
 	for (;;) {
 		if (dev->closing) {
 			rc = -ECANCELED;
-			goto out_leave;
+			goto out_unlock;
 		}
 		rc = handle_lookup(dev, h, &r);
 		if (rc)
-			goto out_leave;
+			goto out_unlock;
 		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
 		if (s && s->state == CHM_SLOT_FAILED) {
 			rc = -EIO;
-			goto out_leave;
+			goto out_unlock;
 		}
 		if (s && s->state == CHM_SLOT_HELD)
 			break;
@@ -729,29 +608,29 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
 		}
 		if (timeout_ns == 0 || chm_mono_ns() >= deadline) {
 			rc = -ETIMEDOUT;
-			goto out_leave;
+			goto out_unlock;
 		}
 		if (until == UINT64_MAX) {
 			pthread_cond_wait(&r->cond, &dev->lock);
 		} else {
-			struct timespec ts = ns_to_ts(until);
+			struct timespec ts = chm_ns_to_timespec(until);
 			pthread_cond_timedwait(&r->cond, &dev->lock, &ts);
 		}
 	}
 	/* pacing may have dropped the lock: the handle could be gone */
 	rc = handle_lookup(dev, h, &r);
 	if (rc)
-		goto out_leave;
+		goto out_unlock;
 	struct chm_slot *s = &dev->slots[r->slot];
 	view->data = s->buf + (r->addr - s->fill_start);
 	view->len = r->len;
 	view->dev_addr = r->addr;
 	/* lru-mode views are host copies, outside the pool */
-	view->pool_offset = dev->view_mem ? UINT64_MAX
-	                                  : (uint64_t)((char *)view->data - (char *)dev->pool.base);
+	char *pool = dev->pool.base;
+	bool in_pool =
+	        pool && (char *)view->data >= pool && (char *)view->data < pool + dev->pool.bytes;
+	view->pool_offset = in_pool ? (uint64_t)((char *)view->data - pool) : UINT64_MAX;
 	rc = 0;
-out_leave:
-	chm_leave(dev);
 out_unlock:
 	pthread_mutex_unlock(&dev->lock);
 	return rc;
@@ -802,23 +681,9 @@ static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
 	return 0;
 }
 
-int chm_prefetch_release(chm_dev *dev, chm_handle h)
+int chm_staging_release(struct chm_dev *dev, uint32_t n, const chm_handle *handles,
+                        int32_t *results)
 {
-	if (!dev)
-		return -EINVAL;
-	uint32_t start = 0;
-	pthread_mutex_lock(&dev->lock);
-	int rc = release_locked(dev, h, &start);
-	pthread_mutex_unlock(&dev->lock);
-	if (start)
-		chm_staging_submit(dev, start);
-	return rc;
-}
-
-int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles, int32_t *results)
-{
-	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
 	uint32_t start = 0;
 	int ok = 0;
 	pthread_mutex_lock(&dev->lock);
@@ -830,4 +695,19 @@ int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handle
 	if (start)
 		chm_staging_submit(dev, start);
 	return ok;
+}
+
+void chm_staging_stats(struct chm_dev *dev, struct chm_stats *out)
+{
+	out->slots_total = dev->nslots;
+	out->slots_free = dev->slot_count_by_state[CHM_SLOT_FREE];
+	out->slots_filling = dev->slot_count_by_state[CHM_SLOT_FILLING];
+	out->slots_ready = dev->slot_count_by_state[CHM_SLOT_READY];
+	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD] +
+	                  dev->slot_count_by_state[CHM_SLOT_DRAINING];
+	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
+	out->queue_len = dev->q_len;
+	out->queue_cap = dev->cfg.refill_queue;
+	out->slot_bytes = dev->cfg.slot_bytes;
+	out->window_bytes = (uint64_t)dev->nslots * dev->slot_stride;
 }

@@ -41,8 +41,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dev.h"
+#include "iomap.h"
 #include "states.h"
+#include "wbuf.h"
 
 #define EPOCHS 64               /* in-flight read counters, a ring */
 #define BATCH_BYTES (16u << 20) /* largest flush batch */
@@ -161,41 +164,8 @@ static bool log_alloc(struct chm_wbuf *w, uint64_t len, uint64_t *off, uint64_t 
 	return false;
 }
 
-/* Brings staged copies that overlap a newly admitted object up to date
- * (W10) without touching a held view (W11). A READY slot has no view, and
- * its readers copy under the lock, so it is patched: the whole overlap is
- * re-overlaid from the log, oldest entry first, rather than with this
- * object alone, so an older overlapping write whose copy finished later
- * does not end up on top of a newer one. A HELD slot is read through its
- * view without the lock: its bytes stay as wait handed them out, and the
- * slot is marked stale so that chm_read of its range goes to the SSD with
- * the write-buffer overlay (read-your-writes) instead. A READY slot that a
- * hit is copying from (pinned) is not patched under the copy either: it is
- * marked behind, holds a log pin, and is re-overlaid by the last unpin. Lock
- * held. */
-static void patch_staged(struct chm_dev *dev, uint64_t addr, uint64_t len)
-{
-	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
-		struct chm_slot *s = &dev->slots[i];
-		uint64_t a = addr > s->fill_start ? addr : s->fill_start;
-		uint64_t b = addr + len < s->fill_start + s->fill_len ? addr + len
-		                                                      : s->fill_start + s->fill_len;
-		if (a >= b)
-			continue;
-		if (s->state == CHM_SLOT_HELD) {
-			s->stale = true;
-		} else if (s->pins) {
-			if (!s->behind) {
-				s->behind = true;
-				chm_wbuf_pin_log(dev);
-			}
-		} else {
-			chm_wbuf_overlay(dev, a, s->buf + (a - s->fill_start), b - a);
-		}
-	}
-}
-
-int chm_wbuf_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
+int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
+                     struct wb_entry **out)
 {
 	struct chm_wbuf *w = dev->wbuf;
 	uint64_t off, pad;
@@ -233,22 +203,23 @@ int chm_wbuf_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t
 	/* the entry is reserved and invisible until admitted: copy unlocked */
 	if (buf && !chm_nodata(dev))
 		memcpy(w->base + off, buf, len);
-	uint64_t in_done = chm_timing_host_in(&dev->timing, chm_now_ns(dev), len);
+	/* the host->DRAM link; e is invisible until admitted, so no lock */
+	e->adm_ns = chm_timing_host_in(&dev->timing, chm_now_ns(dev), len);
+	*out = e;
+	return 0;
+}
 
-	pthread_mutex_lock(&dev->lock);
-	e->adm_ns = in_done;
+uint64_t chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e)
+{
+	struct chm_wbuf *w = dev->wbuf;
 	e->copying = false;
 	ent_set(e, CHM_WB_ADMITTED);
 	if (e->seq > w->admitted_max)
 		w->admitted_max = e->seq;
 	dev->st.wr_admitted++;
-	dev->st.wr_admitted_bytes += len;
-	if (dev->slots)
-		patch_staged(dev, addr, len);
+	dev->st.wr_admitted_bytes += e->len;
 	pthread_cond_signal(&w->cond);
-	chm_pace(dev, in_done); /* the host->DRAM transfer (may drop the lock) */
-	pthread_mutex_unlock(&dev->lock);
-	return 0;
+	return e->adm_ns;
 }
 
 void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
@@ -318,9 +289,7 @@ static uint64_t durable_upto(struct chm_wbuf *w)
 
 static void timed_wait(pthread_cond_t *c, pthread_mutex_t *m, uint64_t ns)
 {
-	uint64_t until = chm_mono_ns() + ns;
-	struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
-	                      .tv_nsec = (long)(until % 1000000000ull)};
+	struct timespec ts = chm_ns_to_timespec(chm_mono_ns() + ns);
 	pthread_cond_timedwait(c, m, &ts);
 }
 
@@ -597,8 +566,7 @@ int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 		if (deadline == UINT64_MAX) {
 			pthread_cond_wait(&dev->cond, &dev->lock);
 		} else {
-			struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-			                      .tv_nsec = (long)(deadline % 1000000000ull)};
+			struct timespec ts = chm_ns_to_timespec(deadline);
 			pthread_cond_timedwait(&dev->cond, &dev->lock, &ts);
 		}
 	}
@@ -678,6 +646,7 @@ void chm_wbuf_fini(struct chm_dev *dev)
 			break;
 	}
 	pthread_mutex_lock(&dev->lock);
+	dev->clock_hook = NULL; /* the virtual flusher goes with the buffer */
 	w->stop = true;
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&dev->lock);

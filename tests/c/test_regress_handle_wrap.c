@@ -16,6 +16,7 @@
 #include "chm.h"
 #include "check.h"
 #include "dev.h"
+#include "staging.h"
 
 static chm_dev *open_small(const char *refill_queue)
 {

@@ -1,0 +1,48 @@
+/* gate.c - the device's call gate: API entry/exit accounting so that close
+ * can wait for the callers inside the device. Lock-free on the call path
+ * (two atomic operations per call); only the last caller out of a closing
+ * device takes gate_lock, to wake the close that waits. Calls nothing above
+ * it.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "dev.h"
+#include "gate.h"
+
+int chm_enter(struct chm_dev *dev)
+{
+	/* increment first, then look at closing; close stores closing, then
+	 * reads the count (both sequentially consistent): either close sees
+	 * this caller or this caller sees closing */
+	atomic_fetch_add(&dev->active_calls, 1);
+	if (atomic_load(&dev->closing)) {
+		chm_leave(dev);
+		return -ECANCELED;
+	}
+	return 0;
+}
+
+void chm_leave(struct chm_dev *dev)
+{
+	if (atomic_fetch_sub(&dev->active_calls, 1) == 1 && atomic_load(&dev->closing)) {
+		/* under gate_lock: drain checks the count under it before sleeping */
+		pthread_mutex_lock(&dev->gate_lock);
+		pthread_cond_broadcast(&dev->idle_cond);
+		pthread_mutex_unlock(&dev->gate_lock);
+	}
+}
+
+void chm_gate_close(struct chm_dev *dev)
+{
+	atomic_store(&dev->closing, true);
+}
+
+void chm_gate_drain(struct chm_dev *dev)
+{
+	pthread_mutex_lock(&dev->gate_lock);
+	while (atomic_load(&dev->active_calls))
+		pthread_cond_wait(&dev->idle_cond, &dev->gate_lock);
+	pthread_mutex_unlock(&dev->gate_lock);
+}
