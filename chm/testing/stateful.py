@@ -147,7 +147,7 @@ def _read_ranges(g: Geometry) -> st.SearchStrategy[tuple[int, int]]:
 
 def _write_ranges(g: Geometry) -> st.SearchStrategy[tuple[int, int]]:
     """512-aligned writes: mostly small, some up to max_write (some larger
-    than the whole write buffer, which must always be skipped)."""
+    than the whole write buffer, which prefetch mode must always refuse)."""
     cap, sec = g.capacity, IO_ALIGN
 
     def place(a: int, n: int) -> tuple[int, int]:
@@ -398,7 +398,22 @@ class DeviceMachine(RuleBasedStateMachine):
 
     def _write(self, addr: int, length: int, what: str = "write") -> bool:
         data = self._payload(length)
-        admitted = self.d.write(addr, data)
+        too_big = self.mode == "prefetch" and length > self.wbuf_bytes
+        try:
+            admitted = self.d.write(addr, data)
+        except InvalidArgument:
+            # never admissible: a configuration error, not a skip (W2)
+            assert too_big, f"{what} [{addr:#x}+{length}) refused as too large"
+            event("write: refused, larger than the write buffer")
+            note(f"{what} [{addr:#x}+{length}) -> refused (wbuf {self.wbuf_bytes})")
+            if self.data:
+                self._settle()
+                self._read(addr, length, "W2: a refused write changed the device")
+            return False
+        assert not too_big, (
+            f"W2: a write of {length} bytes larger than the {self.wbuf_bytes}-byte write "
+            "buffer was not refused"
+        )
         event("write: admitted" if admitted else "write: skipped")
         note(f"{what} [{addr:#x}+{length}) -> {'admitted' if admitted else 'SKIPPED'}")
         self._count_write(addr, length, admitted)
@@ -782,6 +797,8 @@ class DeviceMachine(RuleBasedStateMachine):
         obj = data.draw(OBJ, label="object") if fresh else (req.addr, req.length)
         wa = obj[0] // IO_ALIGN * IO_ALIGN
         wb = min(g.capacity, -(-(obj[0] + obj[1]) // IO_ALIGN) * IO_ALIGN)
+        if self.mode == "prefetch":  # a write larger than the buffer is refused
+            wb = min(wb, wa + self.wbuf_bytes // IO_ALIGN * IO_ALIGN)
         span = (wa, wb)
         t = threading.Thread(target=writer, args=(wa, wb - wa), daemon=True)
         t.start()
