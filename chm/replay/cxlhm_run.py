@@ -50,8 +50,9 @@ class GhostSetup:
         return max(mib, nbytes // self.scale // mib * mib)
 
 
-def open_ghost(setup: GhostSetup, mode: str, block_bytes: int) -> chm.Device:
-    """A ghost device in virtual time for ``mode`` with ``block_bytes`` slots."""
+def open_ghost(setup: GhostSetup, mode: str, block_bytes: int, **options: object) -> chm.Device:
+    """A ghost device in virtual time for ``mode`` with ``block_bytes`` slots
+    (``options``: further device options, e.g. ``lru_line``)."""
     kw: dict[str, object] = dict(
         backend="ghost",
         clock="virtual",
@@ -63,6 +64,7 @@ def open_ghost(setup: GhostSetup, mode: str, block_bytes: int) -> chm.Device:
     )
     if mode == "prefetch":
         kw.update(slot_size=block_bytes, wbuf=setup.sized(setup.wbuf_bytes))
+    kw.update(options)
     return chm.Device.open(**kw)  # type: ignore[arg-type]
 
 

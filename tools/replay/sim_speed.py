@@ -5,7 +5,10 @@ Replays a synthetic multi-turn chat (Llama-3.1-8B, 512-token blocks = 64 MiB,
 no GPU cache, so every block access reaches the device: reads of the tier's
 hits and writes of the blocks it lacks) through chm.replay.CxlhmReplay on
 ghost devices in virtual time, open loop, in prefetch mode and lru mode, at
-each device capacity given (default 2 TB and 16 TB, 64 GB of DRAM). Each
+each device capacity given (default 2 TB and 16 TB, 64 GB of DRAM; lru
+mode with --lru-line lines, default 1 MiB: the cache's cost is per line, and
+64 KiB lines make a 64 MiB access 1,024 line lookups, about 0.3 ms of host
+time, so lru mode at 64 KiB replays about 4x slower than this target). Each
 replay runs in its own process, so its peak resident memory is its own.
 Prints per run the accesses, the wall time of the replay, accesses per
 second and the peak RSS, then the verdicts (last; exit 1 on a miss):
@@ -70,7 +73,8 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
     )
     system = f"cxlhm-{args['mode']}"
     rss_before = bl.rss_now()
-    with open_ghost(setup, args["mode"], block) as dev:
+    extra = {"lru_line": args["lru_line"]} if args["mode"] == "lru" else {}
+    with open_ghost(setup, args["mode"], block, **extra) as dev:
         rss_open = bl.rss_now()
         rp = CxlhmReplay(
             dev, system, prefill, gpu_cache=False, device_block_bytes=block, open_loop=True
@@ -106,6 +110,7 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
 @click.option("--capacities", default="2T,16T", show_default=True)
 @click.option("--dram", default="64G", show_default=True)
 @click.option("--wbuf", default="1G", show_default=True, help="prefetch mode write buffer")
+@click.option("--lru-line", default="1M", show_default=True, help="lru mode line size")
 @click.option("--json", "json_out", default=None, help="Write the figures to this file.")
 @click.option("--child", default=None, hidden=True)
 def main(
@@ -116,6 +121,7 @@ def main(
     capacities: str,
     dram: str,
     wbuf: str,
+    lru_line: str,
     json_out: str | None,
     child: str | None,
 ) -> None:
@@ -131,7 +137,8 @@ def main(
     console.print(
         f"workload: {users} users x {turns} turns of chat, 64 MiB blocks (Llama-3.1-8B, "
         f"512 tokens), open loop; ghost devices in virtual time with "
-        f"{format_size(parse_size(dram), exact=False)} DRAM"
+        f"{format_size(parse_size(dram), exact=False)} DRAM, lru mode with "
+        f"{format_size(parse_size(lru_line), exact=False)} lines"
     )
     runs: list[dict[str, Any]] = []
     for mode in mode_list:
@@ -144,6 +151,7 @@ def main(
                 capacity=cap,
                 dram=parse_size(dram),
                 wbuf=parse_size(wbuf),
+                lru_line=parse_size(lru_line),
             )
             p = subprocess.run(
                 [sys.executable, __file__, "--child", json.dumps(args)],
