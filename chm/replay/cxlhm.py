@@ -22,6 +22,10 @@ arrival time before serving it (``advance_clock``), so the trace's gaps are
 idle time in which the write buffer drains; without it requests run back to
 back.
 
+``tier_bytes`` (0: the whole device) bounds the address range the tier
+places blocks in, so one workload can be replayed unchanged on devices of
+different sizes.
+
 ``pinned_prefix`` keeps the first that many blocks of every request's prefix
 -- the shared system prompt, which opens every conversation -- in a host
 buffer of the serving node once loaded (:class:`HostPrefixCache`): hits on
@@ -212,6 +216,7 @@ class CxlhmReplay:
         wait_timeout_s: float = 30.0,
         open_loop: bool = False,
         pinned_prefix: int = 0,
+        tier_bytes: int = 0,
     ) -> None:
         if system not in CXLHM_SYSTEMS:
             raise ValueError(
@@ -242,6 +247,11 @@ class CxlhmReplay:
             raise ValueError("open_loop needs a device in virtual time (clock='virtual')")
         if pinned_prefix < 0:
             raise ValueError(f"pinned_prefix must be >= 0, got {pinned_prefix}")
+        if tier_bytes < 0 or tier_bytes > int(dev.capacity):
+            raise ValueError(
+                f"tier_bytes must be in 0..{int(dev.capacity)} (the device), got {tier_bytes}"
+            )
+        self.tier_bytes = tier_bytes or int(dev.capacity)
         self.open_loop = open_loop
         self.pinned = HostPrefixCache(pinned_prefix)
         self._moves_data = dev.config.backend != "ghost"
@@ -279,7 +289,7 @@ class CxlhmReplay:
                 )
             self._dev_block = db
             stride = -(-db // _ALIGN) * _ALIGN
-            self._tier = DeviceTier(int(self.dev.capacity), stride)
+            self._tier = DeviceTier(self.tier_bytes, stride)
             if self.gpu_cache:
                 self._g1 = [LruBlocks(self._hbm // bb) for _ in range(self.workers)]
             self._payload = np.zeros(db, dtype=np.uint8)

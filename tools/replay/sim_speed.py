@@ -11,11 +11,15 @@ mode with --lru-line lines, default 1 MiB: the cache's cost is per line, and
 time, so lru mode at 64 KiB replays about 4x slower than this target). Each
 replay runs in its own process, so its peak resident memory is its own.
 Prints per run the accesses, the wall time of the replay, accesses per
-second and the peak RSS, then the verdicts (last; exit 1 on a miss):
+second, the CPU time (the wall time on a shared host includes waiting for
+a core) and the peak RSS, then the verdicts (last; exit 1 on a miss):
 
 - every replay of >= 1,000,000 accesses finishes in under 60 s of wall time;
 - the peak RSS at the largest capacity is within 10 % of the smallest's
-  (memory stays flat as the device grows).
+  (memory stays flat as the device grows). The workload is the same on
+  every device: the replay's block index places blocks in the smallest
+  capacity's range (CxlhmReplay's tier_bytes), so the index, the serving
+  side's metadata, is the same size and only the device differs.
 
     python tools/replay/sim_speed.py
     python tools/replay/sim_speed.py --users 64 --capacities 2T   # a quick run
@@ -77,11 +81,17 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
     with open_ghost(setup, args["mode"], block, **extra) as dev:
         rss_open = bl.rss_now()
         rp = CxlhmReplay(
-            dev, system, prefill, gpu_cache=False, device_block_bytes=block, open_loop=True
+            dev,
+            system,
+            prefill,
+            gpu_cache=False,
+            device_block_bytes=block,
+            open_loop=True,
+            tier_bytes=args["tier"],
         )
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = replay_cxlhm(requests, rp)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         st = dev.stats()
     reads = sum(r.device_load_bytes for r in res) // block
     writes = sum(r.writes_offered for r in res)
@@ -94,6 +104,7 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
         "accesses": reads + writes,
         "skipped": sum(r.writes_skipped for r in res),
         "wall_s": wall,
+        "cpu_s": cpu,
         "simulated_s": st.clock_now_ns / 1e9,
         "rss_before_open": rss_before,
         "rss_open": rss_open,
@@ -152,6 +163,7 @@ def main(
                 dram=parse_size(dram),
                 wbuf=parse_size(wbuf),
                 lru_line=parse_size(lru_line),
+                tier=min(caps),
             )
             p = subprocess.run(
                 [sys.executable, __file__, "--child", json.dumps(args)],
@@ -166,7 +178,8 @@ def main(
             console.print(
                 f"{mode:8} {format_size(cap, exact=False):>7}: {r['accesses']:,} accesses "
                 f"({r['reads']:,} reads, {r['writes']:,} writes, {r['skipped']:,} skipped) "
-                f"in {r['wall_s']:.1f} s wall = {r['accesses'] / r['wall_s']:,.0f}/s, "
+                f"in {r['wall_s']:.1f} s wall ({r['cpu_s']:.1f} s CPU) = "
+                f"{r['accesses'] / r['wall_s']:,.0f}/s, "
                 f"{r['simulated_s']:.0f} s simulated; peak RSS "
                 f"{r['rss_peak'] / 2**20:,.0f} MiB (device open: "
                 f"+{(r['rss_open'] - r['rss_before_open']) / 2**20:,.1f} MiB), "
