@@ -17,6 +17,10 @@ block is not indexed, so a later turn misses it). On the ghost backend the
 writes carry no payload (``write_length``), so a write costs the model's
 time and no host time or memory.
 
+In virtual time the device clock also moves by each request's modeled
+prefill compute between its load and its writes (the new blocks exist only
+once computed; the device is idle meanwhile and its write buffer drains).
+
 ``open_loop`` (virtual time only) moves the device clock to each request's
 arrival time before serving it (``advance_clock``), so the trace's gaps are
 idle time in which the write buffer drains; without it requests run back to
@@ -259,6 +263,7 @@ class CxlhmReplay:
         # (the daemon's client) through stats
         self._clock_ns = getattr(dev, "clock_ns", None)
         self._write_length = None if self._moves_data else getattr(dev, "write_length", None)
+        self._advance = getattr(dev, "advance_clock", None) if self._virtual else None
         self._g1: list[LruBlocks] = []
         self._tier: DeviceTier | None = None
         self._block_bytes = 0
@@ -347,6 +352,13 @@ class CxlhmReplay:
             self._load(addrs)
         t1 = self._now_s()
         mid = self.dev.stats()
+        cached = (p1 + p2) * r.block_tokens
+        compute_s = self.prefill.compute_s(r.input_tokens - cached, cached)
+        if self._advance is not None:
+            # the new blocks exist once the prefill computed them: that time
+            # passes on the device too (scaled like the device's bytes), and
+            # its flusher drains the write buffer meanwhile
+            self._advance(int((t1 + compute_s / self.scale) * 1e9))
         if gpu is not None:
             gpu.access(keys)
         self.pinned.keep(keys[: p1 + p2])
@@ -368,7 +380,6 @@ class CxlhmReplay:
                 skipped += 1
         end = self._now_s()
         device_load_s = t1 - t0 if addrs else 0.0
-        cached = (p1 + p2) * r.block_tokens
         result = RequestResult(
             system=self.system,
             index=r.index,
@@ -384,7 +395,7 @@ class CxlhmReplay:
             gpu_bytes=p1 * bb,
             tier_name=self.system,
             tier_bytes=p2 * bb,
-            compute_s=self.prefill.compute_s(r.input_tokens - cached, cached),
+            compute_s=compute_s,
             load_s=device_load_s * self.scale,
         )
         out = CxlhmRequest(

@@ -78,12 +78,13 @@ def replay_virtual(
     hbm_kv_bytes: int = 0,
     open_loop: bool = False,
     pinned_prefix: int = 0,
+    gpu_cache: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> list[CxlhmRequest]:
     """Replays ``requests`` through ``system`` (cxlhm-lru / cxlhm-prefetch) on ghost.
 
     ``hbm_kv_bytes`` is G1's size per worker (0: from the GPU preset);
-    ``open_loop`` and ``pinned_prefix`` as in :class:`CxlhmReplay`.
+    ``open_loop``, ``pinned_prefix`` and ``gpu_cache`` as in :class:`CxlhmReplay`.
     """
     if not requests:
         raise ValueError("replay_virtual needs at least one request")
@@ -106,6 +107,7 @@ def replay_virtual(
             device_block_bytes=block,
             open_loop=open_loop,
             pinned_prefix=pinned_prefix,
+            gpu_cache=gpu_cache,
         )
         return replay_cxlhm(requests, rp, progress=progress)
 
