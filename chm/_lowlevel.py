@@ -78,27 +78,25 @@ FAULTS: dict[str, int] = {
     "short_read": int(lib.CHM_FAULT_SHORT_READ),
     "slow": int(lib.CHM_FAULT_SLOW),
 }
-SLOT_STATES: dict[str, int] = {
-    "free": int(lib.CHM_SLOT_FREE),
-    "filling": int(lib.CHM_SLOT_FILLING),
-    "ready": int(lib.CHM_SLOT_READY),
-    "held": int(lib.CHM_SLOT_HELD),
-    "failed": int(lib.CHM_SLOT_FAILED),
-    "draining": int(lib.CHM_SLOT_DRAINING),
-}
-WBUF_STATES: dict[str, int] = {
-    "free": int(lib.CHM_WB_FREE),
-    "admitted": int(lib.CHM_WB_ADMITTED),
-    "flushing": int(lib.CHM_WB_FLUSHING),
-    "durable": int(lib.CHM_WB_DURABLE),
-    "skipped": int(lib.CHM_WB_SKIPPED),
-}
-LINE_STATES: dict[str, int] = {
-    "invalid": int(lib.CHM_LINE_INVALID),
-    "clean": int(lib.CHM_LINE_CLEAN),
-    "dirty": int(lib.CHM_LINE_DIRTY),
-    "writing_back": int(lib.CHM_LINE_WRITING_BACK),
-}
+
+
+def state_name(kind: int, value: int) -> str | None:
+    """chm_state_name(): the C core's name of one state, None past the end."""
+    name = lib.chm_state_name(kind, value)
+    return None if name == ffi.NULL else str(ffi.string(name).decode())
+
+
+def _state_names(kind: int) -> dict[str, int]:
+    """{name: value} of one internal state machine, as the C core names it."""
+    out: dict[str, int] = {}
+    while (name := state_name(kind, len(out))) is not None:
+        out[name] = len(out)
+    return out
+
+
+SLOT_STATES: dict[str, int] = _state_names(lib.CHM_STATE_SLOT)
+WBUF_STATES: dict[str, int] = _state_names(lib.CHM_STATE_WBUF)
+LINE_STATES: dict[str, int] = _state_names(lib.CHM_STATE_LINE)
 
 
 class OptionInfo(NamedTuple):

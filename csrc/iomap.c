@@ -78,58 +78,64 @@ struct sync_wait {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	unsigned pending;
-	int err;
-	uint64_t bytes;
-	uint64_t model_done_ns; /* latest modeled completion (fault delays included) */
 };
 
 static void sync_io_done(struct chm_io *io)
 {
 	struct sync_wait *w = io->ctx;
 	pthread_mutex_lock(&w->lock);
-	if (io->res < 0 && !w->err)
-		w->err = io->res;
-	else if (io->res >= 0 && (uint64_t)io->res != io->len && io->op != CHM_IO_SYNC && !w->err)
-		w->err = -EIO;
-	if (io->res > 0)
-		w->bytes += (uint64_t)io->res;
-	if (io->model_done_ns > w->model_done_ns)
-		w->model_done_ns = io->model_done_ns;
 	if (--w->pending == 0)
 		pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 }
 
-/* Runs n ios to completion; *done_ns gets their latest modeled completion. */
-static int run_ios(struct chm_dev *dev, struct chm_io *ios, unsigned n, uint64_t *bytes,
-                   uint64_t *done_ns)
+int chm_ios_run(struct chm_dev *dev, struct chm_io *ios, struct chm_io **ptrs, unsigned n,
+                uint64_t *bytes, uint64_t *done_ns)
 {
 	struct sync_wait w = {.pending = n};
-	struct chm_io **ptrs = malloc(n * sizeof(*ptrs));
-	if (!ptrs)
-		return -ENOMEM;
+	uint64_t moved = 0, latest = 0;
+	int err = 0;
+	if (!n)
+		goto out;
 	pthread_mutex_init(&w.lock, NULL);
 	pthread_cond_init(&w.cond, NULL);
 	for (unsigned i = 0; i < n; i++) {
 		ios[i].done = sync_io_done;
 		ios[i].ctx = &w;
+		ios[i].res = 0;
 		ptrs[i] = &ios[i];
 	}
 	int rc = dev->be_ops->submit(dev->be, ptrs, n);
 	pthread_mutex_lock(&w.lock);
-	if (rc < 0)
+	if (rc < 0) {
+		/* no done() runs for any of them */
+		for (unsigned i = 0; i < n; i++)
+			ios[i].res = rc;
 		w.pending = 0;
+	}
 	while (w.pending)
 		pthread_cond_wait(&w.cond, &w.lock);
 	pthread_mutex_unlock(&w.lock);
 	pthread_mutex_destroy(&w.lock);
 	pthread_cond_destroy(&w.cond);
-	free(ptrs);
+	for (unsigned i = 0; i < n; i++) {
+		const struct chm_io *io = &ios[i];
+		if (io->res < 0 && !err)
+			err = io->res;
+		else if (io->res >= 0 && (uint64_t)io->res != io->len && io->op != CHM_IO_SYNC &&
+		         !err)
+			err = -EIO; /* short transfer */
+		if (io->res > 0)
+			moved += (uint64_t)io->res;
+		if (io->model_done_ns > latest)
+			latest = io->model_done_ns;
+	}
+out:
 	if (bytes)
-		*bytes = w.bytes;
+		*bytes = moved;
 	if (done_ns)
-		*done_ns = w.model_done_ns;
-	return rc < 0 ? rc : w.err;
+		*done_ns = latest;
+	return err;
 }
 
 int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
@@ -138,8 +144,12 @@ int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 	const uint64_t round_max = 32ull << 20;
 	unsigned max = chm_map_max_ios(&dev->cfg, len < round_max ? len : round_max);
 	struct chm_io *ios = calloc(max, sizeof(*ios));
-	if (!ios)
+	struct chm_io **ptrs = calloc(max, sizeof(*ptrs));
+	if (!ios || !ptrs) {
+		free(ios);
+		free(ptrs);
 		return -ENOMEM;
+	}
 	char *p = buf;
 	uint64_t moved, done, latest = model_ns;
 	int rc = 0;
@@ -152,7 +162,7 @@ int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 		}
 		for (int i = 0; i < n; i++)
 			ios[i].model_done_ns = model_ns;
-		rc = run_ios(dev, ios, (unsigned)n, &moved, &done);
+		rc = chm_ios_run(dev, ios, ptrs, (unsigned)n, &moved, &done);
 		pthread_mutex_lock(&dev->lock);
 		if (op == CHM_IO_READ)
 			dev->st.bytes_read_ssd += moved;
@@ -164,6 +174,7 @@ int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 		p += round;
 		len -= round;
 	}
+	free(ptrs);
 	free(ios);
 	if (done_ns)
 		*done_ns = latest;
@@ -183,11 +194,12 @@ int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 int chm_ssd_sync_all(struct chm_dev *dev)
 {
 	struct chm_io ios[CHM_MAX_TARGETS];
+	struct chm_io *ptrs[CHM_MAX_TARGETS];
 	unsigned n = dev->cfg.n_targets ? dev->cfg.n_targets : 1;
 	for (unsigned i = 0; i < n; i++) {
 		memset(&ios[i], 0, sizeof(ios[i]));
 		ios[i].op = CHM_IO_SYNC;
 		ios[i].target = (int)i;
 	}
-	return run_ios(dev, ios, n, NULL, NULL);
+	return chm_ios_run(dev, ios, ptrs, n, NULL, NULL);
 }

@@ -17,6 +17,15 @@ int chm_map_ios(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *
 /* Upper bound of ios for a transfer of len bytes. */
 unsigned chm_map_max_ios(const struct chm_config *cfg, uint64_t len);
 
+/* Submits ios[0, n) to the backend in one go and waits for every one (blocks;
+ * no lock held): each io->res ends up bytes or -errno (a refused submission
+ * sets them all). ptrs is scratch space for n pointers. *bytes and *done_ns
+ * (either may be NULL) get the bytes moved and the latest modeled completion,
+ * fault delays included. Returns the first error (-EIO for a short
+ * transfer), or 0. */
+int chm_ios_run(struct chm_dev *dev, struct chm_io *ios, struct chm_io **ptrs, unsigned n,
+                uint64_t *bytes, uint64_t *done_ns);
+
 /* Synchronous SSD transfer through the backend (blocks the caller). buf must
  * be CHM_IO_ALIGN-aligned, addr/len too. The transfer is charged to the
  * timing model once, as one object, at submission; *done_ns (may be NULL)

@@ -76,6 +76,7 @@
 #include "dev.h"
 #include "iomap.h"
 #include "lru.h"
+#include "lru_index.h"
 #include "mode.h"
 #include "staging.h"
 #include "states.h"
@@ -85,17 +86,6 @@
 #define WB_BATCH_LINES 64u        /* lines per eager write-back batch */
 #define WB_RETRY_NS 10000000ull   /* back-off after a failed write-back */
 #define WRITE_RETRIES 3           /* victim write-back failures per write */
-
-struct lru_line {
-	uint64_t addr; /* device address of byte 0 (hashed lines) */
-	uint64_t dseq; /* DIRTY/WRITING_BACK: oldest unflushed write */
-	int state;     /* enum chm_line_state */
-	bool busy;     /* being filled or evicted: others wait */
-	bool hashed;
-	uint32_t hnext;        /* hash chain (index+1, 0 = end) */
-	uint32_t prev, next;   /* recency list, or free stack (next only) */
-	uint32_t dprev, dnext; /* unclean FIFO */
-};
 
 /* One missing line of a batch. */
 struct lru_fill {
@@ -122,20 +112,9 @@ struct lru_range {
 struct chm_lru {
 	struct chm_dev *dev;
 	struct lru_range *rhead, *rtail; /* accesses, oldest first */
-	uint64_t line;                   /* bytes per line */
-	unsigned shift;                  /* log2(line) */
-	uint32_t nlines;
-	char *base;
-	struct lru_line *lines;
-	uint32_t *htab; /* index+1 */
-	unsigned hbits;
-	uint32_t mru, lru; /* recency list ends (index+1) */
-	uint32_t free_head;
-	uint32_t dhead, dtail; /* unclean FIFO, oldest first */
-	uint64_t seq;          /* last dseq handed out */
+	struct chm_lru_index ix;         /* lines: lru_index.c */
+	char *base;                      /* line i at base + i * ix.line */
 	struct lru_fill *pending;
-	uint64_t *evicted; /* one bit per line-sized chunk of the address space */
-	uint64_t count[4]; /* lines per state */
 	unsigned ios_per_line;
 	unsigned batch_lines; /* derived: lines per fill batch */
 
@@ -166,208 +145,16 @@ struct chm_lru {
 
 /* ---- lines ---- */
 
-static inline uint32_t lidx(const struct chm_lru *c, const struct lru_line *l)
-{
-	return (uint32_t)(l - c->lines);
-}
-
-static inline struct lru_line *lat(struct chm_lru *c, uint32_t i1)
-{
-	return i1 ? &c->lines[i1 - 1] : NULL;
-}
-
 static inline char *line_buf(const struct chm_lru *c, const struct lru_line *l)
 {
-	return c->base + (uint64_t)lidx(c, l) * c->line;
+	return c->base + (uint64_t)chm_lru_index_of(&c->ix, l) * c->ix.line;
 }
 
 /* Bytes of the line at addr (the last line may be cut by the capacity). */
 static inline uint64_t line_len(const struct chm_lru *c, uint64_t addr)
 {
 	uint64_t left = c->dev->cfg.capacity - addr;
-	return left < c->line ? left : c->line;
-}
-
-static void line_set(struct chm_lru *c, struct lru_line *l, int to)
-{
-	c->count[l->state]--;
-	CHM_TRANSITION(chm_line_transitions, l->state, to);
-	c->count[to]++;
-}
-
-/* ---- hash table ---- */
-
-/* Runs of 64 consecutive lines (an object's) share one hashed group and sit
- * in consecutive buckets, so a large access walks the table sequentially
- * instead of missing the cache at every line; groups are spread by a
- * multiplicative hash. */
-#define HGROUP_BITS 6u
-
-static inline uint32_t hslot(const struct chm_lru *c, uint64_t addr)
-{
-	uint64_t b = addr >> c->shift;
-	uint64_t g = (b >> HGROUP_BITS) * 0x9e3779b97f4a7c15ull;
-	uint64_t mask = (1ull << c->hbits) - 1;
-	return (uint32_t)(((g >> (64 - c->hbits)) + (b & ((1u << HGROUP_BITS) - 1))) & mask);
-}
-
-static struct lru_line *lookup(struct chm_lru *c, uint64_t addr)
-{
-	for (uint32_t i = c->htab[hslot(c, addr)]; i; i = c->lines[i - 1].hnext)
-		if (c->lines[i - 1].addr == addr)
-			return &c->lines[i - 1];
-	return NULL;
-}
-
-static void hash_insert(struct chm_lru *c, struct lru_line *l)
-{
-	uint32_t *h = &c->htab[hslot(c, l->addr)];
-	l->hnext = *h;
-	*h = lidx(c, l) + 1;
-	l->hashed = true;
-}
-
-static void hash_remove(struct chm_lru *c, struct lru_line *l)
-{
-	uint32_t *p = &c->htab[hslot(c, l->addr)];
-	uint32_t me = lidx(c, l) + 1;
-	while (*p != me)
-		p = &c->lines[*p - 1].hnext;
-	*p = l->hnext;
-	l->hnext = 0;
-	l->hashed = false;
-}
-
-/* ---- recency list and free stack ---- */
-
-static void rec_unlink(struct chm_lru *c, struct lru_line *l)
-{
-	if (l->prev)
-		c->lines[l->prev - 1].next = l->next;
-	else
-		c->mru = l->next;
-	if (l->next)
-		c->lines[l->next - 1].prev = l->prev;
-	else
-		c->lru = l->prev;
-	l->prev = l->next = 0;
-}
-
-static void rec_push_mru(struct chm_lru *c, struct lru_line *l)
-{
-	uint32_t me = lidx(c, l) + 1;
-	l->prev = 0;
-	l->next = c->mru;
-	if (c->mru)
-		c->lines[c->mru - 1].prev = me;
-	else
-		c->lru = me;
-	c->mru = me;
-}
-
-static void touch(struct chm_lru *c, struct lru_line *l)
-{
-	if (c->mru != lidx(c, l) + 1) {
-		rec_unlink(c, l);
-		rec_push_mru(c, l);
-	}
-}
-
-static void free_push(struct chm_lru *c, struct lru_line *l)
-{
-	l->prev = 0;
-	l->next = c->free_head;
-	c->free_head = lidx(c, l) + 1;
-}
-
-/* Gives an INVALID line its address: hashed, most recent. */
-static void line_bind(struct chm_lru *c, struct lru_line *l, uint64_t addr)
-{
-	l->addr = addr;
-	hash_insert(c, l);
-	rec_push_mru(c, l);
-}
-
-/* An INVALID hashed line goes back to the free stack. */
-static void line_unbind(struct chm_lru *c, struct lru_line *l)
-{
-	hash_remove(c, l);
-	rec_unlink(c, l);
-	free_push(c, l);
-}
-
-static void mark_evicted(struct chm_lru *c, uint64_t addr)
-{
-	uint64_t b = addr >> c->shift;
-	c->evicted[b / 64] |= 1ull << (b % 64);
-}
-
-static bool test_clear_evicted(struct chm_lru *c, uint64_t addr)
-{
-	uint64_t b = addr >> c->shift, m = 1ull << (b % 64);
-	bool was = c->evicted[b / 64] & m;
-	c->evicted[b / 64] &= ~m;
-	return was;
-}
-
-/* CLEAN -> INVALID: the line forgets its address. */
-static void line_evict(struct chm_lru *c, struct lru_line *l)
-{
-	line_set(c, l, CHM_LINE_INVALID);
-	mark_evicted(c, l->addr);
-	hash_remove(c, l);
-	rec_unlink(c, l);
-}
-
-/* ---- unclean FIFO ---- */
-
-static void fifo_append(struct chm_lru *c, struct lru_line *l)
-{
-	uint32_t me = lidx(c, l) + 1;
-	l->dseq = ++c->seq;
-	l->dnext = 0;
-	l->dprev = c->dtail;
-	if (c->dtail)
-		c->lines[c->dtail - 1].dnext = me;
-	else
-		c->dhead = me;
-	c->dtail = me;
-}
-
-static void fifo_remove(struct chm_lru *c, struct lru_line *l)
-{
-	if (l->dprev)
-		c->lines[l->dprev - 1].dnext = l->dnext;
-	else
-		c->dhead = l->dnext;
-	if (l->dnext)
-		c->lines[l->dnext - 1].dprev = l->dprev;
-	else
-		c->dtail = l->dprev;
-	l->dprev = l->dnext = 0;
-}
-
-/* A write made l (CLEAN or INVALID, bytes already in place) DIRTY. */
-static void line_dirty(struct chm_lru *c, struct lru_line *l)
-{
-	line_set(c, l, CHM_LINE_DIRTY);
-	fifo_append(c, l);
-}
-
-/* ---- victims and pending addresses ---- */
-
-/* The line a miss would take, without taking it: a free line, else the
- * least recent CLEAN or DIRTY line nobody is working on. */
-static struct lru_line *victim_peek(struct chm_lru *c)
-{
-	if (c->free_head)
-		return lat(c, c->free_head);
-	for (uint32_t i = c->lru; i; i = c->lines[i - 1].prev) {
-		struct lru_line *l = &c->lines[i - 1];
-		if (!l->busy && (l->state == CHM_LINE_CLEAN || l->state == CHM_LINE_DIRTY))
-			return l;
-	}
-	return NULL;
+	return left < c->ix.line ? left : c->ix.line;
 }
 
 static bool pending_has(const struct chm_lru *c, uint64_t addr)
@@ -388,49 +175,6 @@ static void pending_remove(struct chm_lru *c, struct lru_fill *f)
 }
 
 /* ---- batches of I/O ---- */
-
-struct batch_wait {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	unsigned pending;
-};
-
-static void batch_io_done(struct chm_io *io)
-{
-	struct batch_wait *w = io->ctx;
-	pthread_mutex_lock(&w->lock);
-	if (--w->pending == 0)
-		pthread_cond_signal(&w->cond);
-	pthread_mutex_unlock(&w->lock);
-}
-
-/* Submits n ios in one go and waits for all of them; each io->res ends up
- * as bytes or -errno. Lock not held. */
-static void batch_run(struct chm_dev *dev, struct chm_io *ios, struct chm_io **ptrs, unsigned n)
-{
-	struct batch_wait w = {.pending = n};
-	pthread_mutex_init(&w.lock, NULL);
-	pthread_cond_init(&w.cond, NULL);
-	for (unsigned i = 0; i < n; i++) {
-		ios[i].done = batch_io_done;
-		ios[i].ctx = &w;
-		ios[i].res = 0;
-		ptrs[i] = &ios[i];
-	}
-	int rc = n ? dev->be_ops->submit(dev->be, ptrs, n) : 0;
-	pthread_mutex_lock(&w.lock);
-	if (rc < 0) {
-		/* no done() runs for any of them */
-		for (unsigned i = 0; i < n; i++)
-			ios[i].res = rc;
-		w.pending = 0;
-	}
-	while (w.pending)
-		pthread_cond_wait(&w.cond, &w.lock);
-	pthread_mutex_unlock(&w.lock);
-	pthread_mutex_destroy(&w.lock);
-	pthread_cond_destroy(&w.cond);
-}
 
 /* First error among ios[i0, i0+n): -errno, -EIO for a short transfer. */
 static int ios_err(const struct chm_io *ios, unsigned i0, unsigned n)
@@ -489,11 +233,11 @@ static void access_hit(struct chm_lru *c, struct access *a, struct lru_line *l, 
 		if (!a->nodata)
 			memcpy(line_buf(c, l) + off, a->wbuf + buf_off, cnt);
 		if (l->state == CHM_LINE_CLEAN)
-			line_dirty(c, l);
+			chm_lru_index_dirty(&c->ix, l);
 	} else if (!a->nodata) {
 		memcpy(a->rbuf + buf_off, line_buf(c, l) + off, cnt);
 	}
-	touch(c, l);
+	chm_lru_index_touch(&c->ix, l);
 	c->hits++;
 }
 
@@ -513,10 +257,10 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 
 	*grow = false;
 	while (*cur < end && n < c->batch_lines) {
-		uint64_t la = *cur & ~(c->line - 1), ll = line_len(c, la);
+		uint64_t la = *cur & ~(c->ix.line - 1), ll = line_len(c, la);
 		uint64_t off = *cur - la;
 		uint64_t cnt = (end < la + ll ? end : la + ll) - *cur;
-		struct lru_line *l = lookup(c, la);
+		struct lru_line *l = chm_lru_index_lookup(&c->ix, la);
 		bool blocked = l ? l->busy || (write && l->state == CHM_LINE_WRITING_BACK)
 		                 : pending_has(c, la);
 		if (blocked) {
@@ -530,7 +274,7 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 			*cur += cnt;
 			continue;
 		}
-		struct lru_line *v = victim_peek(c);
+		struct lru_line *v = chm_lru_index_victim(&c->ix);
 		if (!v) {
 			if (n)
 				break;
@@ -545,19 +289,19 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 		}
 		a->all_hit = false;
 		c->misses++;
-		if (fetch && test_clear_evicted(c, la))
+		if (fetch && chm_lru_index_test_clear_evicted(&c->ix, la))
 			c->refills++;
 		if (!dirty) {
 			if (v->state == CHM_LINE_CLEAN)
-				line_evict(c, v);
+				chm_lru_index_evict(&c->ix, v);
 			else
-				c->free_head = v->next; /* free stack pop */
-			line_bind(c, v, la);
+				chm_lru_index_free_pop(&c->ix); /* v was its top */
+			chm_lru_index_bind(&c->ix, v, la);
 			if (!fetch) {
 				/* whole-line write, clean or free victim: no I/O */
 				if (!a->nodata)
 					memcpy(line_buf(c, v), a->wbuf + (*cur - a->addr), cnt);
-				line_dirty(c, v);
+				chm_lru_index_dirty(&c->ix, v);
 				*cur += cnt;
 				continue;
 			}
@@ -576,13 +320,13 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 			f->dirty_victim = true;
 			f->old_addr = v->addr;
 			f->old_len = line_len(c, v->addr);
-			line_set(c, v, CHM_LINE_WRITING_BACK);
+			chm_lru_index_set(&c->ix, v, CHM_LINE_WRITING_BACK);
 			c->dirty_evictions++;
 			f->pnext = c->pending;
 			c->pending = f;
 			if (fetch) /* no payload: the ghost fill lands nowhere */
 				f->dst = a->nodata ? line_buf(c, v)
-				                   : a->bounce + (uint64_t)nbounce++ * c->line;
+				                   : a->bounce + (uint64_t)nbounce++ * c->ix.line;
 		} else {
 			f->dst = line_buf(c, v);
 		}
@@ -605,7 +349,8 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 		pending_remove(c, f);
 		v->busy = false;
 		if (f->wb_err) {
-			line_set(c, v, CHM_LINE_DIRTY); /* stays on the FIFO, retried */
+			chm_lru_index_set(&c->ix, v,
+			                  CHM_LINE_DIRTY); /* stays on the FIFO, retried */
 			c->wb_errors++;
 			if (write)
 				return 1;
@@ -615,30 +360,30 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 				memcpy(a->rbuf + f->buf_off, f->dst + f->off, f->cnt);
 			return 0;
 		}
-		line_set(c, v, CHM_LINE_CLEAN);
-		fifo_remove(c, v);
+		chm_lru_index_set(&c->ix, v, CHM_LINE_CLEAN);
+		chm_lru_index_fifo_remove(&c->ix, v);
 		c->writeback_bytes += f->old_len;
 		dev->st.bytes_written_ssd += f->old_len;
-		line_evict(c, v);
+		chm_lru_index_evict(&c->ix, v);
 		if (f->fetch && f->rd_err) {
-			free_push(c, v);
+			chm_lru_index_free_push(&c->ix, v);
 			return f->rd_err;
 		}
-		line_bind(c, v, f->addr);
+		chm_lru_index_bind(&c->ix, v, f->addr);
 		/* a fetched line was copied in from the bounce buffer already */
 	} else {
 		v->busy = false;
 		if (f->rd_err) {
-			line_unbind(c, v);
+			chm_lru_index_unbind(&c->ix, v);
 			return f->rd_err;
 		}
 	}
 	if (f->fetch)
-		line_set(c, v, CHM_LINE_CLEAN);
+		chm_lru_index_set(&c->ix, v, CHM_LINE_CLEAN);
 	if (write) {
 		if (!a->nodata)
 			memcpy(line_buf(c, v) + f->off, a->wbuf + f->buf_off, f->cnt);
-		line_dirty(c, v);
+		chm_lru_index_dirty(&c->ix, v);
 	} else if (!a->nodata) {
 		memcpy(a->rbuf + f->buf_off, line_buf(c, v) + f->off, f->cnt);
 	}
@@ -680,7 +425,7 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 	pthread_mutex_unlock(&dev->lock);
 
 	uint64_t t0 = chm_mono_ns();
-	batch_run(dev, a->ios, a->ptrs, k);
+	chm_ios_run(dev, a->ios, a->ptrs, k, NULL, NULL);
 	uint64_t stalled = nwb_total && !a->write ? chm_mono_ns() - t0 : 0;
 	for (unsigned i = 0; i < n; i++) {
 		struct lru_fill *f = &a->fills[i];
@@ -768,7 +513,7 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 	                   .write = write,
 	                   .nodata = chm_nodata(dev) || (write && !wbuf),
 	                   .hint = hint};
-	uint64_t nl = ((addr + len - 1) >> c->shift) - (addr >> c->shift) + 1;
+	uint64_t nl = ((addr + len - 1) >> c->ix.shift) - (addr >> c->ix.shift) + 1;
 	unsigned bmax = nl < c->batch_lines ? (unsigned)nl : c->batch_lines;
 	size_t nios = (size_t)bmax * 2 * c->ios_per_line;
 	uint64_t cur = addr;
@@ -803,7 +548,7 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 				want = bmax;
 			pthread_mutex_unlock(&dev->lock);
 			void *nb = NULL;
-			if (posix_memalign(&nb, CHM_FILL_ALIGN, (size_t)want * c->line))
+			if (posix_memalign(&nb, CHM_FILL_ALIGN, (size_t)want * c->ix.line))
 				rc = -ENOMEM;
 			pthread_mutex_lock(&dev->lock);
 			if (!rc) {
@@ -870,11 +615,11 @@ static unsigned wb_collect(struct chm_lru *c, unsigned *nios, uint64_t *done)
 	unsigned n = 0, k = 0;
 
 	*done = now;
-	for (uint32_t i = c->dhead; i && n < c->wb_max; i = c->lines[i - 1].dnext) {
-		struct lru_line *l = &c->lines[i - 1];
+	for (uint32_t i = c->ix.dhead; i && n < c->wb_max; i = c->ix.lines[i - 1].dnext) {
+		struct lru_line *l = &c->ix.lines[i - 1];
 		if (l->state != CHM_LINE_DIRTY || l->busy)
 			continue;
-		line_set(c, l, CHM_LINE_WRITING_BACK);
+		chm_lru_index_set(&c->ix, l, CHM_LINE_WRITING_BACK);
 		c->wb_lines[n] = l;
 		c->wb_nios[n] = map_line(dev, CHM_IO_WRITE, l->addr, line_len(c, l->addr),
 		                         line_buf(c, l), c->wb_ios + k, now, done);
@@ -894,7 +639,7 @@ static unsigned wb_run(struct chm_lru *c, unsigned n, unsigned nios, uint64_t do
 	int sync_err;
 
 	pthread_mutex_unlock(&dev->lock);
-	batch_run(dev, c->wb_ios, c->wb_ptrs, nios);
+	chm_ios_run(dev, c->wb_ios, c->wb_ptrs, nios, NULL, NULL);
 	sync_err = ios_err(c->wb_ios, 0, nios) ? 0 : chm_ssd_sync_all(dev);
 	pthread_mutex_lock(&dev->lock);
 	/* virtual time advances only with the callers, never in the background */
@@ -904,13 +649,14 @@ static unsigned wb_run(struct chm_lru *c, unsigned n, unsigned nios, uint64_t do
 		struct lru_line *l = c->wb_lines[i];
 		uint64_t len = line_len(c, l->addr);
 		if (sync_err || ios_err(c->wb_ios, k, c->wb_nios[i])) {
-			line_set(c, l, CHM_LINE_DIRTY); /* stays on the FIFO, retried */
+			chm_lru_index_set(&c->ix, l,
+			                  CHM_LINE_DIRTY); /* stays on the FIFO, retried */
 			c->wb_errors++;
 			failed++;
 			continue;
 		}
-		line_set(c, l, CHM_LINE_CLEAN);
-		fifo_remove(c, l);
+		chm_lru_index_set(&c->ix, l, CHM_LINE_CLEAN);
+		chm_lru_index_fifo_remove(&c->ix, l);
 		c->writeback_bytes += len;
 		dev->st.bytes_written_ssd += len;
 	}
@@ -977,11 +723,11 @@ int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns)
 		deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
 	}
 	pthread_mutex_lock(&dev->lock);
-	uint64_t target = c->seq, errors = c->wb_errors;
+	uint64_t target = c->ix.seq, errors = c->wb_errors;
 	bool inline_wb = dev->cfg.clock == CHM_CLOCK_VIRTUAL;
 	if (!inline_wb)
 		pthread_cond_signal(&c->wb_cond);
-	while (c->dhead && c->lines[c->dhead - 1].dseq <= target) {
+	while (c->ix.dhead && c->ix.lines[c->ix.dhead - 1].dseq <= target) {
 		if (c->wb_errors != errors) {
 			rc = -EIO;
 			break;
@@ -1017,10 +763,10 @@ static void lru_stats(struct chm_dev *dev, struct chm_stats *out)
 	out->lru_refills = c->refills;
 	out->lru_dirty_evictions = c->dirty_evictions;
 	out->lru_writeback_bytes = c->writeback_bytes;
-	out->lru_lines_total = c->nlines;
-	out->lru_lines_valid = c->count[CHM_LINE_CLEAN] + c->count[CHM_LINE_DIRTY] +
-	                       c->count[CHM_LINE_WRITING_BACK];
-	out->lru_lines_dirty = c->count[CHM_LINE_DIRTY] + c->count[CHM_LINE_WRITING_BACK];
+	out->lru_lines_total = c->ix.nlines;
+	out->lru_lines_valid = c->ix.count[CHM_LINE_CLEAN] + c->ix.count[CHM_LINE_DIRTY] +
+	                       c->ix.count[CHM_LINE_WRITING_BACK];
+	out->lru_lines_dirty = c->ix.count[CHM_LINE_DIRTY] + c->ix.count[CHM_LINE_WRITING_BACK];
 }
 
 /* ---- setup / teardown ---- */
@@ -1041,44 +787,27 @@ static int cache_init(struct chm_dev *dev)
 	if (!c)
 		return -ENOMEM;
 	c->dev = dev;
-	c->line = line;
-	c->shift = (unsigned)__builtin_ctzll(line);
-	c->nlines = (uint32_t)(bytes / line);
+	rc = chm_lru_index_init(&c->ix, line, (uint32_t)(bytes / line), cfg->capacity);
+	if (rc)
+		goto err_index;
+	rc = -ENOMEM;
 	c->base = dev->pool.base;
 	c->ios_per_line = chm_map_max_ios(cfg, line);
 	c->batch_lines = (unsigned)(BATCH_BYTES / line);
 	if (c->batch_lines > FILL_BATCH_LINES)
 		c->batch_lines = FILL_BATCH_LINES;
-	if (c->batch_lines > c->nlines)
-		c->batch_lines = c->nlines;
+	if (c->batch_lines > c->ix.nlines)
+		c->batch_lines = c->ix.nlines;
 	if (!c->batch_lines)
 		c->batch_lines = 1;
 	c->wb_max = c->batch_lines < WB_BATCH_LINES ? c->batch_lines : WB_BATCH_LINES;
 
-	c->lines = calloc(c->nlines, sizeof(*c->lines));
-	if (!c->lines)
-		goto err_lines;
-	for (c->hbits = 4; (1ull << c->hbits) < c->nlines; c->hbits++)
-		;
-	c->htab = calloc(1ull << c->hbits, sizeof(*c->htab));
-	if (!c->htab)
-		goto err_htab;
-	uint64_t chunks = (cfg->capacity + line - 1) / line;
-	c->evicted = calloc((chunks + 63) / 64, sizeof(*c->evicted));
-	if (!c->evicted)
-		goto err_evicted;
 	c->wb_lines = calloc(c->wb_max, sizeof(*c->wb_lines));
 	c->wb_nios = calloc(c->wb_max, sizeof(*c->wb_nios));
 	c->wb_ios = calloc((size_t)c->wb_max * c->ios_per_line, sizeof(*c->wb_ios));
 	c->wb_ptrs = calloc((size_t)c->wb_max * c->ios_per_line, sizeof(*c->wb_ptrs));
 	if (!c->wb_lines || !c->wb_nios || !c->wb_ios || !c->wb_ptrs)
 		goto err_wb;
-
-	for (uint32_t i = c->nlines; i-- > 0;) {
-		c->lines[i].state = CHM_LINE_INVALID;
-		free_push(c, &c->lines[i]);
-	}
-	c->count[CHM_LINE_INVALID] = c->nlines;
 
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1104,12 +833,8 @@ err_wb:
 	free(c->wb_ios);
 	free(c->wb_nios);
 	free(c->wb_lines);
-	free(c->evicted);
-err_evicted:
-	free(c->htab);
-err_htab:
-	free(c->lines);
-err_lines:
+	chm_lru_index_fini(&c->ix);
+err_index:
 	free(c);
 	return rc;
 }
@@ -1150,9 +875,7 @@ static void cache_free(struct chm_dev *dev)
 	free(c->wb_ios);
 	free(c->wb_nios);
 	free(c->wb_lines);
-	free(c->evicted);
-	free(c->htab);
-	free(c->lines);
+	chm_lru_index_fini(&c->ix);
 	free(c);
 }
 

@@ -8,6 +8,35 @@
 
 #include "chm.h"
 
+/* Staging slot states (fw_spec/staging.yaml). Internal: Python and
+ * tools see them as names, through chm_state_name(). */
+enum chm_slot_state {
+	CHM_SLOT_FREE = 0,
+	CHM_SLOT_FILLING = 1,
+	CHM_SLOT_READY = 2,
+	CHM_SLOT_HELD = 3,
+	CHM_SLOT_FAILED = 4,
+	CHM_SLOT_DRAINING = 5, /* released while hits still copy from it */
+};
+
+/* Write-buffer entry states (fw_spec/wbuf.yaml). SKIPPED is never stored:
+ * it is the outcome of a write that was not admitted. */
+enum chm_wbuf_state {
+	CHM_WB_FREE = 0,
+	CHM_WB_ADMITTED = 1,
+	CHM_WB_FLUSHING = 2,
+	CHM_WB_DURABLE = 3,
+	CHM_WB_SKIPPED = 4,
+};
+
+/* LRU line states (fw_spec/lru.yaml). */
+enum chm_line_state {
+	CHM_LINE_INVALID = 0,
+	CHM_LINE_CLEAN = 1,
+	CHM_LINE_DIRTY = 2,
+	CHM_LINE_WRITING_BACK = 3,
+};
+
 struct chm_transition {
 	int from;
 	int to;
@@ -49,6 +78,23 @@ static const struct chm_transition chm_line_transitions[] = {
         {CHM_LINE_DIRTY, CHM_LINE_WRITING_BACK, "writeback_start"},
         {CHM_LINE_WRITING_BACK, CHM_LINE_CLEAN, "writeback_done"},
         {CHM_LINE_WRITING_BACK, CHM_LINE_DIRTY, "writeback_error_or_rewrite"},
+};
+
+/* Names (lowercase fw_spec names) by value, for chm_state_name(). */
+static const char *const chm_slot_names[] = {
+        [CHM_SLOT_FREE] = "free", [CHM_SLOT_FILLING] = "filling", [CHM_SLOT_READY] = "ready",
+        [CHM_SLOT_HELD] = "held", [CHM_SLOT_FAILED] = "failed",   [CHM_SLOT_DRAINING] = "draining",
+};
+static const char *const chm_wbuf_names[] = {
+        [CHM_WB_FREE] = "free",         [CHM_WB_ADMITTED] = "admitted",
+        [CHM_WB_FLUSHING] = "flushing", [CHM_WB_DURABLE] = "durable",
+        [CHM_WB_SKIPPED] = "skipped",
+};
+static const char *const chm_line_names[] = {
+        [CHM_LINE_INVALID] = "invalid",
+        [CHM_LINE_CLEAN] = "clean",
+        [CHM_LINE_DIRTY] = "dirty",
+        [CHM_LINE_WRITING_BACK] = "writing_back",
 };
 
 #define CHM_NTRANS(t) (sizeof(t) / sizeof((t)[0]))

@@ -86,32 +86,13 @@ enum chm_clock_kind {
 	CHM_CLOCK_VIRTUAL = 1, /* simulated clock (ghost backend only) */
 };
 
-/* Staging slot states (fw_spec/staging.yaml). */
-enum chm_slot_state {
-	CHM_SLOT_FREE = 0,
-	CHM_SLOT_FILLING = 1,
-	CHM_SLOT_READY = 2,
-	CHM_SLOT_HELD = 3,
-	CHM_SLOT_FAILED = 4,
-	CHM_SLOT_DRAINING = 5, /* released while hits still copy from it */
-};
-
-/* Write-buffer entry states (fw_spec/wbuf.yaml). SKIPPED is never stored:
- * it is the outcome of a write that was not admitted. */
-enum chm_wbuf_state {
-	CHM_WB_FREE = 0,
-	CHM_WB_ADMITTED = 1,
-	CHM_WB_FLUSHING = 2,
-	CHM_WB_DURABLE = 3,
-	CHM_WB_SKIPPED = 4,
-};
-
-/* LRU line states (fw_spec/lru.yaml). */
-enum chm_line_state {
-	CHM_LINE_INVALID = 0,
-	CHM_LINE_CLEAN = 1,
-	CHM_LINE_DIRTY = 2,
-	CHM_LINE_WRITING_BACK = 3,
+/* The device's internal state machines, by kind, for chm_state_name(). The
+ * states themselves are the core's (csrc/states.h); fw_spec/staging.yaml,
+ * wbuf.yaml and lru.yaml name and number them. */
+enum chm_state_kind {
+	CHM_STATE_SLOT = 0, /* a staging slot */
+	CHM_STATE_WBUF = 1, /* a write-buffer entry */
+	CHM_STATE_LINE = 2, /* an LRU line */
 };
 
 /* chm_prefetch_object() flags. */
@@ -247,6 +228,11 @@ int chm_version(void);
 
 /* Returns a static English string for a -errno value returned by chm. */
 const char *chm_strerror(int err);
+
+/* Returns the name of state value of machine kind (enum chm_state_kind): the
+ * fw_spec name in lowercase ("free", "writing_back", ...), a static string;
+ * NULL when kind or value names no state. Never blocks; thread-safe. */
+const char *chm_state_name(int kind, int value);
 
 /* ---- configuration (non-blocking, touch only *cfg, thread-safe per cfg) ---- */
 

@@ -1,6 +1,6 @@
 /*
  * test_spec_tables.c - prints the device's state machines as the C core has
- * them (enums of include/chm.h and csrc/dev.h, transition tables of
+ * them (enums of include/chm.h, csrc/states.h and csrc/dev.h, tables of
  * csrc/states.h, error codes and constants) as one JSON object on stdout, for
  * tests/spec/test_spec_vs_code.py to compare with the fw_spec yaml files.
  *
@@ -73,6 +73,11 @@ static const struct named clock_kinds[] = {
         N(CHM_CLOCK_REAL),
         N(CHM_CLOCK_VIRTUAL),
 };
+static const struct named state_kinds[] = {
+        N(CHM_STATE_SLOT),
+        N(CHM_STATE_WBUF),
+        N(CHM_STATE_LINE),
+};
 static const struct named prefetch_flags[] = {
         N(CHM_PF_NOQUEUE),
 };
@@ -110,6 +115,7 @@ static const struct enum_desc enums[] = {
         ENUM(chm_backend_kind, backend_kinds),    ENUM(chm_mode, modes),
         ENUM(chm_pool_kind, pool_kinds),          ENUM(chm_clock_kind, clock_kinds),
         ENUM(chm_prefetch_flags, prefetch_flags), ENUM(chm_fault_kind, fault_kinds),
+        ENUM(chm_state_kind, state_kinds),
 };
 
 struct table_desc {
