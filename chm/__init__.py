@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from chm import errors
 from chm._lowlevel import version as _c_version
 from chm.config import Config, OptionInfo, options
-from chm.device import Device, Handle
+from chm.device import Device, Handle, HandleBatch, Session
 from chm.errors import ChmError
 from chm.sizes import format_size, parse_size
 from chm.stats import Stats
@@ -31,6 +31,8 @@ __all__ = [
     "Config",
     "Device",
     "Handle",
+    "HandleBatch",
+    "Session",
     "OptionInfo",
     "Stats",
     "errors",

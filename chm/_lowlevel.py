@@ -51,33 +51,47 @@ VERSION_TUPLE: tuple[int, int, int] = (
     int(lib.CHM_VERSION_PATCH),
 )
 
-BACKENDS: dict[str, int] = {
-    "uring": int(lib.CHM_BACKEND_URING),
-    "pread": int(lib.CHM_BACKEND_PREAD),
-    "ghost": int(lib.CHM_BACKEND_GHOST),
-}
-MODES: dict[str, int] = {
-    "prefetch": int(lib.CHM_MODE_PREFETCH),
-    "lru": int(lib.CHM_MODE_LRU),
-    "direct": int(lib.CHM_MODE_DIRECT),
-}
-POOL_KINDS: dict[str, int] = {
-    "anon": int(lib.CHM_POOL_ANON),
-    "hugetlb": int(lib.CHM_POOL_HUGETLB),
-    "memfd": int(lib.CHM_POOL_MEMFD),
-    "file": int(lib.CHM_POOL_FILE),
-}
-CLOCKS: dict[str, int] = {
-    "real": int(lib.CHM_CLOCK_REAL),
-    "virtual": int(lib.CHM_CLOCK_VIRTUAL),
-}
-FAULTS: dict[str, int] = {
-    "none": int(lib.CHM_FAULT_NONE),
-    "eio_read": int(lib.CHM_FAULT_EIO_READ),
-    "eio_write": int(lib.CHM_FAULT_EIO_WRITE),
-    "short_read": int(lib.CHM_FAULT_SHORT_READ),
-    "slow": int(lib.CHM_FAULT_SLOW),
-}
+
+def enum_name(kind: int, value: int) -> str | None:
+    """chm_enum_name(): the name of ``value`` in enumeration ``kind``
+    (``lib.CHM_ENUM_*``), None when it has none."""
+    p = lib.chm_enum_name(kind, value)
+    return None if p == ffi.NULL else str(ffi.string(p).decode())
+
+
+def enum_value(kind: int, name: str) -> int:
+    """chm_enum_value(): the value named ``name`` (any case) in enumeration
+    ``kind``; NotFound for an unknown name, InvalidArgument for an unknown kind."""
+    try:
+        rc = lib.chm_enum_value(kind, name.encode())
+    except (UnicodeEncodeError, AttributeError, TypeError) as exc:
+        raise _arg_error("chm_enum_value", f"{kind}, {name!r}", exc) from None
+    return _check(rc, "chm_enum_value", f"{kind}, {name!r}")
+
+
+def _enum_table(kind: int) -> dict[str, int]:
+    """One enumeration's ``{name: value}``, as the C core names it
+    (chm_enum_name): no name is typed twice."""
+    out: dict[str, int] = {}
+    value = 0
+    while (name := enum_name(kind, value)) is not None:
+        out[name] = value
+        value += 1
+    return out
+
+
+BACKENDS: dict[str, int] = _enum_table(lib.CHM_ENUM_BACKEND)
+MODES: dict[str, int] = _enum_table(lib.CHM_ENUM_MODE)
+POOL_KINDS: dict[str, int] = _enum_table(lib.CHM_ENUM_POOL)
+CLOCKS: dict[str, int] = _enum_table(lib.CHM_ENUM_CLOCK)
+FAULTS: dict[str, int] = _enum_table(lib.CHM_ENUM_FAULT)
+
+
+def state_name(kind: int, value: int) -> str | None:
+    """chm_state_name(): the fw_spec name of state ``value`` of the internal
+    state machine ``kind`` (``lib.CHM_STATE_*``), None when it has none."""
+    p = lib.chm_state_name(kind, value)
+    return None if p == ffi.NULL else str(ffi.string(p).decode())
 
 
 def state_name(kind: int, value: int) -> str | None:
@@ -94,9 +108,18 @@ def _state_names(kind: int) -> dict[str, int]:
     return out
 
 
+# The device's internal state machines (fw_spec/*.yaml), by name.
 SLOT_STATES: dict[str, int] = _state_names(lib.CHM_STATE_SLOT)
 WBUF_STATES: dict[str, int] = _state_names(lib.CHM_STATE_WBUF)
 LINE_STATES: dict[str, int] = _state_names(lib.CHM_STATE_LINE)
+
+
+def name_of(table: dict[str, int], value: int) -> str | None:
+    """The name of ``value`` in one of the tables above, None if it has none."""
+    for name, v in table.items():
+        if v == value:
+            return name
+    return None
 
 
 class OptionInfo(NamedTuple):
@@ -126,6 +149,14 @@ def strerror(err: int) -> str:
     return str(ffi.string(lib.chm_strerror(code)).decode("utf-8", "replace"))
 
 
+def last_error_detail(rc: int) -> str | None:
+    """chm_last_error_detail(): the C core's one-line reason for the failure
+    ``rc`` of this thread's latest call, None when it gave none. Only
+    meaningful right after that call, on the same thread."""
+    text = str(ffi.string(lib.chm_last_error_detail(rc)).decode("utf-8", "replace"))
+    return text or None
+
+
 def _check(
     rc: int,
     call: str = "chm",
@@ -135,11 +166,16 @@ def _check(
 ) -> int:
     """The single choke point: returns rc >= 0, raises for -errno.
 
-    ``filename`` (the offending path, when the caller knows it) is set as the
-    exception's ``.filename``, as OSError does.
+    The exception's message ends with why the call failed: ``detail`` when
+    the caller has it, else the reason the C core recorded at the failure
+    site (:func:`last_error_detail`, read here, right after the call, on the
+    caller's thread). ``filename`` (the offending path, when the caller
+    knows it) is set as the exception's ``.filename``, as OSError does.
     """
     if rc >= 0:
         return rc
+    if detail is None:
+        detail = last_error_detail(rc)
     err = status_error(rc, call, args, detail)
     if filename is not None:
         err.filename = filename
@@ -228,6 +264,37 @@ def config_set(cfg: CData, key: str, value: str) -> None:
         raise _arg_error("chm_config_set", f"{key!r}, {value!r}", exc) from None
     if rc < 0:
         _check(rc, "chm_config_set", f"{key!r}, {value!r}", _errtext(err))
+
+
+_GETBUF = MAX_TARGETS * PATH_MAX + 64  # room for every target and the commas
+
+
+def config_get(cfg: CData, key: str) -> str:
+    """chm_config_get(): option ``key`` of *cfg in its text form; NotFound
+    for an unknown key."""
+    if "\0" in key:
+        raise _arg_error("chm_config_get", repr(key), ValueError("contains a NUL byte"))
+    out = ffi.new("char[]", _GETBUF)
+    try:
+        rc = lib.chm_config_get(cfg, key.encode(), out, _GETBUF)
+    except UnicodeEncodeError as exc:
+        raise _arg_error("chm_config_get", repr(key), exc) from None
+    _check(rc, "chm_config_get", repr(key))
+    return str(ffi.string(out, rc).decode("utf-8", "replace"))
+
+
+def parse_size(text: str) -> int:
+    """chm_parse_size(): the byte count a size string names (the grammar of
+    every size option); InvalidArgument with the C core's reason otherwise."""
+    if "\0" in text:
+        raise _arg_error("chm_parse_size", repr(text), "contains a NUL byte")
+    out = ffi.new("uint64_t *")
+    try:
+        rc = lib.chm_parse_size(text.encode(), out)
+    except UnicodeEncodeError:
+        raise _arg_error("chm_parse_size", repr(text), "not a size (non-ASCII text)") from None
+    _check(rc, "chm_parse_size", repr(text))
+    return int(out[0])
 
 
 def config_validate(cfg: CData) -> None:
@@ -719,6 +786,7 @@ __all__ = [
     "ReadOnlyBuffer",
     "ViewInfo",
     "config_copy",
+    "config_get",
     "config_init",
     "config_new",
     "config_option",
@@ -732,17 +800,222 @@ __all__ = [
     "dev_open",
     "dev_open_err",
     "dev_pool_fd",
+    "enum_name",
+    "enum_value",
     "fault_inject",
     "flush",
+    "last_error_detail",
+    "name_of",
+    "parse_size",
     "prefetch_object",
     "prefetch_release",
     "prefetch_wait",
     "prefetch_wait_buffer",
     "read",
     "read_into",
+    "state_name",
     "stats",
     "strerror",
     "struct_fields",
     "timing_preset",
     "version",
+]
+
+
+# ---------------------------------------------------------------- sessions
+# chm_session_*: the calls of a session token (0 = the device's default
+# session). The batch form keeps its cffi arrays, so a caller can release
+# the very array it got, with no Python object per element.
+
+SESSION_DEFAULT: int = int(lib.CHM_SESSION_DEFAULT)
+SESSION_MAX: int = int(lib.CHM_SESSION_MAX)
+_sess_prefetch_c = lib.chm_session_prefetch
+_sess_release_c = lib.chm_session_release
+_sess_wait_c = lib.chm_session_wait
+_new = ffi.new
+
+
+def session_open(dev: CData, quota: int) -> int:
+    """chm_session_open(): a new session token."""
+    call = "chm_session_open"
+    _refuse_bools(call, f"quota={quota!r}", ("quota", quota))
+    out = ffi.new("chm_session *")
+    try:
+        rc = lib.chm_session_open(dev, quota, out)
+    except OverflowError as exc:
+        raise _arg_error(call, f"quota={quota}", exc) from None
+    except TypeError as exc:
+        raise _type_error(call, f"quota={quota!r}", exc) from None
+    _check(rc, call, f"quota={quota}")
+    return int(out[0])
+
+
+def session_close(dev: CData, sess: int) -> int:
+    """chm_session_close(): how many handles it released."""
+    call = "chm_session_close"
+    try:
+        rc = lib.chm_session_close(dev, sess)
+    except (OverflowError, TypeError) as exc:
+        raise _arg_error(call, f"session={sess!r}", exc) from None
+    return _check(rc, call, f"session={sess:#x}")
+
+
+def session_prefetch_one(dev: CData, sess: int, addr: int, length: int, flags: int = 0) -> int:
+    """One chm_session_prefetch() element; raises its status."""
+    call = "chm_session_prefetch"
+    what = f"addr={addr!r}, len={length!r}, flags={flags!r}"
+    _refuse_bools(call, what, ("addr", addr), ("len", length))
+    try:
+        a = _new("uint64_t[1]", [addr])
+        ln = _new("uint64_t[1]", [length])
+    except OverflowError as exc:
+        raise _arg_error(call, what, exc) from None
+    except TypeError as exc:
+        raise _type_error(call, what, exc) from None
+    hs = _new("chm_handle[1]")
+    res = _new("int32_t[1]")
+    try:
+        rc = _sess_prefetch_c(dev, sess, 1, a, ln, flags, hs, res)
+    except OverflowError as exc:
+        raise _arg_error(call, f"session={sess}, {what}", exc) from None
+    _check(rc, call, f"session={sess:#x}")
+    _check(res[0], call, f"addr={addr:#x}, len={length}, flags={flags:#x}")
+    return int(hs[0])
+
+
+def session_wait_buffer(
+    dev: CData, sess: int, h: int, timeout_ns: int, owner: object = None
+) -> Buffer:
+    """chm_session_wait(): the read-only zero-copy buffer (keeps ``owner``,
+    or ``dev`` when None, alive)."""
+    call = "chm_session_wait"
+    vp = ffi.new("struct chm_view *")
+    try:
+        rc = _sess_wait_c(dev, sess, h, timeout_ns, vp)
+    except OverflowError as exc:
+        raise _arg_error(call, f"handle={h}, timeout_ns={timeout_ns}", exc) from None
+    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={timeout_ns}")
+    return _view_buffer(vp.data, vp.len, dev if owner is None else owner)
+
+
+def session_wait(dev: CData, sess: int, h: int, timeout_ns: int) -> ViewInfo:
+    """chm_session_wait(): the staged object and its place."""
+    call = "chm_session_wait"
+    vp = ffi.new("struct chm_view *")
+    try:
+        rc = _sess_wait_c(dev, sess, h, timeout_ns, vp)
+    except OverflowError as exc:
+        raise _arg_error(call, f"handle={h}, timeout_ns={timeout_ns}", exc) from None
+    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={timeout_ns}")
+    n = int(vp.len)
+    return ViewInfo(_view_buffer(vp.data, n, dev), n, int(vp.dev_addr), int(vp.pool_offset))
+
+
+def session_release_one(dev: CData, sess: int, h: int) -> None:
+    """One chm_session_release() element; raises its status."""
+    call = "chm_session_release"
+    res = _new("int32_t[1]")
+    try:
+        hs = _new("chm_handle[1]", [h])
+    except (OverflowError, TypeError) as exc:
+        raise _arg_error(call, f"handle={h!r}", exc) from None
+    _check(_sess_release_c(dev, sess, 1, hs, res), call, f"session={sess:#x}")
+    _check(res[0], call, f"handle={h:#x}")
+
+
+def session_prefetch(
+    dev: CData, sess: int, addrs: Any, lens: Any, flags: int = 0
+) -> tuple[list[int], list[int]]:
+    """chm_session_prefetch(): (tokens, statuses), one per element."""
+    hs, res, _ok = prefetch_batch(dev, sess, addrs, lens, flags)
+    n = len(addrs)
+    return ffi.unpack(hs, n), ffi.unpack(res, n)
+
+
+def session_release(dev: CData, sess: int, tokens: Any) -> list[int]:
+    """chm_session_release(): a status per token."""
+    call = "chm_session_release"
+    n = len(tokens)
+    _batch_len(call, n)
+    try:
+        hs = _new("chm_handle[]", tokens)
+    except (OverflowError, TypeError) as exc:
+        raise _arg_error(call, f"n={n}", exc) from None
+    res = _new("int32_t[]", n)
+    _check(_sess_release_c(dev, sess, n, hs, res), call, f"session={sess:#x}, n={n}")
+    return list(ffi.unpack(res, n))
+
+
+def prefetch_batch(
+    dev: CData, sess: int, addrs: Any, lens: Any, flags: int = 0
+) -> tuple[CData, CData, int]:
+    """chm_session_prefetch() keeping the arrays: (``chm_handle[n]``,
+    ``int32_t[2n]`` whose first n are the statuses and whose last n
+    :func:`release_batch` fills, how many were issued), for
+    :func:`release_batch`, :func:`batch_token` and :func:`batch_statuses`."""
+    call = "chm_session_prefetch"
+    n = len(addrs)
+    if n != len(lens) or n > BATCH_MAX:
+        _batch_len(call, n, len(lens))
+    try:
+        a = _new("uint64_t[]", addrs)
+        ln = _new("uint64_t[]", lens)
+    except (OverflowError, TypeError):
+        a = _u64_array(call, "addrs", addrs)  # raises the precise error
+        ln = _u64_array(call, "lens", lens)
+    else:
+        if True in addrs or True in lens:  # 1 == True: look closer
+            _u64_array(call, "addrs", addrs)
+            _u64_array(call, "lens", lens)
+    hs = _new("chm_handle[]", n)
+    res = _new("int32_t[]", 2 * n)
+    try:
+        ok = _sess_prefetch_c(dev, sess, n, a, ln, flags, hs, res)
+    except OverflowError as exc:
+        raise _arg_error(call, f"session={sess!r}, n={n}", exc) from None
+    if ok < 0:
+        _check(ok, call, f"session={sess:#x}, n={n}")
+    return hs, res, ok
+
+
+def release_batch(dev: CData, sess: int, hs: CData, n: int, res: CData) -> int:
+    """chm_session_release() of the n handles of a :func:`prefetch_batch`,
+    its statuses into the last n of ``res``; how many were released."""
+    ok: int = _sess_release_c(dev, sess, n, hs, res + n)
+    if ok < 0:
+        _check(ok, "chm_session_release", f"session={sess:#x}, n={n}")
+    return ok
+
+
+def batch_token(hs: CData, i: int) -> int:
+    """Element i of a ``chm_handle[]``."""
+    return int(hs[i])
+
+
+def batch_statuses(res: CData, n: int) -> list[int]:
+    """The first n statuses of an ``int32_t[]``."""
+    return list(ffi.unpack(res, n))
+
+
+def batch_status_buffer(res: CData, n: int) -> memoryview:
+    """A read-only memoryview (format ``i``) over the first n of an ``int32_t[]``."""
+    return memoryview(ReadOnlyBuffer(ffi.buffer(res, 4 * n), res)).cast("B").cast("i")
+
+
+__all__ += [
+    "SESSION_DEFAULT",
+    "SESSION_MAX",
+    "batch_status_buffer",
+    "batch_statuses",
+    "batch_token",
+    "prefetch_batch",
+    "release_batch",
+    "session_close",
+    "session_open",
+    "session_prefetch",
+    "session_prefetch_one",
+    "session_release",
+    "session_release_one",
+    "session_wait",
+    "session_wait_buffer",
 ]

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["Device", "Handle", "timeout_ns"]
+__all__ = ["Device", "Handle", "HandleBatch", "Session", "timeout_ns"]
 
 _FOREVER = _ll.UINT64_MAX
 _prefetch = _ll.prefetch_object
@@ -58,6 +58,7 @@ _wait_buffer = _ll.prefetch_wait_buffer
 _release = _ll.prefetch_release
 _NOQUEUE = _ll.PF_NOQUEUE
 _ref = weakref.ref
+_QUOTA_ANY = 2**32 - 1  # a session quota that never limits
 
 
 def timeout_ns(timeout: float | None) -> int:
@@ -77,7 +78,7 @@ def timeout_ns(timeout: float | None) -> int:
 
 
 def _closed_error(what: str) -> Cancelled:
-    return Cancelled(None, f"{what}: device is closed", call=what)
+    return Cancelled(None, f"{what}: device is closed", call=what, detail="device is closed")
 
 
 class Handle:
@@ -92,15 +93,28 @@ class Handle:
 
     # _buf: weak reference to the ReadOnlyBuffer over the slot (which holds
     # this Handle strongly, so views keep their handle alive); _mv: weak
-    # reference to the memoryview wait() handed out; _done: released.
-    __slots__ = ("__weakref__", "_buf", "_dev", "_done", "_mv", "token")
+    # reference to the memoryview wait() handed out; _done: released;
+    # _sess: the Session that issued it (None: the device's default session;
+    # held strongly, so a live handle keeps its session open); _batch: the
+    # HandleBatch it was taken from (which releases it; held strongly).
+    __slots__ = ("__weakref__", "_batch", "_buf", "_dev", "_done", "_mv", "_sess", "token")
 
-    def __init__(self, dev: Device, token: int) -> None:
+    def __init__(self, dev: Device, token: int, sess: Session | None = None) -> None:
         self._dev = dev
         self.token = token
         self._done = False
         self._mv: weakref.ref[memoryview] | None = None
         self._buf: weakref.ref[_ll.ReadOnlyBuffer] | None = None
+        self._sess = sess
+        self._batch: HandleBatch | None = None
+
+    def _c_release(self, ptr: Any) -> None:
+        """The device call that releases the token (in its session)."""
+        sess = self._sess
+        if sess is None:
+            _release(ptr, self.token)
+        else:
+            _ll.session_release_one(ptr, sess._sid, self.token)
 
     # -- staging
 
@@ -132,7 +146,11 @@ class Handle:
             if ptr is None:
                 raise _closed_error("chm_prefetch_wait")
             tns = _FOREVER if timeout is None else timeout_ns(timeout)
-            new = _wait_buffer(ptr, self.token, tns, self)
+            sess = self._sess
+            if sess is None:
+                new = _wait_buffer(ptr, self.token, tns, self)
+            else:
+                new = _ll.session_wait_buffer(ptr, sess._sid, self.token, tns, self)
             # Registering is atomic with close() (under the lock) and with
             # release()'s lock-free path: the buffer is published before
             # _done is read, which release() sets before it reads _buf, so
@@ -259,7 +277,10 @@ class Handle:
                 ptr = dev._ptr
                 if ptr is not None:  # else closing the device released everything
                     with contextlib.suppress(Cancelled):  # close() raced us
-                        _release(ptr, self.token)
+                        if self._sess is None:  # the hot path: no extra call
+                            _release(ptr, self.token)
+                        else:
+                            self._c_release(ptr)
                 return
             self._done = False  # a wait() registered a view meanwhile
         with dev._lock:
@@ -272,7 +293,7 @@ class Handle:
         ptr = dev._ptr
         if ptr is not None:  # else closing the device released everything
             with contextlib.suppress(Cancelled):  # close() raced us: all released
-                _release(ptr, self.token)
+                self._c_release(ptr)
 
     close = release
 
@@ -284,8 +305,8 @@ class Handle:
     _Error = ChmError
 
     def __del__(self) -> None:
-        if self._done:
-            return
+        if self._done or self._batch is not None:
+            return  # released, or its batch releases it
         try:
             dev = self._dev
             with dev._lock:
@@ -296,7 +317,7 @@ class Handle:
                 ptr = dev._ptr
             if ptr is None:
                 return  # the device is closed: nothing is held
-            _release(ptr, self.token)
+            self._c_release(ptr)
         except (self._Error, AttributeError, TypeError):
             return  # released through another route, or torn down at exit
         self._warn(
@@ -323,6 +344,332 @@ class Handle:
     def __repr__(self) -> str:
         state = "released" if self._done else ("held" if self._view() is not None else "issued")
         return f"<chm.Handle {self.token:#x} {state}>"
+
+
+class HandleBatch:
+    """The handles of one batched prefetch, held and released together.
+
+    What :meth:`Device.prefetch_batch` (and :meth:`Session.prefetch_batch`)
+    return: the C call's arrays as they are, with no Python object per
+    element, so a 32-object prefix costs two device calls and a few objects.
+    ``len(batch)`` elements; ``issued`` of them were issued; ``statuses`` is a
+    read-only ``memoryview`` of ``int`` (0, or the element's -errno);
+    :meth:`error` gives the exception :meth:`Device.prefetch` would have
+    raised for an element. ``batch[i]`` is element i's :class:`Handle`, made
+    on first use (the same object every time; raises the element's error if it
+    was not issued); ``batch.wait(i)`` and ``batch.array(i)`` are its view,
+    with the Handle's view rules. :meth:`release` releases every element in
+    one call (a context manager does it on exit): all or nothing, it raises
+    ViewInUse and releases none while any element's view is still exported.
+    An element released on its own (``batch[i].release()``) stays released.
+    A batch dropped unreleased is released when garbage-collected, with a
+    ResourceWarning; a view of an element keeps its batch alive.
+    """
+
+    __slots__ = ("__weakref__", "_dev", "_done", "_hmap", "_hs", "_n", "_res", "_sess", "issued")
+
+    def __init__(
+        self, dev: Device, sess: Session | None, hs: Any, res: Any, n: int, issued: int
+    ) -> None:
+        self._dev = dev
+        self._sess = sess
+        self._hs = hs
+        self._res = res
+        self._n = n
+        self.issued = issued
+        self._done = False
+        self._hmap: dict[int, Handle] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def ok(self) -> bool:
+        """True when every element was issued."""
+        return self.issued == self._n
+
+    @property
+    def statuses(self) -> memoryview:
+        """Per element: 0 (issued) or its -errno, as a read-only memoryview."""
+        return _ll.batch_status_buffer(self._res, self._n)
+
+    def _index(self, i: int) -> int:
+        if isinstance(i, bool):
+            raise InvalidArgument(None, f"a batch index is an int, not {i!r}")
+        j = operator.index(i)
+        n = self._n
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(f"batch index {i} out of range for {n} elements")
+        return j
+
+    def error(self, i: int) -> ChmError | None:
+        """The exception :meth:`Device.prefetch` would have raised for element
+        i, or None when it was issued."""
+        j = self._index(i)
+        rc = int(self._res[j])
+        if not rc:
+            return None
+        err: ChmError = _ll.status_error(rc, "chm_session_prefetch", f"element {j}")
+        return err
+
+    def token(self, i: int) -> int:
+        """Element i's raw handle token (raises its error if not issued)."""
+        j = self._index(i)
+        err = self.error(j)
+        if err is not None:
+            raise err
+        return _ll.batch_token(self._hs, j)
+
+    def __getitem__(self, i: int) -> Handle:
+        j = self._index(i)
+        err = self.error(j)
+        if err is not None:
+            raise err
+        dev = self._dev
+        tok = _ll.batch_token(self._hs, j)
+        with dev._lock:
+            hmap = self._hmap
+            if hmap is None:
+                hmap = self._hmap = {}
+            h = hmap.get(j)
+            if h is not None:
+                return h
+            if self._done:
+                raise StaleHandle(None, f"{self!r}: released", call="HandleBatch")
+            ref = dev._handles.get(tok)
+            h = ref() if ref is not None else None
+            if h is None or h._done:
+                h = Handle(dev, tok, self._sess)
+                h._batch = self
+                dev._handles[tok] = _ref(h)
+            hmap[j] = h
+            return h
+
+    def wait(self, i: int, timeout: float | None = None) -> memoryview:
+        """Element i's staged view (:meth:`Handle.wait`)."""
+        return self[i].wait(timeout)
+
+    def array(
+        self, i: int, dtype: npt.DTypeLike = "u1", timeout: float | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Element i's staged bytes as a read-only numpy array (:meth:`Handle.array`)."""
+        return self[i].array(dtype, timeout)
+
+    def _end_handles(self) -> None:
+        """Ends the views of the elements' live Handles and marks them
+        released (device lock held); ViewInUse, nothing changed, while one
+        is still exported."""
+        dev = self._dev
+        reg = dev._handles
+        live: list[Handle] = []
+        for j in range(self._n):
+            if self._res[j]:
+                continue
+            ref = reg.get(_ll.batch_token(self._hs, j))
+            h = ref() if ref is not None else None
+            if h is not None and not h._done:
+                live.append(h)
+        for h in live:
+            if h._exported():
+                raise h._in_use()
+        for h in live:
+            h._end_view()
+            h._done = True
+            dev._forget(h)
+
+    def release(self) -> None:
+        """Releases every element in one device call; a second call is a no-op."""
+        if self._done:
+            return
+        dev = self._dev
+        if dev._handles or self._hmap:
+            with dev._lock:
+                if self.released:  # by another thread meanwhile
+                    return
+                self._end_handles()
+                self._done = True
+        else:
+            self._done = True  # published before the registry is read again
+            if dev._handles:  # an element was taken meanwhile
+                with dev._lock:
+                    try:
+                        self._end_handles()
+                    except ViewInUse:
+                        self._done = False
+                        raise
+        self._c_release()
+
+    close = release
+
+    def _c_release(self) -> None:
+        ptr = self._dev._ptr
+        sess = self._sess
+        if ptr is None or (sess is not None and sess._closed):
+            return  # closing the device or the session released everything
+        # Elements released through another route answer -ESTALE, elements
+        # never issued -EINVAL: both mean there is nothing left to release.
+        try:
+            _ll.release_batch(ptr, 0 if sess is None else sess._sid, self._hs, self._n, self._res)
+        except Cancelled:  # close() raced us: all released
+            return
+
+    _warn = staticmethod(warnings.warn)
+    _Error = ChmError
+
+    def __del__(self) -> None:
+        if self._done or not self.issued:
+            return
+        try:
+            self._done = True
+            self._c_release()
+        except (self._Error, AttributeError, TypeError):
+            return
+        self._warn(
+            f"unreleased chm batch of {self._n} handles of {self._dev!r}: released by the "
+            "garbage collector (release it, or use 'with dev.prefetch_batch(...) as b')",
+            ResourceWarning,
+            source=self,
+        )
+
+    @property
+    def released(self) -> bool:
+        return self._done
+
+    def __enter__(self) -> HandleBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._done else "held"
+        return f"<chm.HandleBatch {self.issued}/{self._n} issued {state}>"
+
+
+class Session:
+    """A scope of handles on one device, with a quota (``chm_session_open``).
+
+    Made by :meth:`Device.session`. Its :meth:`prefetch`, :meth:`prefetch_many`,
+    :meth:`prefetch_batch` and :meth:`release_many` are the device's, and its
+    handles follow the same view rules; a handle of one session is refused
+    by another (InvalidArgument) and by the device's default session. At most
+    ``quota`` request entries (slots, including released ones whose fill is
+    still in flight, plus queued requests) are held at once: a prefetch over
+    it raises WouldBlock. The refill queue is served round-robin across
+    sessions, so a session that floods it delays the others by at most one
+    grant per turn. A context manager; :meth:`close` (idempotent) releases
+    every handle of the session: like :meth:`Device.close`, it raises
+    ViewInUse, closing nothing, while one of their views is still exported,
+    and otherwise ends their views, so no view of a closed session ever shows
+    other bytes. A live handle keeps its session open; a session dropped
+    without ``close()`` is closed when garbage-collected.
+    """
+
+    def __init__(self, dev: Device, quota: int | None = None) -> None:
+        self._dev = dev
+        self._closed = True  # until opened (the finaliser looks at it)
+        q = _QUOTA_ANY if quota is None else quota
+        self._sid: int = _ll.session_open(dev._p("chm_session_open"), q)
+        self._quota = q
+        self._closed = False
+
+    @property
+    def quota(self) -> int:
+        return self._quota
+
+    @property
+    def token(self) -> int:
+        """The raw session token of the C API."""
+        return self._sid
+
+    @property
+    def device(self) -> Device:
+        return self._dev
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._dev._ptr is None
+
+    def _p(self, what: str) -> Any:
+        if self._closed:
+            raise StaleHandle(None, f"{what}: {self!r} is closed", call=what)
+        return self._dev._p(what)
+
+    def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Handle:
+        """:meth:`Device.prefetch` in this session (WouldBlock also over the quota).
+
+        Alignment: none, as for :meth:`Device.prefetch`.
+        """
+        dev = self._dev
+        tok = _ll.session_prefetch_one(
+            self._p("chm_session_prefetch"), self._sid, addr, length, _NOQUEUE if noqueue else 0
+        )
+        h = Handle(dev, tok, self)
+        dev._handles[tok] = _ref(h)
+        return h
+
+    def prefetch_many(
+        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+    ) -> list[Handle | ChmError]:
+        """:meth:`Device.prefetch_many` in this session.
+
+        Alignment: none, as for :meth:`Device.prefetch`.
+        """
+        return self._dev._prefetch_many(self, addrs, lengths, noqueue)
+
+    def prefetch_batch(
+        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+    ) -> HandleBatch:
+        """:meth:`Device.prefetch_batch` in this session.
+
+        Alignment: none, as for :meth:`Device.prefetch`.
+        """
+        return self._dev._prefetch_batch(self, addrs, lengths, noqueue)
+
+    def release_many(self, handles: Sequence[Handle]) -> list[ChmError | None]:
+        """:meth:`Device.release_many` for handles of this session (another
+        session's handle gets InvalidArgument and keeps its slot)."""
+        return self._dev._release_many(self, handles)
+
+    def close(self) -> None:
+        """Releases every handle of the session and closes it (idempotent)."""
+        dev = self._dev
+        with dev._lock:
+            if self._closed:
+                return
+            mine = [h for h in dev._live_handles() if h._sess is self and not h._done]
+            held = [h for h in mine if h._view() is not None]
+            for h in held:  # all or nothing: refuse before ending any view
+                if h._exported():
+                    raise h._in_use()
+            for h in held:
+                h._end_view()
+            for h in mine:
+                h._done = True
+                dev._forget(h)
+            self._closed = True
+            ptr = dev._ptr
+        if ptr is not None:  # else closing the device closed the session
+            with contextlib.suppress(Cancelled):
+                _ll.session_close(ptr, self._sid)
+
+    def __del__(self) -> None:
+        if self._closed:
+            return
+        with contextlib.suppress(ChmError, AttributeError, TypeError):
+            self.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<chm.Session {self._sid:#x} {state} quota={self._quota}>"
 
 
 def _flock_holder(path: str) -> str:
@@ -540,8 +887,9 @@ class Device:
     def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Handle:
         """Issues a prefetch of ``[addr, addr+length)``; never blocks.
 
-        Any ``addr`` and ``length`` (no alignment needed): the fill is widened
-        to 4096-byte boundaries inside the device.
+        Alignment: none. Any ``addr`` and any ``length`` from 1 to
+        ``slot_size`` bytes; the fill is widened to 4096-byte boundaries
+        inside the device.
 
         Raises InvalidArgument (length 0, larger than a slot, beyond capacity,
         a bool for addr or length), WouldBlock (refill queue full, or no free
@@ -591,27 +939,88 @@ class Device:
         follow the rules of :meth:`prefetch`'s. Raises InvalidArgument only for
         the call as a whole (lengths of the sequences differ, more than
         CHM_BATCH_MAX elements, a bool or negative value), Cancelled (closed).
+        :meth:`prefetch_batch` does the same with no Python object per element.
+
+        Alignment: none, as for :meth:`prefetch`.
         """
-        ptr = self._ptr
-        if ptr is None:
-            raise _closed_error("chm_prefetch_objects")
-        toks, res = _ll.prefetch_objects(ptr, addrs, lengths, _NOQUEUE if noqueue else 0)
-        out: list[Handle | ChmError] = [Handle(self, tok) for tok in toks]
+        return self._prefetch_many(None, addrs, lengths, noqueue)
+
+    def _prefetch_many(
+        self,
+        sess: Session | None,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        noqueue: bool,
+    ) -> list[Handle | ChmError]:
+        flags = _NOQUEUE if noqueue else 0
+        if sess is None:
+            call = "chm_prefetch_objects"
+            toks, res = _ll.prefetch_objects(self._p(call), addrs, lengths, flags)
+        else:
+            call = "chm_session_prefetch"
+            ptr = sess._p(call)
+            toks, res = _ll.session_prefetch(ptr, sess._sid, addrs, lengths, flags)
+        out: list[Handle | ChmError] = [Handle(self, tok, sess) for tok in toks]
         if any(res):  # refused elements: their exceptions instead
             for i, rc in enumerate(res):
                 if rc:
                     args = f"addr={addrs[i]:#x}, len={lengths[i]}"
-                    out[i] = _ll.status_error(rc, "chm_prefetch_objects", args)
+                    out[i] = _ll.status_error(rc, call, args)
             self._handles.update((h.token, _ref(h)) for h in out if isinstance(h, Handle))
         else:
             self._handles.update((h.token, _ref(h)) for h in out)  # type: ignore[union-attr,arg-type]
         return out
 
+    def prefetch_batch(
+        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+    ) -> HandleBatch:
+        """Issues one prefetch per ``(addrs[i], lengths[i])`` in one call, as
+        :meth:`prefetch_many` does, and returns them as one
+        :class:`HandleBatch` (per-element statuses, Handles made only when
+        asked for, one call to release them all). Raises what
+        :meth:`prefetch_many` raises for the call as a whole.
+
+        Alignment: none, as for :meth:`prefetch`.
+        """
+        return self._prefetch_batch(None, addrs, lengths, noqueue)
+
+    def _prefetch_batch(
+        self,
+        sess: Session | None,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        noqueue: bool,
+    ) -> HandleBatch:
+        call = "chm_session_prefetch"
+        if sess is None:
+            ptr = self._ptr
+            if ptr is None:
+                raise _closed_error(call)
+            sid = 0
+        else:
+            ptr = sess._p(call)
+            sid = sess._sid
+        hs, res, ok = _ll.prefetch_batch(ptr, sid, addrs, lengths, _NOQUEUE if noqueue else 0)
+        return HandleBatch(self, sess, hs, res, len(addrs), ok)
+
+    def session(self, quota: int | None = None) -> Session:
+        """Opens a :class:`Session`: a scope of handles that holds at most
+        ``quota`` request entries at once (None: no limit but the device's).
+        Raises InvalidArgument (quota 0, not an int), NoSpace
+        (``chm._lowlevel.SESSION_MAX`` sessions open), Cancelled (closed)."""
+        return Session(self, quota)
+
     def release_many(self, handles: Sequence[Handle]) -> list[ChmError | None]:
         """Releases several handles in one device call. Returns, in order,
         None for each released (or already released) handle and the exception
         :meth:`Handle.release` would have raised otherwise; a handle whose view
-        is still exported gets ViewInUse and keeps its slot, as there."""
+        is still exported gets ViewInUse and keeps its slot, as there; a
+        handle of a :class:`Session` gets InvalidArgument (release it there)."""
+        return self._release_many(None, handles)
+
+    def _release_many(
+        self, sess: Session | None, handles: Sequence[Handle]
+    ) -> list[ChmError | None]:
         out: list[ChmError | None] = [None] * len(handles)
         toks: list[int] = []
         where: list[int] = []
@@ -619,14 +1028,17 @@ class Device:
         tok_add, where_add = toks.append, where.append
         with self._lock:
             for i, h in enumerate(handles):
-                if h._dev is self and not h._done and h._buf is None:  # no view: the usual
-                    h._done = True
+                if h._dev is self and h._sess is sess and not h._done and h._buf is None:
+                    h._done = True  # no view: the usual
                     reg_pop(h.token, None)
                     tok_add(h.token)
                     where_add(i)
                     continue
                 if h._dev is not self:
                     out[i] = InvalidArgument(None, f"{h!r} belongs to another device")
+                    continue
+                if h._sess is not sess:
+                    out[i] = InvalidArgument(None, f"{h!r} belongs to another session")
                     continue
                 if h._done:
                     continue
@@ -641,10 +1053,13 @@ class Device:
                 toks.append(h.token)
                 where.append(i)
         ptr = self._ptr
-        if ptr is None or not toks:
-            return out  # a closed device released everything
+        if ptr is None or not toks or (sess is not None and sess._closed):
+            return out  # a closed device or session released everything
         try:
-            res = _ll.prefetch_release_many(ptr, toks)
+            if sess is None:
+                res = _ll.prefetch_release_many(ptr, toks)
+            else:
+                res = _ll.session_release(ptr, sess._sid, toks)
         except Cancelled:
             return out  # close() raced us: all released
         for i, rc in zip(where, res, strict=True):
@@ -655,8 +1070,12 @@ class Device:
     def write_many(self, addrs: Sequence[int], datas: Sequence[Any]) -> list[bool | ChmError]:
         """Offers several objects for writing in one call. Returns, in order,
         True (admitted), False (skipped) or the exception :meth:`write` would
-        have raised for that object (e.g. InvalidArgument when its address or
-        length is not a multiple of 512 bytes, CHM_IO_ALIGN)."""
+        have raised for that object.
+
+        Alignment: as for :meth:`write`: each ``addrs[i]`` and
+        ``len(datas[i])`` a multiple of 512 bytes (``CHM_IO_ALIGN``), else
+        that element is InvalidArgument saying which.
+        """
         rcs = _ll.write_objects(self._p("chm_write_objects"), addrs, datas)
         out: list[bool | ChmError] = []
         for i, rc in enumerate(rcs):
@@ -693,34 +1112,59 @@ class Device:
                 self._handles[value] = _ref(h)
             return h
 
+    def view_info(self, handle: Handle) -> tuple[int, int, int]:
+        """``(dev_addr, length, pool_offset)`` of a staged handle's view, asked
+        of the device again (a wait that polls), not of the cached memoryview.
+        ``pool_offset`` is the view's offset in the DRAM pool (``2**64-1`` for
+        lru-mode views, which are host copies). Raises what
+        :meth:`Handle.wait` raises (WaitTimeout while not staged).
+
+        Alignment: not applicable (no address is given).
+        """
+        if handle._dev is not self:
+            raise InvalidArgument(None, f"{handle!r} belongs to another device")
+        sess = handle._sess
+        if sess is None:
+            info = _ll.prefetch_wait(self._p("chm_prefetch_wait"), handle.token, 0)
+        else:
+            info = _ll.session_wait(sess._p("chm_session_wait"), sess._sid, handle.token, 0)
+        return info.dev_addr, info.length, info.pool_offset
+
     # -- data path
 
     def read(self, addr: int, length: int) -> bytes:
         """Reads ``length`` bytes at ``addr`` (DRAM hit when staged, else SSD).
 
-        Any ``addr`` and ``length`` (no alignment needed).
+        Alignment: none. Any ``addr`` and any ``length`` of at least 1 byte
+        inside the capacity.
+
+        Raises InvalidArgument (length 0, beyond the capacity, a bool),
+        DeviceIOError (a backing read failed), Cancelled (closed).
         """
         ptr = self._p("chm_read")
         n: object = length  # any integer type; others fail in the C call
         if isinstance(n, numbers.Integral) and int(n) > self._capacity:
             # refuse before allocating a host buffer for it
-            what = f"chm_read(addr={addr}, len={length}): longer than the device"
-            raise InvalidArgument(None, what, call="chm_read")
+            why = f"read: len {length} is longer than the device ({self._capacity} bytes)"
+            what = f"chm_read(addr={addr}, len={length}): {why}"
+            raise InvalidArgument(None, what, call="chm_read", detail=why)
         return _ll.read(ptr, addr, length)
 
     def read_into(self, addr: int, buf: Any) -> int:
         """Reads ``len(buf)`` bytes at ``addr`` into a writable buffer.
 
-        Any ``addr`` and length (no alignment needed).
+        Alignment: none, as for :meth:`read`.
         """
         return _ll.read_into(self._p("chm_read"), addr, buf)
 
     def write(self, addr: int, data: Any) -> bool:
         """Offers an object for writing; True if admitted, False if skipped.
 
-        ``addr`` and ``len(data)`` must be multiples of 512 bytes (the
-        direct-I/O granularity, ``chm._lowlevel.IO_ALIGN``); otherwise
-        InvalidArgument. Reads and prefetches have no such rule.
+        Alignment: ``addr`` and ``len(data)`` must be multiples of 512 bytes
+        (``CHM_IO_ALIGN``, the direct-I/O granularity, or a block-device
+        target's larger logical block size); otherwise InvalidArgument
+        saying which, e.g. "write: addr 0x7b is not a multiple of 512
+        (CHM_IO_ALIGN)". Reads and prefetches have no such rule.
         """
         try:
             rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)

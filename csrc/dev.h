@@ -146,10 +146,11 @@ enum chm_req_state {
 struct chm_req {
 	uint64_t gen;  /* bumped on every free; part of the handle; 1.. */
 	uint8_t state; /* enum chm_req_state */
+	uint16_t sess; /* index of the session that issued it (live records) */
 	int32_t slot;  /* CHM_REQ_SLOTTED: slot index */
 	uint64_t addr, len;
 	uint64_t issue_ns;   /* device clock at issue */
-	uint32_t qnext;      /* FIFO link (index+1, 0 = end) */
+	uint32_t qnext;      /* its session's FIFO link (index+1, 0 = end) */
 	uint32_t fnext;      /* free-list link (index+1, 0 = end) */
 	pthread_cond_t cond; /* its waiters sleep here: a completion, release,
 	                      * unpin or close wakes only them */
@@ -159,6 +160,7 @@ struct chm_slot {
 	struct chm_dev *dev;
 	int state;           /* enum chm_slot_state */
 	int32_t req;         /* owning request, -1 if orphaned (released) */
+	int32_t sess;        /* session charged for it (session.c), -1 none */
 	uint64_t addr, len;  /* object */
 	uint64_t fill_start; /* aligned device address of buf[0] */
 	uint64_t fill_len;   /* aligned bytes being read */
@@ -229,8 +231,13 @@ struct chm_dev {
 	uint32_t reqs_retired;    /* FREE records off the free list for good */
 	uint32_t handle_idx_bits; /* derived: bit length of nreqs */
 	uint64_t handle_gen_last; /* derived: largest generation a handle carries */
-	uint32_t q_head, q_tail;  /* refill FIFO (index+1) */
-	uint32_t q_len;
+	uint32_t q_len;           /* queued requests, all sessions */
+	/* sessions (session.c): index 0 is the default session */
+	struct chm_sess *sess;
+	uint32_t nsess;     /* CHM_SESSION_MAX + 1 */
+	uint32_t sess_free; /* free-list head (index+1) */
+	uint32_t rr_head;   /* ring of sessions with queued requests (index+1) */
+	uint32_t rr_tail;
 	uint32_t max_ios;     /* ios per slot */
 	uint64_t slot_stride; /* bytes of slot memory per slot (derived) */
 	int32_t staged_head;  /* first READY/HELD slot, -1 = none */

@@ -6,9 +6,11 @@
  * buffers in lru mode (slot_stride = slot_size rounded up to 4 KiB, plus 4 KiB so that an
  * unaligned object still fits after its fill is widened to 4 KiB sectors).
  * A request record (chm_req) exists for every issued, unreleased prefetch; it
- * is either QUEUED (waiting for a slot, FIFO) or SLOTTED. Handles name a
- * request record by index and generation, so a recycled record never
- * answers to an old handle.
+ * is either QUEUED (waiting for a slot in its session's FIFO; session.c
+ * serves the sessions round-robin) or SLOTTED. Handles name a request record
+ * by index and generation, so a recycled record never answers to an old
+ * handle; the record names its session, and a handle is used only through
+ * it.
  *
  * Locking: dev->lock guards every field here and is held for state changes
  * only. A read hit pins its slot (pins > 0), copies with the lock dropped and
@@ -32,8 +34,10 @@
 
 #include "clock.h"
 #include "dev.h"
+#include "errdetail.h"
 #include "iomap.h"
 #include "mode.h"
+#include "session.h"
 #include "staging.h"
 #include "states.h"
 #include "wbuf.h"
@@ -57,10 +61,15 @@ static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out
 	uint32_t idx = (uint32_t)(low & ((UINT64_C(1) << dev->handle_idx_bits) - 1));
 	uint64_t gen = low >> dev->handle_idx_bits;
 	if ((uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag || idx >= dev->nreqs)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "handle %#llx is not one of this device's (%s)",
+		                  (unsigned long long)h,
+		                  (uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag
+		                          ? "another device tag"
+		                          : "no such request");
 	struct chm_req *r = &dev->reqs[idx];
 	if (r->state == CHM_REQ_FREE || r->gen != gen)
-		return -ESTALE;
+		return chm_detail(-ESTALE, "handle %#llx was released (or never issued)",
+		                  (unsigned long long)h);
 	*out = r;
 	return 0;
 }
@@ -159,6 +168,7 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	dev->slot_free_head = s->fnext;
 	s->fnext = 0;
 	slot_set(dev, s, CHM_SLOT_FILLING);
+	chm_sess_charge(dev, s, r->sess);
 	r->state = CHM_REQ_SLOTTED;
 	r->slot = (int32_t)si;
 	s->req = (int32_t)(r - dev->reqs);
@@ -194,18 +204,12 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	*start = si + 1;
 }
 
-/* Hands free slots to queued requests, FIFO. */
+/* Hands free slots to queued requests, round-robin across sessions. */
 static void queue_kick(struct chm_dev *dev, uint32_t *start)
 {
-	while (dev->slot_free_head && dev->q_head) {
-		struct chm_req *r = &dev->reqs[dev->q_head - 1];
-		dev->q_head = r->qnext;
-		if (!dev->q_head)
-			dev->q_tail = 0;
-		r->qnext = 0;
-		dev->q_len--;
+	struct chm_req *r;
+	while (dev->slot_free_head && (r = chm_sess_dequeue(dev)))
 		fill_start(dev, r, start);
-	}
 }
 
 static void req_wake(struct chm_dev *dev, int32_t ri)
@@ -289,6 +293,7 @@ static void slot_free(struct chm_dev *dev, struct chm_slot *s, uint32_t *start)
 		staged_unlink(dev, s);
 	slot_drop_behind(dev, s);
 	slot_set(dev, s, CHM_SLOT_FREE);
+	chm_sess_uncharge(dev, s);
 	s->req = -1;
 	s->fnext = dev->slot_free_head;
 	dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
@@ -332,6 +337,7 @@ void chm_staging_fill_io_done(struct chm_io *io)
 		}
 		if (s->req < 0) {
 			slot_set(dev, s, CHM_SLOT_FREE); /* fill_done_orphan */
+			chm_sess_uncharge(dev, s);
 			s->fnext = dev->slot_free_head;
 			dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
 			/* counted once, as cancelled, at release */
@@ -417,6 +423,7 @@ int chm_staging_init(struct chm_dev *dev, char *mem)
 		s->dev = dev;
 		s->state = CHM_SLOT_FREE;
 		s->req = -1;
+		s->sess = -1;
 		s->sprev = s->snext = -1;
 		s->buf = mem + (uint64_t)i * dev->slot_stride;
 		s->ios = &ios[(size_t)i * dev->max_ios];
@@ -437,8 +444,14 @@ int chm_staging_init(struct chm_dev *dev, char *mem)
 	pthread_condattr_destroy(&rca);
 	dev->req_free_head = dev->nreqs ? 1 : 0;
 	dev->req_free_tail = dev->nreqs;
+	if (chm_sess_init(dev))
+		goto err_sess;
 	return 0;
 
+err_sess:
+	for (uint32_t i = 0; i < dev->nreqs; i++)
+		pthread_cond_destroy(&dev->reqs[i].cond);
+	free(ptrs);
 err_ptrs:
 	free(ios);
 err_ios:
@@ -459,6 +472,7 @@ void chm_staging_fini(struct chm_dev *dev)
 	}
 	for (uint32_t i = 0; dev->reqs && i < dev->nreqs; i++)
 		pthread_cond_destroy(&dev->reqs[i].cond);
+	chm_sess_fini(dev);
 	free(dev->slots);
 	free(dev->reqs);
 	dev->slots = NULL;
@@ -467,15 +481,11 @@ void chm_staging_fini(struct chm_dev *dev)
 
 void chm_staging_cancel_all(struct chm_dev *dev)
 {
-	while (dev->q_head) {
-		struct chm_req *r = &dev->reqs[dev->q_head - 1];
-		dev->q_head = r->qnext;
-		r->qnext = 0;
-		dev->q_len--;
+	struct chm_req *r;
+	while ((r = chm_sess_dequeue(dev))) {
 		dev->st.prefetch_cancelled++;
 		req_free(dev, r);
 	}
-	dev->q_tail = 0;
 	for (uint32_t i = 0; i < dev->nreqs; i++)
 		pthread_cond_broadcast(&dev->reqs[i].cond);
 }
@@ -554,14 +564,21 @@ void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_
 
 /* ---- the API ---- */
 
-/* One prefetch with valid arguments, inside the device (lock held). */
-static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags,
-                           chm_handle *h, uint32_t *start)
+/* One prefetch with valid arguments in session si, inside the device
+ * (lock held). */
+static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint64_t len,
+                           uint32_t flags, chm_handle *h, uint32_t *start)
 {
-	if (!dev->slot_free_head &&
-	    ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue)) {
+	bool full = !dev->slot_free_head &&
+	            ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue);
+	int rc = full ? chm_detail(-EAGAIN, "prefetch: %s",
+	                           flags & CHM_PF_NOQUEUE
+	                                   ? "no free slot (CHM_PF_NOQUEUE)"
+	                                   : "the refill queue is full (refill_queue)")
+	              : chm_sess_admit(dev, si); /* its quota, with its own reason */
+	if (rc) {
 		dev->st.prefetch_rejected++;
-		return -EAGAIN;
+		return rc;
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
 	 * (after 2^47 handles or more): then -EAGAIN while a release can still
@@ -569,42 +586,47 @@ static int prefetch_locked(struct chm_dev *dev, uint64_t addr, uint64_t len, uin
 	struct chm_req *r = req_alloc(dev);
 	if (!r) {
 		dev->st.prefetch_rejected++;
-		return dev->reqs_live ? -EAGAIN : -ENOSPC;
+		return chm_detail(
+		        dev->reqs_live ? -EAGAIN : -ENOSPC,
+		        "prefetch: every free request record is retired (reopen the device)");
 	}
 	r->addr = addr;
 	r->len = len;
+	r->sess = (uint16_t)si;
 	r->issue_ns = chm_now_ns(dev);
 	dev->st.prefetch_issued++;
 	if (dev->slot_free_head) {
 		fill_start(dev, r, start);
 	} else {
 		r->state = CHM_REQ_QUEUED;
-		uint32_t ri = (uint32_t)(r - dev->reqs) + 1;
-		if (dev->q_tail)
-			dev->reqs[dev->q_tail - 1].qnext = ri;
-		else
-			dev->q_head = ri;
-		dev->q_tail = ri;
-		dev->q_len++;
+		chm_sess_enqueue(dev, r);
 		dev->st.prefetch_queued++;
 	}
 	*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
 	return 0;
 }
 
-int chm_staging_prefetch(struct chm_dev *dev, uint32_t n, const uint64_t *addrs,
+int chm_staging_prefetch(struct chm_dev *dev, chm_session sess, uint32_t n, const uint64_t *addrs,
                          const uint64_t *lens, uint32_t flags, chm_handle *handles,
                          int32_t *results)
 {
-	uint32_t start = 0;
+	uint32_t start = 0, si;
 	int ok = 0;
 	pthread_mutex_lock(&dev->lock);
+	int rc = chm_sess_lookup(dev, sess, &si);
+	if (rc) {
+		pthread_mutex_unlock(&dev->lock);
+		return rc;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		int r = results[i];
 		if (!r && lens[i] > dev->cfg.slot_bytes)
-			r = -EINVAL;
+			r = chm_detail(-EINVAL,
+			               "prefetch: len %llu is larger than a slot (slot_size %llu)",
+			               (unsigned long long)lens[i],
+			               (unsigned long long)dev->cfg.slot_bytes);
 		if (!r)
-			r = prefetch_locked(dev, addrs[i], lens[i], flags, &handles[i], &start);
+			r = prefetch_locked(dev, si, addrs[i], lens[i], flags, &handles[i], &start);
 		results[i] = r;
 		ok += r == 0;
 	}
@@ -624,11 +646,25 @@ static void host_transfer(struct chm_dev *dev, struct chm_slot *s, uint64_t len)
 		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
 }
 
-int chm_staging_wait(struct chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
+/* The handle h of session si (-EINVAL when another session's). */
+static int handle_lookup_in(struct chm_dev *dev, uint32_t si, chm_handle h, struct chm_req **out)
+{
+	int rc = handle_lookup(dev, h, out);
+	if (!rc && (*out)->sess != si)
+		rc = chm_detail(-EINVAL, "handle %#llx belongs to another session",
+		                (unsigned long long)h);
+	return rc;
+}
+
+int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64_t timeout_ns,
+                     struct chm_view *view)
 {
 	struct chm_req *r;
-	int rc;
+	uint32_t si;
 	pthread_mutex_lock(&dev->lock);
+	int rc = chm_sess_lookup(dev, sess, &si);
+	if (rc)
+		goto out_unlock;
 	uint64_t start_mono = chm_mono_ns();
 	uint64_t deadline =
 	        timeout_ns > UINT64_MAX - start_mono ? UINT64_MAX : start_mono + timeout_ns;
@@ -637,12 +673,15 @@ int chm_staging_wait(struct chm_dev *dev, chm_handle h, uint64_t timeout_ns, str
 			rc = -ECANCELED;
 			goto out_unlock;
 		}
-		rc = handle_lookup(dev, h, &r);
+		rc = handle_lookup_in(dev, si, h, &r);
 		if (rc)
 			goto out_unlock;
 		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
 		if (s && s->state == CHM_SLOT_FAILED) {
-			rc = -EIO;
+			rc = chm_detail(-EIO,
+			                "wait: the fill of handle %#llx failed (backing I/O); "
+			                "release it",
+			                (unsigned long long)h);
 			goto out_unlock;
 		}
 		if (s && s->state == CHM_SLOT_HELD)
@@ -667,7 +706,10 @@ int chm_staging_wait(struct chm_dev *dev, chm_handle h, uint64_t timeout_ns, str
 				until = ready_mono;
 		}
 		if (timeout_ns == 0 || chm_mono_ns() >= deadline) {
-			rc = -ETIMEDOUT;
+			rc = chm_detail(
+			        -ETIMEDOUT, "wait: handle %#llx not staged within %llu ns (%s)",
+			        (unsigned long long)h, (unsigned long long)timeout_ns,
+			        r->state == CHM_REQ_QUEUED ? "queued for a slot" : "filling");
 			goto out_unlock;
 		}
 		if (until == UINT64_MAX) {
@@ -678,7 +720,7 @@ int chm_staging_wait(struct chm_dev *dev, chm_handle h, uint64_t timeout_ns, str
 		}
 	}
 	/* pacing may have dropped the lock: the handle could be gone */
-	rc = handle_lookup(dev, h, &r);
+	rc = handle_lookup_in(dev, si, h, &r);
 	if (rc)
 		goto out_unlock;
 	struct chm_slot *s = &dev->slots[r->slot];
@@ -696,31 +738,23 @@ out_unlock:
 	return rc;
 }
 
-/* One release (lock held). */
-static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
+/* One release in session si (lock held). */
+static int release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32_t *start)
 {
 	struct chm_req *r;
 	/* release works while closing too (it only returns resources), but not
 	 * after shutdown freed the request table */
-	int rc = dev->shut ? -ECANCELED : handle_lookup(dev, h, &r);
-	if (rc)
-		return rc;
+	int rc = dev->shut ? -ECANCELED : handle_lookup_in(dev, si, h, &r);
+	if (!rc)
+		chm_staging_release_req(dev, r, start);
+	return rc;
+}
+
+void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
+{
 	dev->st.prefetch_released++;
 	if (r->state == CHM_REQ_QUEUED) {
-		uint32_t ri = (uint32_t)(r - dev->reqs) + 1, prev = 0;
-		for (uint32_t q = dev->q_head; q; prev = q, q = dev->reqs[q - 1].qnext) {
-			if (q != ri)
-				continue;
-			if (prev)
-				dev->reqs[prev - 1].qnext = r->qnext;
-			else
-				dev->q_head = r->qnext;
-			if (dev->q_tail == ri)
-				dev->q_tail = prev;
-			break;
-		}
-		r->qnext = 0;
-		dev->q_len--;
+		chm_sess_unqueue(dev, r);
 		dev->st.prefetch_cancelled++;
 	} else {
 		struct chm_slot *s = &dev->slots[r->slot];
@@ -731,6 +765,7 @@ static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
 			/* hits still copy from it: the last unpin frees it */
 			staged_unlink(dev, s);
 			slot_set(dev, s, CHM_SLOT_DRAINING); /* release_pinned */
+			chm_sess_uncharge(dev, s);
 			s->req = -1;
 		} else {
 			slot_free(dev, s, start);
@@ -738,17 +773,23 @@ static int release_locked(struct chm_dev *dev, chm_handle h, uint32_t *start)
 	}
 	req_free(dev, r);
 	pthread_cond_broadcast(&r->cond);
-	return 0;
 }
 
-int chm_staging_release(struct chm_dev *dev, uint32_t n, const chm_handle *handles,
-                        int32_t *results)
+int chm_staging_release(struct chm_dev *dev, chm_session sess, uint32_t n,
+                        const chm_handle *handles, int32_t *results)
 {
-	uint32_t start = 0;
+	uint32_t start = 0, si = 0;
 	int ok = 0;
 	pthread_mutex_lock(&dev->lock);
+	/* after shutdown the session table is gone: every element is
+	 * -ECANCELED, whatever the session */
+	int rc = dev->shut ? 0 : chm_sess_lookup(dev, sess, &si);
+	if (rc) {
+		pthread_mutex_unlock(&dev->lock);
+		return rc;
+	}
 	for (uint32_t i = 0; i < n; i++) {
-		results[i] = release_locked(dev, handles[i], &start);
+		results[i] = release_locked(dev, si, handles[i], &start);
 		ok += results[i] == 0;
 	}
 	pthread_mutex_unlock(&dev->lock);

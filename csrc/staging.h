@@ -19,16 +19,21 @@ void chm_staging_fini(struct chm_dev *dev);
 /* Bytes of memory chm_staging_init needs for cfg. */
 uint64_t chm_staging_mem_bytes(const struct chm_config *cfg);
 
-/* The prefetch API, inside the device (entered); take dev->lock. Contracts
- * as chm_prefetch_objects / _wait / chm_prefetch_release_many, except that
- * an element whose results[i] is already non-zero is left alone (the caller
- * checked it) and that prefetch refuses len > slot_bytes itself. */
-int chm_staging_prefetch(struct chm_dev *dev, uint32_t n, const uint64_t *addrs,
+/* The prefetch API in session sess, inside the device (entered); take
+ * dev->lock. Contracts as chm_session_prefetch / _wait / _release, except
+ * that an element whose results[i] is already non-zero is left alone (the
+ * caller checked it) and that prefetch refuses len > slot_bytes itself. */
+int chm_staging_prefetch(struct chm_dev *dev, chm_session sess, uint32_t n, const uint64_t *addrs,
                          const uint64_t *lens, uint32_t flags, chm_handle *handles,
                          int32_t *results);
-int chm_staging_wait(struct chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view);
-int chm_staging_release(struct chm_dev *dev, uint32_t n, const chm_handle *handles,
-                        int32_t *results);
+int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64_t timeout_ns,
+                     struct chm_view *view);
+int chm_staging_release(struct chm_dev *dev, chm_session sess, uint32_t n,
+                        const chm_handle *handles, int32_t *results);
+/* Releases live request r as chm_prefetch_release does (session close).
+ * Fills it starts are chained on *start. Lock held. */
+struct chm_req;
+void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start);
 
 /* Copies [addr,addr+len) from a READY/HELD slot covering it that is not
  * stale or behind; true on hit. Called with the lock held; the slot is

@@ -234,6 +234,39 @@ const char *chm_strerror(int err);
  * NULL when kind or value names no state. Never blocks; thread-safe. */
 const char *chm_state_name(int kind, int value);
 
+/* Why the most recent failing chm call of this thread failed, in one line
+ * naming the call, the argument and the rule, e.g. "write: addr 0x7b is not
+ * a multiple of 512 (CHM_IO_ALIGN)", when that call returned err (a -errno
+ * value) and its failure site gave a reason; "" otherwise. Every call that
+ * returns int clears the thread's detail on entry, and a detail is
+ * returned only for the error code it was set with, so a reason from an
+ * earlier call is never attached to a later error. Batched calls leave no
+ * detail for their elements. The string is thread-local and valid until the
+ * thread's next chm call. Never blocks, never fails. */
+const char *chm_last_error_detail(int err);
+
+/* The public enumerations chm_enum_name() and chm_enum_value() know (the
+ * internal state machines' names come from chm_state_name()). */
+enum chm_enum_kind {
+	CHM_ENUM_BACKEND = 0, /* enum chm_backend_kind */
+	CHM_ENUM_MODE = 1,    /* enum chm_mode */
+	CHM_ENUM_POOL = 2,    /* enum chm_pool_kind */
+	CHM_ENUM_CLOCK = 3,   /* enum chm_clock_kind */
+	CHM_ENUM_FAULT = 4,   /* enum chm_fault_kind */
+};
+
+/* The lowercase name of value in enumeration kind (chm_enum_name(
+ * CHM_ENUM_MODE, CHM_MODE_LRU) is "lru"), the name the option parser
+ * accepts; NULL for an unknown kind or value. Every kind's values are 0, 1,
+ * 2, ..., so a binding lists a kind by asking for 0, 1, ... until NULL.
+ * Static strings; never blocks; thread-safe. */
+const char *chm_enum_name(int kind, int value);
+
+/* The value of name (case-insensitive) in enumeration kind. Returns the
+ * value (>= 0), -ENOENT for an unknown name, -EINVAL for an unknown kind or
+ * a NULL name. */
+int chm_enum_value(int kind, const char *name);
+
 /* ---- configuration (non-blocking, touch only *cfg, thread-safe per cfg) ---- */
 
 /* Fills *cfg with defaults. Returns 0, or -EINVAL when cfg is NULL. */
@@ -248,6 +281,22 @@ int chm_config_init(struct chm_config *cfg);
  * unknown key, -EINVAL for a bad value. */
 int chm_config_set(struct chm_config *cfg, const char *key, const char *value, char *err,
                    size_t errlen);
+
+/* Reads option `key` of *cfg back in the text form chm_config_set() takes:
+ * sizes and integers in decimal, enums by name, "targets" comma-separated,
+ * "timing" the name of the preset its fields equal or "custom". Writes the
+ * NUL-terminated text into out. Returns its length, -ENOENT for an unknown
+ * key, -ENOSPC when outlen bytes do not hold it, -EINVAL for NULL arguments.
+ * Touches only *out. */
+int chm_config_get(const struct chm_config *cfg, const char *key, char *out, size_t outlen);
+
+/* Parses a byte size in the grammar of every size option: digits with an
+ * optional fraction (at most 19 significant digits), then an optional unit
+ * K, M, G, T or P (binary multiples, any case), optionally followed by B or
+ * iB, or a plain B; the result a whole number of bytes below 2^64. Nothing
+ * else: no whitespace, sign, exponent or 0x. Returns 0 and the size in *out,
+ * or -EINVAL (the reason in chm_last_error_detail). */
+int chm_parse_size(const char *s, uint64_t *out);
 
 /* Checks a whole configuration. Returns 0 or -EINVAL with a one-line reason
  * in err (if non-NULL). chm_dev_open() runs the same check. */
@@ -312,9 +361,10 @@ int chm_dev_pool_fd(chm_dev *dev);
 
 /* ---- prefetch: issue - wait - release ---- */
 
-/* Issues a prefetch of [addr, addr+len) into the staging window. Never
- * blocks: takes a free slot and starts the fill, or queues on the bounded
- * refill queue (FIFO; started as slots are released). Returns 0 and a
+/* Issues a prefetch of [addr, addr+len) into the staging window, in the
+ * default session (see chm_session_open). Never blocks: takes a free slot
+ * and starts the fill, or queues on the bounded refill queue (round-robin
+ * across sessions, FIFO within one; started as slots are released). Returns 0 and a
  * handle in *h; -EINVAL (len 0, len > slot_bytes, range beyond capacity,
  * unknown flags, NULL h), -EAGAIN (refill queue full, or no free slot with
  * CHM_PF_NOQUEUE, or no free request record while some are in use),
@@ -331,7 +381,8 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
  * prefetch mode they reach chm_read and the next prefetch; in lru mode the
  * view is a host copy, all old or all new bytes of each write). Returns 0, -ETIMEDOUT, -EIO (the fill
  * failed; release the handle), -ESTALE (released), -EINVAL (foreign or
- * malformed handle, NULL view), -ECANCELED (device closing). */
+ * malformed handle, a handle of another session than the default one, NULL
+ * view), -ECANCELED (device closing). */
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view);
 
 /* Releases a handle in any state (in lru mode too, where the view is a host
@@ -340,7 +391,8 @@ int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct ch
  * slot is freed when its I/O completes, a READY/HELD/FAILED slot is freed
  * now (and the next queued request starts). The handle and any view from it
  * are dead afterwards. Returns 0, -ESTALE (already released or never
- * issued), -EINVAL (foreign or malformed), -ECANCELED (shut down). */
+ * issued), -EINVAL (foreign or malformed, or another session's than the
+ * default one), -ECANCELED (shut down). */
 int chm_prefetch_release(chm_dev *dev, chm_handle h);
 
 /* Batched calls take at most this many elements. */
@@ -368,6 +420,65 @@ int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handle
  * n > CHM_BATCH_MAX) with none attempted. */
 int chm_write_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const void *const *bufs,
                       const uint64_t *lens, uint32_t flags, int32_t *results);
+
+/* ---- sessions: scopes of handles, with a quota ---- */
+
+/* An open session of a device: an opaque token (device tag, generation and
+ * index), like a handle. A session scopes handles: a handle is used (waited
+ * on, released) only through the session that issued it. Every device has a
+ * default session, CHM_SESSION_DEFAULT, which is never closed and has no
+ * quota but the device's own; the calls without a session argument
+ * (chm_prefetch_object, _wait, _release and their batched forms) use it.
+ * The refill queue is served round-robin across the sessions that have
+ * queued requests (one grant each in turn, FIFO within a session), so a
+ * session that floods the queue delays another's queued request by at most
+ * one grant per session. */
+typedef uint64_t chm_session;
+
+#define CHM_SESSION_DEFAULT 0
+/* Sessions a device can have open at once, besides the default one. */
+#define CHM_SESSION_MAX 1024
+
+/* Opens a session that may hold at most quota request entries at once
+ * (slots, including a released one whose fill is still in flight, plus
+ * queued requests); a prefetch over it fails -EAGAIN. quota is 1..2^32-1;
+ * one at least slot_count + refill_queue never limits. Never blocks.
+ * Returns 0 and the session in *out; -EINVAL (NULL dev or out, quota 0),
+ * -ENOSPC (CHM_SESSION_MAX sessions open), -EOPNOTSUPP (direct mode: no
+ * staging window), -ECANCELED (closing). */
+int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out);
+
+/* Closes a session: releases every handle it holds, as chm_prefetch_release
+ * would (queued requests are dropped, a filling slot is freed when its I/O
+ * completes, views from its handles are dead), wakes their waiters (they
+ * return -ESTALE) and invalidates the session. Never blocks on I/O. Works
+ * while the device is closing. Returns the number of handles released (>= 0),
+ * -ESTALE (already closed), -EINVAL (CHM_SESSION_DEFAULT, foreign or
+ * malformed), -ECANCELED (after chm_dev_shutdown, which released
+ * everything). */
+int chm_session_close(chm_dev *dev, chm_session s);
+
+/* chm_prefetch_objects in session s: the handles belong to s, and each
+ * element also fails -EAGAIN when s holds its quota. Returns the number
+ * issued, or -EINVAL (NULL dev or array, n > CHM_BATCH_MAX, s foreign or
+ * malformed), -ESTALE (s closed) with none attempted. */
+int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t *addrs,
+                         const uint64_t *lens, uint32_t flags, chm_handle *handles,
+                         int32_t *results);
+
+/* chm_prefetch_wait in session s. A live handle of another session is
+ * -EINVAL. Returns 0, -ETIMEDOUT, -EIO, -ESTALE (released, or s closed),
+ * -EINVAL (another session's, foreign or malformed handle or session, NULL
+ * view), -ECANCELED. */
+int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
+                     struct chm_view *view);
+
+/* chm_prefetch_release_many in session s: results[i] is 0, -ESTALE, -EINVAL
+ * (another session's live handle: not released) or -ECANCELED. Returns the
+ * number released, or -EINVAL (NULL dev or array, n > CHM_BATCH_MAX, s
+ * foreign or malformed), -ESTALE (s closed) with none attempted. */
+int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
+                        int32_t *results);
 
 /* ---- data path ---- */
 
