@@ -94,12 +94,6 @@ def state_name(kind: int, value: int) -> str | None:
     return None if p == ffi.NULL else str(ffi.string(p).decode())
 
 
-def state_name(kind: int, value: int) -> str | None:
-    """chm_state_name(): the C core's name of one state, None past the end."""
-    name = lib.chm_state_name(kind, value)
-    return None if name == ffi.NULL else str(ffi.string(name).decode())
-
-
 def _state_names(kind: int) -> dict[str, int]:
     """{name: value} of one internal state machine, as the C core names it."""
     out: dict[str, int] = {}

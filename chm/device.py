@@ -899,35 +899,9 @@ class Device:
         ptr = self._ptr
         if ptr is None:
             raise _closed_error("chm_prefetch_object")
-        try:
-            h = Handle(self, _prefetch(ptr, addr, length, _NOQUEUE if noqueue else 0))
-        except InvalidArgument:
-            big = self._too_big("prefetch", length)
-            if big is not None:
-                raise big from None
-            raise
+        h = Handle(self, _prefetch(ptr, addr, length, _NOQUEUE if noqueue else 0))
         self._handles[h.token] = _ref(h)
         return h
-
-    def _too_big(self, what: str, length: object) -> InvalidArgument | None:
-        """The configuration error for an object no slot or write buffer can take."""
-        if not isinstance(length, int) or isinstance(length, bool):
-            return None
-        cfg = self._config
-        if what == "prefetch" and cfg.mode != "direct" and length > cfg.slot_bytes:
-            limit, opt = cfg.slot_bytes, "slot_size"
-        elif what == "write" and cfg.mode == "prefetch" and length > cfg.wbuf_bytes:
-            limit, opt = cfg.wbuf_bytes, "wbuf"
-        else:
-            return None
-        call = "chm_prefetch_object" if what == "prefetch" else "chm_write_object"
-        return InvalidArgument(
-            None,
-            f"{what} of a {length}-byte object: larger than {opt}={limit} bytes, so "
-            f"it can never succeed (a configuration error); open the device with "
-            f"{opt} >= {length}, or object_size={length} to size the defaults",
-            call=call,
-        )
 
     def prefetch_many(
         self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
@@ -1080,10 +1054,8 @@ class Device:
         out: list[bool | ChmError] = []
         for i, rc in enumerate(rcs):
             if rc < 0:
-                n = len(datas[i])
-                big = self._too_big("write", n) if rc == -errno.EINVAL else None
-                args = f"addr={addrs[i]:#x}, len={n}"
-                out.append(big or _ll.status_error(rc, "chm_write_objects", args))
+                args = f"addr={addrs[i]:#x}, len={len(datas[i])}"
+                out.append(_ll.status_error(rc, "chm_write_objects", args))
             else:
                 out.append(rc != _ll.WRITE_SKIPPED)
         return out
@@ -1166,13 +1138,7 @@ class Device:
         saying which, e.g. "write: addr 0x7b is not a multiple of 512
         (CHM_IO_ALIGN)". Reads and prefetches have no such rule.
         """
-        try:
-            rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)
-        except InvalidArgument:
-            big = self._too_big("write", memoryview(data).nbytes if data is not None else 0)
-            if big is not None:
-                raise big from None
-            raise
+        rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)
         return rc != _ll.WRITE_SKIPPED
 
     def write_length(self, addr: int, length: int) -> bool:
@@ -1180,7 +1146,10 @@ class Device:
 
         The ghost backend only (no data moves there, so the write costs the
         model's time and O(1) host time whatever its size); InvalidArgument on
-        a backend that moves data. Alignment as :meth:`write`.
+        a backend that moves data.
+
+        Alignment: ``addr`` and ``length`` must be multiples of 512 bytes
+        (``CHM_IO_ALIGN``), as for :meth:`write`; otherwise InvalidArgument.
         """
         if self._config.backend != "ghost":
             raise InvalidArgument(
@@ -1189,13 +1158,7 @@ class Device:
                 f"needs the ghost backend, not {self._config.backend!r}",
                 call="chm_write_object",
             )
-        try:
-            rc = _ll.write_length(self._p("chm_write_object"), addr, length)
-        except InvalidArgument:
-            big = self._too_big("write", length)
-            if big is not None:
-                raise big from None
-            raise
+        rc = _ll.write_length(self._p("chm_write_object"), addr, length)
         return rc != _ll.WRITE_SKIPPED
 
     def clock_ns(self) -> int:

@@ -43,6 +43,7 @@
 
 #include "clock.h"
 #include "dev.h"
+#include "errdetail.h"
 #include "iomap.h"
 #include "states.h"
 #include "wbuf.h"
@@ -173,7 +174,11 @@ int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64
 	if (len > w->size) {
 		/* never admissible: a configuration error, not a skip */
 		pthread_mutex_unlock(&dev->lock);
-		return -EINVAL;
+		return chm_detail(
+		        -EINVAL,
+		        "write: len %llu is larger than the write buffer (wbuf %llu), so it "
+		        "can never be admitted; raise wbuf, or set object_size",
+		        (unsigned long long)len, (unsigned long long)w->size);
 	}
 	chm_wbuf_vt_advance(dev); /* the flushes the model has finished by now */
 	if (!log_alloc(w, len, &off, &pad)) {

