@@ -376,7 +376,7 @@ class DeviceMachine(RuleBasedStateMachine):
 
     def _write(self, addr: int, length: int, what: str = "write") -> bool:
         data = self._payload(length)
-        too_big = self.mode == "prefetch" and length > self._wbuf_bytes()
+        too_big = self.model.write_refused(length)
         try:
             admitted = self.d.write(addr, data)
         except InvalidArgument:
@@ -747,7 +747,7 @@ class DeviceMachine(RuleBasedStateMachine):
         assert len(out) == len(rngs)
         skipped = []
         for i, (addr, data, got) in enumerate(zip(addrs, datas, out, strict=True)):
-            if i == bad:
+            if i == bad or self.model.write_refused(len(data)):
                 assert isinstance(got, InvalidArgument), f"batch element {i} at {addr:#x}: {got!r}"
                 continue
             assert isinstance(got, bool), f"batch element {i}: {got!r}"
@@ -871,8 +871,8 @@ class DeviceMachine(RuleBasedStateMachine):
         obj = data.draw(OBJ, label="object") if fresh else (req.addr, req.length)
         wa = obj[0] // IO_ALIGN * IO_ALIGN
         wb = min(g.capacity, -(-(obj[0] + obj[1]) // IO_ALIGN) * IO_ALIGN)
-        if self.mode == "prefetch":  # a write larger than the buffer is refused
-            wb = min(wb, wa + self._wbuf_bytes() // IO_ALIGN * IO_ALIGN)
+        while wb - wa > IO_ALIGN and self.model.write_refused(wb - wa):
+            wb -= IO_ALIGN  # a write larger than the write buffer is refused
         span = (wa, wb)
         t = threading.Thread(target=writer, args=(wa, wb - wa), daemon=True)
         t.start()
