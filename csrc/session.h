@@ -29,6 +29,10 @@ struct chm_sess {
 /* Allocates the session table with the default session open (staging
  * init). Returns 0 or -ENOMEM. */
 int chm_sess_init(struct chm_dev *dev);
+/* The token of session record idx (its current generation). */
+chm_session chm_sess_token(const struct chm_dev *dev, uint32_t idx);
+/* A record whose generation reaches this retires (session_api.c's close). */
+#define SESS_GEN_LAST UINT32_MAX
 void chm_sess_fini(struct chm_dev *dev);
 /* The session index of token s (0 for CHM_SESSION_DEFAULT), -EINVAL
  * (foreign or malformed) or -ESTALE (closed). Lock held. */
