@@ -112,7 +112,7 @@ def main(
     except InvalidArgument as exc:
         raise click.BadParameter(f"--hbm-kv {hbm_kv!r}: {exc.strerror}") from None
     try:
-        wbufs = [parse_size(w) for w in wbuf_sweep.split(",") if w.strip()]
+        wbufs = [parse_size(w.strip()) for w in wbuf_sweep.split(",") if w.strip()]
     except InvalidArgument as exc:
         raise click.BadParameter(f"--wbuf-sweep {wbuf_sweep!r}: {exc.strerror}") from None
     wl = ChatWorkload(
