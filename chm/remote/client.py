@@ -74,19 +74,22 @@ class RemoteHandle:
 
     # _buf: the ReadOnlyBuffer over the object's bytes in the shared pool
     # (it counts what exports it, so a release under a live array is
-    # refused); _mv: the memoryview of it that wait() hands out.
+    # refused); _mv: a weak reference to the memoryview of it that wait()
+    # hands out (weak, as chm.Handle's: an array made from that memoryview
+    # once it is dropped counts as an export of _buf).
     __slots__ = ("__weakref__", "_buf", "_dev", "_mv", "place", "released", "token")
 
     def __init__(self, dev: RemoteDevice, token: int) -> None:
         self._dev = dev
         self.token = token
         self._buf: ReadOnlyBuffer | None = None
-        self._mv: memoryview | None = None
+        self._mv: weakref.ref[memoryview] | None = None
         self.place: tuple[int, int, int] | None = None  # (dev_addr, length, pool_offset)
         self.released = False
 
     def _live_view(self) -> memoryview | None:
-        mv = self._mv
+        ref = self._mv
+        mv = ref() if ref is not None else None
         if mv is None:
             return None
         try:
@@ -117,12 +120,12 @@ class RemoteHandle:
         buf = self._buf
         if buf is None:
             return True
-        mine = 1 if self._live_view() is not None else 0
-        if buf.exports > mine:
+        mv = self._live_view()
+        if buf.exports > (1 if mv is not None else 0):
             return False
         try:
-            if self._mv is not None:
-                self._mv.release()
+            if mv is not None:
+                mv.release()
             buf.release()
         except BufferError:  # a slice of the view keeps it exported
             return False
@@ -328,7 +331,8 @@ class RemoteDevice:
                         raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
                     h = handles[j]
                     h._buf = ReadOnlyBuffer(self._pool_mv[off : off + n], h)
-                    h._mv = mv = memoryview(h._buf)
+                    mv = memoryview(h._buf)
+                    h._mv = weakref.ref(mv)
                     h.place = (addr, n, off)
                     self._viewed.add(h)
                     out[j] = mv
