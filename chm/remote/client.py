@@ -65,7 +65,9 @@ class DaemonGone(Cancelled, ConnectionError):
 
 
 def _raise(rc: int, call: str, what: str = "") -> None:
-    _ll._check(rc, call, what)
+    """Raises the exception of a -errno answer (nothing for rc >= 0)."""
+    if rc < 0:
+        raise _err(rc, call, what)
 
 
 class RemoteHandle:
@@ -585,11 +587,12 @@ def _u64s(call: str, name: str, values: Sequence[Any]) -> list[int]:
 
 
 def _err(rc: int, call: str, what: str = "") -> ChmError:
-    try:
-        _ll._check(rc, call, what)
-    except ChmError as exc:
-        return exc
-    raise AssertionError(f"{call}: rc {rc} is not an error")
+    """The exception of a -errno answer. Not ``_lowlevel._check``: that adds
+    the reason this process's C core last recorded, which is not the daemon's."""
+    if rc >= 0:
+        raise AssertionError(f"{call}: rc {rc} is not an error")
+    err: ChmError = _ll.status_error(rc, call, what)
+    return err
 
 
 def _pairs(ks: np.ndarray[Any, Any]) -> list[list[int]]:
