@@ -6,9 +6,8 @@ client's handles, holds it to at most ``quota`` slots plus queue entries
 (-EAGAIN beyond), serves the refill queue round-robin across clients (one
 client flooding it delays another's prefetch by about one grant) and
 releases everything when the session closes. Every handle and KV pin a
-client obtains is also recorded here, so a token the scope does not hold
-(another scope's, a released or a made-up one) is refused with -ESTALE (as a
-stale handle is) before the device sees it, and the daemon can count what
+client obtains is also recorded here, so another scope's token is refused
+with -ESTALE (as a stale handle is) before the device sees it, and the daemon can count what
 clients hold. In direct mode (no staging window, no sessions) a scope uses
 the device's default session."""
 
@@ -97,14 +96,29 @@ class Scope:
     def owns(self, token: int) -> bool:
         return self._held(token) is not None
 
-    def wait(self, token: int, timeout_ns: int) -> tuple[int, int, int, int]:
-        """(0, pool offset, length, device address) or (-errno, 0, 0, 0).
+    def _unheld(self, token: int) -> int:
+        """The answer for a token this scope does not hold: another scope's
+        live token is -ESTALE without asking the device; one live nowhere is
+        asked of the device in this scope's session (a poll, no view made),
+        which answers for it as for any stale or foreign handle (-ESTALE,
+        -EINVAL) with no effect."""
+        sess = self._sess
+        if sess is None or (
+            self._registry is not None and self._registry.holder(token) not in (None, self)
+        ):
+            return -errno.ESTALE
+        try:
+            self._dev.view_info(Handle(self._dev, token, sess))
+        except ChmError as exc:
+            return _rc(exc)
+        return -errno.ESTALE
 
-        A token this scope does not hold (another scope's, a released or a
-        made-up one) is -ESTALE, with no effect on the device."""
+    def wait(self, token: int, timeout_ns: int) -> tuple[int, int, int, int]:
+        """(0, pool offset, length, device address) or (-errno, 0, 0, 0);
+        a token this scope does not hold answers as :meth:`_unheld` says."""
         h = self._held(token)
         if h is None:
-            return -errno.ESTALE, 0, 0, 0
+            return self._unheld(token), 0, 0, 0
         timeout = None if timeout_ns >= _FOREVER else timeout_ns / 1e9
         try:
             addr, n, off = self._dev.view_info(h, timeout)
@@ -113,11 +127,11 @@ class Scope:
         return 0, off, n, addr
 
     def release(self, token: int) -> int:
-        """0, or -errno; a token this scope does not hold is -ESTALE."""
+        """0, or -errno (a token this scope does not hold: :meth:`_unheld`)."""
         with self._lock:
             h = self.tokens.pop(token, None)
         if h is None:
-            return -errno.ESTALE
+            return self._unheld(token)
         try:
             h.release()
         except ChmError as exc:
