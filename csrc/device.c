@@ -14,6 +14,7 @@
 #include "dev.h"
 #include "gate.h"
 #include "mode.h"
+#include "resident.h"
 #include "session.h"
 #include "staging.h"
 #include "targets.h"
@@ -311,7 +312,7 @@ int chm_flush(chm_dev *dev, uint64_t timeout_ns)
  * at open); a mode without a staging window then refuses the call. */
 static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
 {
-	if (len == 0 || (flags & ~(uint32_t)CHM_PF_NOQUEUE))
+	if (len == 0 || (flags & ~(uint32_t)(CHM_PF_NOQUEUE | CHM_PF_RETAIN)))
 		return -EINVAL;
 	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
 		return -EINVAL;
@@ -393,6 +394,20 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 		return -EINVAL;
 	int32_t rc;
 	chm_prefetch_release_many(dev, 1, &h, &rc);
+	return rc;
+}
+
+int chm_resident_evict(chm_dev *dev, uint64_t addr, uint64_t len)
+{
+	if (!dev || len == 0 || addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
+		return -EINVAL;
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&dev->lock);
+	rc = chm_resident_evict_range(dev, addr, len);
+	pthread_mutex_unlock(&dev->lock);
+	chm_leave(dev);
 	return rc;
 }
 
