@@ -38,6 +38,8 @@ from chm.kv.index import DURABLE, PENDING, Index
 from chm.kv.keys import KEY_DTYPE, Namespace
 from chm.kv.lookup import LOOKUP_BATCH, Lookup, prefix_hits
 from chm.kv.protocol import DeviceLike
+from chm.kv.residency import DEFAULT as _DEFAULT_ADMISSION
+from chm.kv.residency import Admission, make_admission
 from chm.kv.tickets import Ticket
 from chm.kv.window import WINDOW_BYTES, KVManager
 
@@ -111,6 +113,17 @@ class StoreStats:
         return asdict(self)
 
 
+def _admission(choice: str | Admission | None, entries: int) -> Admission | None:
+    """``"auto"``: the default admission when the device has a resident
+    region, else none; a name of :data:`chm.kv.residency.POLICIES`; an
+    Admission; None (never retain)."""
+    if choice is None or (choice == "auto" and entries == 0):
+        return None
+    if isinstance(choice, str):
+        return make_admission(_DEFAULT_ADMISSION if choice == "auto" else choice, entries)
+    return choice
+
+
 def _default_journal(dev: DeviceLike) -> str:
     targets = dev.config.targets
     if targets:
@@ -138,6 +151,9 @@ class Store:
     device's slots); ``device_id`` is the number written into index entries
     (an AddressSpace numbers its devices). The device must move data (not
     the ghost backend). ``own_device`` closes it with the store.
+    ``residency`` picks the blocks a device with a resident region keeps in
+    its DRAM (:mod:`chm.kv.residency`; ``"auto"``: the default admission
+    when the device has a region).
     """
 
     def __init__(
@@ -153,6 +169,7 @@ class Store:
         manager: KVManager | None = None,
         compact_ratio: float = 2.0,
         own_device: bool = False,
+        residency: str | Admission | None = "auto",
     ) -> None:
         cfg = device.config
         if cfg.backend == "ghost":
@@ -178,7 +195,9 @@ class Store:
         self.device_id = device_id
         self._own = own_device
         self._alloc = SegmentLog(int(device.capacity), seg, eviction)
-        self.manager = manager or KVManager(max(1, int(device.stats().slots_total)))
+        st = device.stats()
+        self.manager = manager or KVManager(max(1, int(st.slots_total)))
+        self.admission = _admission(residency, int(st.resident_entries_total))
         self._lock = threading.RLock()
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._pending: dict[int, int] = {}  # row -> epoch, written but not yet durable
@@ -230,6 +249,13 @@ class Store:
         except BaseException:
             dev.close()
             raise
+
+    def _retain_mask(self, addrs: list[int]) -> list[bool] | None:
+        """Which blocks of a load the device should keep resident (None: none)."""
+        if self.admission is None or not addrs:
+            return None
+        with self._lock:
+            return self.admission.decide(addrs)
 
     # ---- recovery
 

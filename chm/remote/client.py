@@ -179,14 +179,14 @@ class RemoteDevice:
     # ---- prefetch (batched: one round trip per call, up to MAX_BATCH each)
 
     def prefetch_many(
-        self, ranges: Sequence[tuple[int, int]], *, noqueue: bool = False
+        self, ranges: Sequence[tuple[int, int]], *, noqueue: bool = False, retain: bool = False
     ) -> list[RemoteHandle]:
         """Issues a prefetch per (addr, length), one round trip per MAX_BATCH.
 
         All or nothing: on the first refusal (WouldBlock, InvalidArgument,
         ...) the prefetches this call issued are released and it is raised.
         """
-        flags = _ll.PF_NOQUEUE if noqueue else 0
+        flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
         out: list[RemoteHandle] = []
         first: ChmError | None = None
         for i in range(0, len(ranges), MAX_BATCH):
@@ -203,8 +203,10 @@ class RemoteDevice:
                 raise first
         return out
 
-    def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> RemoteHandle:
-        return self.prefetch_many([(addr, length)], noqueue=noqueue)[0]
+    def prefetch(
+        self, addr: int, length: int, *, noqueue: bool = False, retain: bool = False
+    ) -> RemoteHandle:
+        return self.prefetch_many([(addr, length)], noqueue=noqueue, retain=retain)[0]
 
     def wait_many(
         self, handles: Sequence[RemoteHandle], timeout: float | None = None
