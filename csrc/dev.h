@@ -163,10 +163,14 @@ struct chm_slot {
 	uint64_t ready_ns;        /* modeled completion (device clock) */
 	struct chm_read_tok rtok; /* write-buffer read token of the fill */
 	uint64_t link_credit;     /* host-link bytes already paid by wait */
-	uint32_t pins;            /* hits copying from the slot without the lock */
-	bool behind;              /* READY and pinned when a write was admitted
-	                           * over it: the last unpin re-overlays the log
-	                           * (holding a log pin until then); no hits */
+	uint32_t pins;            /* copies from (hits) or into (a catch-up) the
+	                           * slot without the lock */
+	bool behind;              /* READY, and a write was admitted over it (or
+	                           * over its fill): no hits, no wait, until the
+	                           * last pin re-overlays the log (holding a log
+	                           * pin until then) */
+	bool repatch;             /* behind, and written over again during the
+	                           * catch-up: it lays the log over once more */
 	bool stale;               /* HELD, and a write was admitted over the fill
 	                           * range since wait: the view is a snapshot
 	                           * (W11), chm_read goes around the slot */
@@ -175,6 +179,7 @@ struct chm_slot {
 	uint32_t nios;            /* ios of the current fill */
 	uint32_t fnext;           /* free-list link (index+1, 0 = end) */
 	uint32_t start_next;      /* list of fills started under the lock (index+1) */
+	uint32_t catch_next;      /* list of slots a writer catches up (index+1) */
 	int32_t sprev, snext;     /* list of READY/HELD slots (index, -1 = end) */
 };
 

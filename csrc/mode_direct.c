@@ -2,7 +2,8 @@
  * write goes to the SSD (DESIGN.md §3). Also the SSD read of any range that
  * prefetch mode uses for a miss (chm_direct_read): through an aligned bounce
  * buffer, with the write-buffer overlay on top when the device has one.
- * No device lock is held for I/O or copies; dev->lock is taken only for the
+ * No device lock is held for I/O or copies (the overlay is copied from the
+ * pinned log with the lock dropped); dev->lock is taken only for the
  * write-buffer read bookkeeping and for pacing. Calls only downwards
  * (write buffer, iomap, clock).
  */
@@ -19,6 +20,29 @@
 #include "wbuf.h"
 
 #define CHUNK_MAX (8ull << 20) /* bytes per bounce round */
+#define OVERLAY_SEGS 32        /* write-buffer entries copied unlocked per round */
+
+/* The write buffer's data over the caller's buffer (read your writes),
+ * copied with the lock dropped while the log is pinned; more than
+ * OVERLAY_SEGS overlapping entries are copied under the lock. Lock held on
+ * entry and exit. */
+static void overlay_unlocked(struct chm_dev *dev, uint64_t addr, char *out, uint64_t len)
+{
+	struct chm_wbuf_seg seg[OVERLAY_SEGS];
+	int n = chm_wbuf_overlay_segs(dev, addr, len, seg, OVERLAY_SEGS);
+	if (n < 0) {
+		chm_wbuf_overlay(dev, addr, out, len);
+		return;
+	}
+	if (n == 0)
+		return;
+	chm_wbuf_pin_log(dev);
+	pthread_mutex_unlock(&dev->lock);
+	for (int i = 0; i < n; i++)
+		memcpy(out + (seg[i].addr - addr), seg[i].src, seg[i].len);
+	pthread_mutex_lock(&dev->lock);
+	chm_wbuf_unpin_log(dev);
+}
 
 int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
@@ -45,7 +69,7 @@ int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 		pthread_mutex_lock(&dev->lock);
 		chm_wbuf_read_end(dev, &tok);
 		if (!rc) {
-			chm_wbuf_overlay(dev, addr, out, n);
+			overlay_unlocked(dev, addr, out, n);
 			chm_pace(dev, done);
 		}
 		pthread_mutex_unlock(&dev->lock);

@@ -38,12 +38,13 @@ static int prefetch_fill_submit(struct chm_dev *dev, struct chm_slot *s)
 	return dev->be_ops->submit(dev->be, s->ioptrs, s->nios);
 }
 
+/* The fill's writes-it-missed are laid over by staging.c once it is READY
+ * (behind, without the lock): the log is pinned by then, so ending the read
+ * registration here keeps every entry it needs. */
 static void prefetch_fill_end(struct chm_dev *dev, struct chm_slot *s)
 {
 	chm_wbuf_read_end(dev, &s->rtok);
 	dev->st.bytes_read_ssd += s->fill_bytes;
-	if (s->req >= 0 && !s->err) /* it becomes READY: with the writes it missed */
-		chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
 }
 
 static int prefetch_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
@@ -69,14 +70,17 @@ static int prefetch_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t
 static int prefetch_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
 {
 	struct wb_entry *e;
+	uint32_t start = 0;
 	int rc = chm_wbuf_reserve(dev, addr, buf, len, &e);
 	if (rc)
 		return rc; /* skipped */
 	pthread_mutex_lock(&dev->lock);
-	/* visible to reads and staged copies patched in one step (W10) */
+	/* visible to reads, and staged copies marked behind, in one step (W10) */
 	chm_wbuf_admit(dev, e);
-	chm_staging_patch(dev, addr, len);
+	chm_staging_patch(dev, addr, len, &start);
 	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
 	return 0;
 }
 

@@ -178,6 +178,7 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	s->link_credit = 0;
 	s->stale = false;
 	s->behind = false;
+	s->repatch = false;
 	s->pins = 0;
 	s->fill_bytes = 0;
 	s->issue_ns = chm_now_ns(dev);
@@ -212,15 +213,72 @@ static void req_wake(struct chm_dev *dev, int32_t ri)
 		pthread_cond_broadcast(&dev->reqs[ri].cond);
 }
 
-/* A behind slot leaves that condition (re-overlaid, or freed). Lock held. */
-static void slot_catch_up(struct chm_dev *dev, struct chm_slot *s, bool overlay)
+/* A behind slot that is freed leaves that condition. Lock held. */
+static void slot_drop_behind(struct chm_dev *dev, struct chm_slot *s)
 {
 	if (!s->behind)
 		return;
-	if (overlay)
-		chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
 	s->behind = false;
 	chm_wbuf_unpin_log(dev);
+}
+
+#define CATCH_UP_SEGS 32 /* log entries copied per catch-up round, unlocked */
+
+/* Brings behind slot s up to date with the write-buffer log (W10) without
+ * the device lock: the caller holds the only pin of s (so it is neither
+ * freed nor refilled), hits skip it and wait waits while it is behind, and
+ * the log is pinned (nothing moves or is reclaimed), so the copies run
+ * unlocked. A write admitted over it meanwhile sets repatch: the whole
+ * range is laid over again, oldest entry first, so that an older write
+ * never ends on top of a newer one. A slot released meanwhile (DRAINING)
+ * is not worth finishing. More overlapping entries than CATCH_UP_SEGS are
+ * laid over under the lock. Lock held on entry and exit. */
+static void slot_catch_up_copy(struct chm_dev *dev, struct chm_slot *s)
+{
+	struct chm_wbuf_seg seg[CATCH_UP_SEGS];
+	do {
+		s->repatch = false;
+		if (s->state == CHM_SLOT_DRAINING)
+			break;
+		int n = chm_wbuf_overlay_segs(dev, s->fill_start, s->fill_len, seg, CATCH_UP_SEGS);
+		if (n < 0) {
+			chm_wbuf_overlay(dev, s->fill_start, s->buf, s->fill_len);
+			continue;
+		}
+		if (n == 0)
+			continue;
+		pthread_mutex_unlock(&dev->lock);
+		for (int i = 0; i < n; i++)
+			memcpy(s->buf + (seg[i].addr - s->fill_start), seg[i].src, seg[i].len);
+		pthread_mutex_lock(&dev->lock);
+	} while (s->repatch);
+	s->behind = false;
+	chm_wbuf_unpin_log(dev);
+	req_wake(dev, s->req);
+}
+
+/* Marks READY slot s behind (hits skip it, wait waits) with a log pin. */
+static void slot_behind(struct chm_dev *dev, struct chm_slot *s)
+{
+	s->behind = true;
+	chm_wbuf_pin_log(dev);
+}
+
+/* Drops a pin of s. The last pin of a behind slot brings it up to date
+ * first (slot_catch_up_copy, lock dropped around the copies); the last pin
+ * of a DRAINING slot frees it (fills it starts are chained on *start).
+ * Lock held on entry and exit. */
+static void slot_unpin(struct chm_dev *dev, struct chm_slot *s, uint32_t *start)
+{
+	if (s->pins == 1 && s->behind && s->state != CHM_SLOT_DRAINING)
+		slot_catch_up_copy(dev, s); /* the writes it missed */
+	if (--s->pins == 0 && s->state == CHM_SLOT_DRAINING) {
+		slot_set(dev, s, CHM_SLOT_FREE); /* unpin_last */
+		slot_drop_behind(dev, s);
+		s->fnext = dev->slot_free_head;
+		dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
+		queue_kick(dev, start);
+	}
 }
 
 /* A slot becomes FREE (from any state via the event that fits). */
@@ -228,7 +286,7 @@ static void slot_free(struct chm_dev *dev, struct chm_slot *s, uint32_t *start)
 {
 	if (s->state == CHM_SLOT_READY || s->state == CHM_SLOT_HELD)
 		staged_unlink(dev, s);
-	slot_catch_up(dev, s, false);
+	slot_drop_behind(dev, s);
 	slot_set(dev, s, CHM_SLOT_FREE);
 	chm_sess_uncharge(dev, s);
 	s->req = -1;
@@ -286,6 +344,13 @@ void chm_staging_fill_io_done(struct chm_io *io)
 			slot_set(dev, s, CHM_SLOT_READY);
 			staged_link(dev, s);
 			dev->st.prefetch_completed++;
+			if (chm_wbuf_overlay_segs(dev, s->fill_start, s->fill_len, NULL, 0)) {
+				/* buffered writes over the fill: READY but behind, laid
+				 * over here with the lock dropped around the copies */
+				slot_behind(dev, s);
+				s->pins++;
+				slot_unpin(dev, s, &start);
+			}
 		}
 		req_wake(dev, s->req);
 	}
@@ -448,35 +513,23 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 	/* pinned: not refilled, freed or patched while this copies */
 	memcpy(buf, s->buf + (addr - s->fill_start), len);
 	pthread_mutex_lock(&dev->lock);
-	if (--s->pins == 0) {
-		if (s->state == CHM_SLOT_DRAINING) {
-			slot_set(dev, s, CHM_SLOT_FREE); /* unpin_last */
-			slot_catch_up(dev, s, false);
-			s->fnext = dev->slot_free_head;
-			dev->slot_free_head = (uint32_t)(s - dev->slots) + 1;
-			queue_kick(dev, start);
-		} else if (s->behind) {
-			slot_catch_up(dev, s, true); /* the writes it missed */
-			req_wake(dev, s->req);
-		}
-	}
+	slot_unpin(dev, s, start);
 	return true;
 }
 
 /* Brings staged copies that overlap a newly admitted object up to date
- * (W10) without touching a held view (W11). A READY slot that no hit is
- * copying from has no reader, so it is patched: the whole overlap is
- * re-overlaid from the log, oldest entry first, rather than with this
- * object alone, so an older overlapping write whose copy finished later
- * does not end up on top of a newer one. A HELD slot is read through its
- * view without the lock: its bytes stay as wait handed them out, and the
- * slot is marked stale so that chm_read of its range goes to the SSD with
- * the write-buffer overlay (read-your-writes) instead. A READY slot that a
- * hit is copying from (pinned) is not patched under the copy either: it is
- * marked behind, holds a log pin, and is re-overlaid by the last unpin. Lock
- * held. */
-void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len)
+ * (W10) without touching a held view (W11). A READY slot is marked behind
+ * (no hits, wait waits) and re-overlaid from the log by the last holder of
+ * a pin on it (slot_catch_up_copy, copies without the lock): by the caller
+ * itself when no hit is copying from it, else by the last of those hits.
+ * One that is behind already is caught up again (repatch). A HELD slot is
+ * read through its view without the lock: its bytes stay as wait handed
+ * them out, and the slot is marked stale so that chm_read of its range goes
+ * to the SSD with the write-buffer overlay (read-your-writes) instead. Lock
+ * held; dropped around the copies. */
+void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t *start)
 {
+	uint32_t mine = 0; /* slots to catch up here (index+1, via catch_next) */
 	for (int32_t i = dev->staged_head; i >= 0; i = dev->slots[i].snext) {
 		struct chm_slot *s = &dev->slots[i];
 		uint64_t a = addr > s->fill_start ? addr : s->fill_start;
@@ -486,14 +539,21 @@ void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len)
 			continue;
 		if (s->state == CHM_SLOT_HELD) {
 			s->stale = true;
-		} else if (s->pins) {
-			if (!s->behind) {
-				s->behind = true;
-				chm_wbuf_pin_log(dev);
-			}
+		} else if (s->behind) {
+			s->repatch = true;
 		} else {
-			chm_wbuf_overlay(dev, a, s->buf + (a - s->fill_start), b - a);
+			slot_behind(dev, s);
+			if (!s->pins) {
+				s->pins++; /* ours, for the catch-up below */
+				s->catch_next = mine;
+				mine = (uint32_t)i + 1;
+			}
 		}
+	}
+	while (mine) {
+		struct chm_slot *s = &dev->slots[mine - 1];
+		mine = s->catch_next;
+		slot_unpin(dev, s, start);
 	}
 	chm_resident_patch(dev, addr, len);
 }

@@ -47,8 +47,9 @@ bool chm_staging_read_hit(struct chm_dev *dev, uint64_t addr, void *buf, uint64_
 
 /* Brings staged copies that overlap a newly admitted write of
  * [addr, addr+len) up to date (W10) without touching a held view (W11).
- * Lock held. */
-void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len);
+ * Lock held; dropped around the copies (pinned slots, no hits on them).
+ * Fills started by slots freed meanwhile are chained on *start. */
+void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t *start);
 
 /* The done() of every fill I/O: a mode whose fill_submit does the work
  * itself sets io->res and calls it. Takes dev->lock. */

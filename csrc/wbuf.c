@@ -201,6 +201,28 @@ void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t le
 	}
 }
 
+int chm_wbuf_overlay_segs(struct chm_dev *dev, uint64_t addr, uint64_t len,
+                          struct chm_wbuf_seg *seg, int max)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	int n = 0;
+	if (!w)
+		return 0;
+	for (uint32_t i = 0; i < w->count; i++) {
+		struct wb_entry *e = ent(w, i);
+		if (e->copying)
+			continue;
+		uint64_t a = addr > e->addr ? addr : e->addr;
+		uint64_t b = addr + len < e->addr + e->len ? addr + len : e->addr + e->len;
+		if (a >= b)
+			continue;
+		if (n == max)
+			return -1;
+		seg[n++] = (struct chm_wbuf_seg){a, w->base + e->off + (a - e->addr), b - a};
+	}
+	return n;
+}
+
 void chm_wbuf_pin_log(struct chm_dev *dev)
 {
 	if (dev->wbuf)

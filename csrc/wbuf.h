@@ -26,6 +26,21 @@ void chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e);
 int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns);
 /* Overlays buffered data on [addr,addr+len) in buf, oldest first. Lock held. */
 void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
+
+/* One copy of an overlay: len bytes of the log at src go to device address
+ * addr. */
+struct chm_wbuf_seg {
+	uint64_t addr;
+	const char *src;
+	uint64_t len;
+};
+/* The overlay of [addr, addr+len) as copies to make, oldest first, so that
+ * they can be made without the lock: writes up to max of them into seg
+ * and returns how many there are, or -1 when there are more than max (max 0:
+ * whether there are any). The sources stay valid while the caller holds a
+ * log pin (chm_wbuf_pin_log). Lock held; 0 without a write buffer. */
+int chm_wbuf_overlay_segs(struct chm_dev *dev, uint64_t addr, uint64_t len,
+                          struct chm_wbuf_seg *seg, int max);
 /* Read-side bookkeeping: an SSD read in flight keeps buffered entries that
  * became durable after it started from being reclaimed (it may have read the
  * old bytes and needs the overlay), and tells the flusher reads are busy.

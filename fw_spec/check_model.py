@@ -84,7 +84,7 @@ RUNS: dict[str, Run] = {
             ("-DDATA=1", "-DREADER=1", "-DNUSERS=1", "-DCLOSER=0", "-DFILL_ERRORS=0"),
             None,
             "object bytes as versions, a pinned-hit reader: held views are snapshots (W11), views "
-            "and reads hold every admitted write (W10), pins hold (S17)",
+            "and reads hold every admitted write (W10), pins hold (S17), catch-ups copy unread (S18)",
         ),
         Run(
             "staging_S11",

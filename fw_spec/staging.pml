@@ -25,7 +25,10 @@
  * the version its memory shows, and the requester reads the object with
  * chm_read while it holds a view (W10 read-your-writes, W11 snapshots).
  * READER=1 adds a reader that copies hits of DOBJ the way the C core does:
- * pin under the lock, copy without it, unpin (S17).
+ * pin under the lock, copy without it, unpin (S17). A slot written over
+ * (behind) is brought up to date the same way by whoever holds its last
+ * pin: the writer, the fill completion or the last hit re-overlays the log
+ * with the lock dropped, again if a write lands meanwhile (S18).
  * Broken variants in fw_spec/broken/ define one BUG_* and include this file.
  *
  * Run: python3 fw_spec/check_model.py fw_spec/staging.pml
@@ -150,6 +153,7 @@ hidden byte S13 = 1;	/* close cancels waiters and the queue, drains fills */
 hidden byte S14 = 1;	/* a staged object's range is a chm_read hit */
 hidden byte S15 = 1;	/* prefetch counters balance when nothing is pending */
 hidden byte S17 = 1;	/* a pinned slot is never refilled, freed or patched */
+hidden byte S18 = 1;	/* a catch-up copies into a slot nobody else reads */
 hidden byte W1 = 1;	/* an admitted write stays readable */
 hidden byte W2 = 1;	/* a skipped write changes nothing */
 hidden byte W3 = 1;	/* flush barrier 0 => earlier admitted writes durable */
@@ -170,7 +174,9 @@ typedef slot_t {
 	byte ver;	/* DATA: version of DOBJ the slot memory shows */
 	bit stale;	/* HELD and written over since wait (W11) */
 	byte pins;	/* hits copying from it without the lock (S17) */
-	bit behind;	/* READY, written over while pinned: no hits */
+	bit behind;	/* READY, written over: no hits, no wait, until the
+			 * holder of its last pin has re-overlaid the log */
+	bit repatch;	/* behind, written over again during the catch-up */
 };
 
 typedef req_t {
@@ -205,6 +211,7 @@ bit barrier_pending;
 byte barrier_target;		/* newest seq admitted before the barrier */
 bit barrier_err;		/* a covered entry failed to flush meanwhile */
 byte last_admitted;
+byte logpins;			/* behind slots: the log is not reclaimed */
 
 bit closing, closed;
 
@@ -333,6 +340,70 @@ inline req_free(r)
 }
 
 /* chm_prefetch_object(); flags CHM_PF_NOQUEUE when noqueue */
+/* READY slot i is written over: no hits, no wait; the log is pinned. */
+inline make_behind(i)
+{
+	slot[i].behind = 1;
+	logpins++
+}
+
+/* Drops a pin of slot p; the last one frees a DRAINING slot. */
+inline unpin(p)
+{
+	atomic {
+		slot[p].pins--;
+		if
+		:: slot[p].pins == 0 && slot[p].state == SLOT_DRAINING ->
+			if
+			:: slot[p].behind -> slot[p].behind = 0; logpins--
+			:: else
+			fi;
+			slot[p].valid = 0;
+			slot[p].obj = 0;
+			slot_set(p, SLOT_FREE);		/* unpin_last */
+			grant(p)
+		:: else
+		fi
+	}
+}
+
+/* The catch-up of behind slot p by the holder of its only pin (S18): with
+ * the lock dropped it lays over what the log held under the lock (cv),
+ * again while a write admitted meanwhile set repatch, unless the slot was
+ * released meanwhile; then, in the same step, behind ends and the pin is
+ * dropped (unpin). The copy is a step of its own, between steps under the
+ * lock. */
+inline catch_up(p, cv)
+{
+	atomic {
+		slot[p].repatch = 0;
+		cv = last_admitted
+	}
+	do
+	:: atomic {	/* the copy, lock dropped: the pin holds (S17) and
+			 * nobody else reads the slot (S18) */
+		CHECK(S17, slot[p].obj == DOBJ &&
+		      (slot[p].state == SLOT_READY || slot[p].state == SLOT_DRAINING));
+		CHECK(S18, slot[p].pins == 1 && slot[p].behind);
+		slot[p].ver = cv
+	}
+		atomic {
+			if
+			:: slot[p].repatch && slot[p].state != SLOT_DRAINING ->
+				slot[p].repatch = 0;
+				cv = last_admitted
+			:: else ->
+				slot[p].repatch = 0;
+				slot[p].behind = 0;
+				logpins--;
+				unpin(p);
+				break
+			fi
+		}
+	od;
+	cv = 0
+}
+
 inline do_prefetch(k, noqueue)
 {
 	atomic {
@@ -633,8 +704,8 @@ proctype user(byte u)
 /* The completion thread: fills finish in any order, ok or -EIO. */
 proctype engine()
 {
-	byte i, r, gi, gr, vi;
-	bit ok;
+	byte i, r, gi, gr, vi, cv;
+	bit ok, catching;
 
 end:	do
 	:: atomic {
@@ -664,38 +735,62 @@ end:	do
 			if
 			:: ok ->
 				slot[i].valid = 1;
-				/* the overlay of the admitted writes (W10) */
-				if
-				:: DATA && slot[i].obj == DOBJ -> slot[i].ver = last_admitted
-				:: else
-				fi;
 				slot_set(i, SLOT_READY);	/* fill_done */
-				completed++
+				completed++;
+				/* with buffered writes over it, READY but behind,
+				 * and this thread catches it up (W10, S18) */
+				if
+				:: DATA && slot[i].obj == DOBJ && nwb[WB_FREE] < NWB ->
+					slot[i].ver = 0;	/* the SSD's older bytes */
+					make_behind(i);
+					slot[i].pins++;
+					catching = 1
+				:: DATA && slot[i].obj == DOBJ && nwb[WB_FREE] == NWB ->
+					slot[i].ver = last_admitted
+				:: else
+				fi
 			:: else ->
 				slot_set(i, SLOT_FAILED);	/* fill_error */
 				failed++
 			fi
 		fi;
-		i = 0;
 		r = 0;
 		ok = 0
 	}
+	/* the writes the fill missed, laid over without the lock */
+	if
+	:: catching -> catch_up(i, cv); catching = 0
+	:: else
+	fi;
+	i = 0
 	od
 }
 
 /* ---- the write buffer ---- */
 
-/* Write w (DATA=1: over object DOBJ) was admitted: READY copies are
- * re-overlaid from the log, ending with w, atomically under the lock (W10);
- * a HELD copy is a snapshot and is only marked stale (W11). */
+/* Write w (DATA=1: over object DOBJ) was admitted: READY copies are marked
+ * behind and caught up by the holder of their last pin (the writer itself,
+ * mine, when no hit copies from it), with the lock dropped (W10, S18); one
+ * being caught up already is caught up again (repatch); a HELD copy is a
+ * snapshot and is only marked stale (W11). */
 inline patch_staged(w)
 {
 	for (i : 0 .. NSLOTS - 1) {
 		if
-		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && slot[i].pins == 0 ->
-			slot[i].ver = w
-		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && slot[i].pins > 0 ->
-			slot[i].behind = 1	/* the last unpin catches up */
+		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && slot[i].behind ->
+#ifndef BUG_NO_REPATCH
+			slot[i].repatch = 1
+#else
+			skip	/* bug: the catch-up under way misses this write */
+#endif
+		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && !slot[i].behind &&
+		   slot[i].pins == 0 ->
+			make_behind(i);
+			slot[i].pins++;
+			mine = mine | (1 << i)
+		:: slot[i].obj == DOBJ && slot[i].state == SLOT_READY && !slot[i].behind &&
+		   slot[i].pins > 0 ->
+			make_behind(i)	/* the last unpin catches up */
 		:: slot[i].obj == DOBJ && slot[i].state == SLOT_HELD ->
 #ifdef BUG_PATCH_HELD
 			/* bug: the held copy is re-overlaid too, oldest entry
@@ -803,7 +898,7 @@ byte patch_slot;	/* slot+1 of a held copy half re-overlaid */
 
 proctype writer()
 {
-	byte w, ret, e, i;
+	byte w, ret, e, i, mine, p, cv, gi, gr, vi;
 	bit dead;
 
 	w = 1;
@@ -811,6 +906,15 @@ proctype writer()
 	:: dead || w > NWRITES -> break
 	:: else ->
 		do_write(w);
+		/* the READY copies it marked behind, caught up here */
+		for (p : 0 .. NSLOTS - 1) {
+			if
+			:: mine & (1 << p) -> catch_up(p, cv)
+			:: else
+			fi
+		}
+		mine = 0;
+		p = 0;
 #ifdef BUG_PATCH_HELD
 		/* the rest of the oldest-first re-overlay, a copy later */
 		if
@@ -839,11 +943,12 @@ proctype writer()
 }
 
 /* chm_read hits of DOBJ as the C core copies them: pin under the lock, copy
- * with it dropped, unpin; the last unpin frees a DRAINING slot or brings a
- * behind one up to date. */
+ * with it dropped, unpin; the last pin of a behind slot brings it up to date
+ * (catch_up) before it unpins, the last unpin frees a DRAINING slot. */
 proctype reader()
 {
-	byte n, p, pinv, i, gi, gr, vi;
+	byte n, p, pinv, i, gi, gr, vi, cv;
+	bit catching;
 
 	do
 	:: n == NREADS -> break
@@ -852,9 +957,15 @@ proctype reader()
 			p = NSLOTS;
 			for (i : 0 .. NSLOTS - 1) {
 				if
+#ifndef BUG_HIT_BEHIND
 				:: p == NSLOTS && slot[i].obj == DOBJ && !slot[i].stale &&
 				   !slot[i].behind && (slot[i].state == SLOT_READY ||
 						       slot[i].state == SLOT_HELD) -> p = i
+#else
+				/* bug: a slot being caught up serves hits too */
+				:: p == NSLOTS && slot[i].obj == DOBJ && !slot[i].stale &&
+				   (slot[i].state == SLOT_READY || slot[i].state == SLOT_HELD) -> p = i
+#endif
 				:: else
 				fi
 			}
@@ -876,20 +987,19 @@ proctype reader()
 				      (slot[p].state == SLOT_READY || slot[p].state == SLOT_HELD ||
 				       slot[p].state == SLOT_DRAINING))
 			}
+			/* the last pin of a behind slot catches it up first
+			 * (and unpins at its end), any other pin unpins now */
 			atomic {
-				slot[p].pins--;
 				if
-				:: slot[p].pins == 0 && slot[p].state == SLOT_DRAINING ->
-					slot[p].valid = 0;
-					slot[p].obj = 0;
-					slot_set(p, SLOT_FREE);		/* unpin_last */
-					grant(p)
-				:: slot[p].pins == 0 && slot[p].state != SLOT_DRAINING && slot[p].behind ->
-					slot[p].ver = last_admitted;	/* the re-overlay */
-					slot[p].behind = 0
-				:: else
+				:: slot[p].pins == 1 && slot[p].behind &&
+				   slot[p].state != SLOT_DRAINING -> catching = 1
+				:: else -> catching = 0; unpin(p)
 				fi
 			}
+			if
+			:: catching -> catch_up(p, cv); catching = 0
+			:: else
+			fi
 		:: else
 		fi;
 		p = 0;
@@ -950,7 +1060,7 @@ end:	do
 		ok = 0
 	}
 	:: atomic {
-		nwb[WB_DURABLE] > 0 ->
+		nwb[WB_DURABLE] > 0 && logpins == 0 ->
 		for (e : 0 .. NWB - 1) {
 			if
 			:: wb[e].state == WB_DURABLE ->

@@ -5,12 +5,15 @@
  * it, waiting (sometimes not) and releasing, so a slot is often released
  * while a hit copies from it (READY/HELD -> DRAINING -> FREE at the last
  * unpin), and a writer keeps rewriting it with versions (a write admitted over
- * a pinned READY slot marks it behind; the last unpin re-overlays it). Every
+ * a READY slot, or over a fill as it lands, marks the slot behind, and the
+ * holder of its last pin -- the writer, the fill completion or the last hit
+ * -- re-overlays it with the lock dropped, S18). Every
  * read must be one whole version, never older than the newest version
  * admitted before the read began; views likewise at their wait; no slot or
  * request is leaked. Also prints chm_stats latency while 16 MiB hits copy
  * (tools/bench/lock_latency.py holds the targets).
- * Built under TSan too, where a copy racing a refill or patch is a report. */
+ * Built under TSan too, where a copy racing a refill, a patch or a catch-up
+ * is a report. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -222,6 +225,12 @@ int main(void)
 	pthread_create(&cy, NULL, cycler_main, NULL);
 	struct timespec ts = {SECONDS, 0};
 	nanosleep(&ts, NULL);
+	/* a loaded host (or TSan) may have run the threads little: give them
+	 * up to 30 s more to reach the counts the checks below need */
+	for (int i = 0; i < 300 && (atomic_load(&reads) <= 50 || atomic_load(&cycles) <= 50); i++) {
+		struct timespec tenth = {0, 100000000};
+		nanosleep(&tenth, NULL);
+	}
 	atomic_store(&stop, true);
 	pthread_join(r, NULL);
 	pthread_join(cy, NULL);
