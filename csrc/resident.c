@@ -8,14 +8,16 @@
  * count and no byte moves. A prefetch that an entry covers is a resident
  * hit: its request record points at the entry (CHM_REQ_RESIDENT), which
  * stays HELD until the last such request is released. Writes over an entry
- * follow the write buffer's rules for staged copies: an unheld entry is
- * patched from the log (W10), a held one keeps its bytes for the views
- * (W11) and turns STALE, out of service, dropped at its last release.
+ * take it out of service: an unheld entry is dropped at once (KV blocks are
+ * immutable, so a write over one is rare, and dropping it copies nothing
+ * under the lock; the next read refills it with the write-buffer overlay,
+ * W10), a held one keeps its bytes for the views (W11) and turns STALE,
+ * dropped at its last release.
  * Replacement among unheld entries is least recently used; admission (which
  * prefetches carry CHM_PF_RETAIN) is the caller's policy (chm/kv/residency.py).
  *
  * Locking: dev->lock guards every field; nothing here copies or sleeps, so
- * no call drops it. Calls only the write buffer's overlay.
+ * no call drops it. Calls nothing outside this file.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -23,7 +25,6 @@
 #include "dev.h"
 #include "resident.h"
 #include "states.h"
-#include "wbuf.h"
 
 struct chm_res_entry {
 	int state;           /* enum chm_res_state */
@@ -197,11 +198,8 @@ void chm_resident_patch(struct chm_dev *dev, uint64_t addr, uint64_t len)
 		if (!overlaps(e, addr, len))
 			continue;
 		if (e->state == CHM_RES_RESIDENT) {
-			uint64_t a = addr > e->fill_start ? addr : e->fill_start;
-			uint64_t end = e->fill_start + e->fill_len;
-			uint64_t b = addr + len < end ? addr + len : end;
-			/* oldest log entry first, as for a READY slot (W10) */
-			chm_wbuf_overlay(dev, a, e->buf + (a - e->fill_start), b - a);
+			res_set(dev, e, CHM_RES_EMPTY); /* evict: the next read refills */
+			dev->st.resident_invalidated++;
 		} else if (e->state == CHM_RES_HELD) {
 			res_set(dev, e, CHM_RES_STALE); /* write_held */
 			dev->st.resident_invalidated++;

@@ -38,9 +38,8 @@ void chm_resident_unhold(struct chm_dev *dev, int32_t ei);
 void chm_resident_retain(struct chm_dev *dev, struct chm_slot *s);
 
 /* A write of [addr, addr+len) was admitted (R2): unheld entries over it
- * are patched from the write-buffer log, held ones keep their bytes (the
- * views are snapshots, W11) and turn STALE: no new hit, dropped at the last
- * release. Lock held. */
+ * are dropped, held ones keep their bytes (the views are snapshots, W11)
+ * and turn STALE: no new hit, dropped at the last release. Lock held. */
 void chm_resident_patch(struct chm_dev *dev, uint64_t addr, uint64_t len);
 
 /* chm_resident_evict: drops unheld entries overlapping the range, marks

@@ -220,7 +220,7 @@ struct chm_stats {
 	uint64_t resident_retained;    /* released objects kept as resident */
 	uint64_t resident_evictions;   /* entries dropped for room or by chm_resident_evict */
 	uint64_t resident_skipped;     /* retains refused: slot out of date, or every entry held */
-	uint64_t resident_invalidated; /* held entries a write made STALE */
+	uint64_t resident_invalidated; /* entries a write dropped or made STALE */
 	uint32_t resident_entries_total;
 	uint32_t resident_entries_used; /* RESIDENT, HELD or STALE */
 	/* timing */
@@ -385,7 +385,7 @@ int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handle
  * device DRAM when it is released up to date: a later prefetch of a range it
  * covers is a resident hit, staged at once without a slot or SSD I/O (its
  * view points into the region until that handle is released). Writes keep
- * entries coherent: an entry without views is patched, one with views keeps
+ * entries coherent: an entry without views is dropped, one with views keeps
  * them as snapshots and is dropped when the last is released. When the
  * region is full, a retain evicts the least recently hit entry without
  * views; which objects to retain is the caller's policy.

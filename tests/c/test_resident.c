@@ -1,8 +1,8 @@
 /* test_resident.c - the resident region (R1..R5 of fw_spec/resident.yaml):
  * a retained object is served again from DRAM with no SSD read and the right
  * bytes; one without CHM_PF_RETAIN is not; a resident hit needs no slot; a
- * write patches an unheld entry and leaves a held view as it was (then the
- * entry is dropped); LRU eviction among unheld entries; chm_resident_evict;
+ * write drops an unheld entry and leaves a held view as it was (then the
+ * entry is dropped at release); LRU eviction among unheld entries; chm_resident_evict;
  * the config checks and the state names. */
 #include <errno.h>
 #include <stdint.h>
@@ -105,14 +105,17 @@ static void test_no_slot_needed(void)
 		CHECK_RC(chm_prefetch_release(dev, hs[i]), 0);
 }
 
-/* R2: a write over an unheld entry patches it; over a held one the view
+/* R2: a write over an unheld entry drops it; over a held one the view
  * keeps its bytes and the entry is dropped at its last release. */
 static void test_writes(void)
 {
-	put(0, 2); /* entry of 0 unheld: patched */
+	put(0, 2); /* entry of 0 unheld: dropped */
 	struct chm_stats s0 = stats();
+	CHECK(s0.resident_invalidated == 1, "dropped by the write");
+	get_rel(0, CHM_PF_RETAIN, 2); /* a miss with the new bytes, retained again */
+	CHECK(stats().resident_hits == s0.resident_hits, "no hit on a dropped entry");
 	get_rel(0, 0, 2);
-	CHECK(stats().resident_hits - s0.resident_hits == 1, "patched entry still serves");
+	CHECK(stats().resident_hits - s0.resident_hits == 1, "retained again, served");
 	struct chm_view v;
 	chm_handle h = get(0, 0, 2, &v);
 	put(0, 3); /* held: its view is a snapshot */
@@ -121,6 +124,7 @@ static void test_writes(void)
 	CHECK(memcmp(v.data, want, OBJ) == 0, "W11: the held view did not change");
 	struct chm_stats s1 = stats();
 	CHECK(s1.resident_invalidated - s0.resident_invalidated == 1, "entry went stale");
+	CHECK(s1.resident_entries_used == 1, "a stale entry is still used while held");
 	get_rel(0, 0, 3); /* stale: no hit, the new bytes from the SSD + log */
 	CHECK(stats().resident_hits == s1.resident_hits, "no hit on a stale entry");
 	CHECK_RC(chm_prefetch_release(dev, h), 0);
@@ -153,7 +157,7 @@ static void test_eviction(void)
 	chm_handle h = get(OBJ, 0, 4, &v); /* hit, held */
 	for (uint64_t i = 5; i < 8; i++)
 		get_rel(i * OBJ, CHM_PF_RETAIN, 1);
-	put(7 * OBJ, 1); /* a same-bytes write: keeps entries coherent either way */
+	put(7 * OBJ, 1); /* drops the entry of 7 */
 	struct chm_stats s1 = stats();
 	get_rel(OBJ, 0, 4);
 	CHECK(stats().resident_hits - s1.resident_hits == 1, "held entry survived evictions");
@@ -161,7 +165,7 @@ static void test_eviction(void)
 	get_rel(OBJ, 0, 4);
 	CHECK(stats().resident_hits - s1.resident_hits == 1, "evicted: no more hits");
 	CHECK_RC(chm_prefetch_release(dev, h), 0);
-	CHECK_RC(chm_resident_evict(dev, 0, 8 * OBJ), 3);
+	CHECK_RC(chm_resident_evict(dev, 0, 8 * OBJ), 2); /* 5 and 6 */
 	CHECK(stats().resident_entries_used == 0, "all out");
 	CHECK_RC(chm_resident_evict(dev, 0, 0), -EINVAL);
 	CHECK_RC(chm_resident_evict(dev, 16 << 20, 1), -EINVAL);

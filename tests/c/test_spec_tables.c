@@ -102,9 +102,9 @@ static const struct named errors[] = {
 };
 
 static const struct named constants[] = {
-        N(CHM_IO_ALIGN),      N(CHM_FILL_ALIGN),    N(CHM_WRITE_SKIPPED), N(CHM_PF_NOQUEUE), N(CHM_PF_RETAIN),
-        N(CHM_MAX_TARGETS),   N(CHM_PATH_MAX),      N(CHM_HIST_BUCKETS),  N(CHM_ERRMSG_MAX),
-        N(CHM_VERSION_MAJOR), N(CHM_VERSION_MINOR), N(CHM_VERSION_PATCH),
+        N(CHM_IO_ALIGN),   N(CHM_FILL_ALIGN),    N(CHM_WRITE_SKIPPED), N(CHM_PF_NOQUEUE),
+        N(CHM_PF_RETAIN),  N(CHM_MAX_TARGETS),   N(CHM_PATH_MAX),      N(CHM_HIST_BUCKETS),
+        N(CHM_ERRMSG_MAX), N(CHM_VERSION_MAJOR), N(CHM_VERSION_MINOR), N(CHM_VERSION_PATCH),
 };
 
 struct enum_desc {

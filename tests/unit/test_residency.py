@@ -96,8 +96,11 @@ def test_retained_object_is_served_from_dram(rdev: chm.Device) -> None:
     d = rdev.stats() - s1
     assert (d.resident_hits, d.resident_misses, d.bytes_read_ssd) == (1, 0, 0)
     assert (s1 - s0).resident_retained == 1
-    # a write over it patches the unheld entry: the next hit has the new bytes
+    # a write over it drops the unheld entry: the next read has the new bytes
     assert rdev.write(0, _pattern(0, BLK, 2))
+    assert rdev.stats().resident_entries_used == 0
+    with rdev.prefetch(0, BLK, retain=True) as h:
+        assert bytes(h.wait()) == _pattern(0, BLK, 2)
     with rdev.prefetch(0, BLK) as h:
         assert bytes(h.wait()) == _pattern(0, BLK, 2)
     assert (rdev.stats() - s1).resident_hits == 2
