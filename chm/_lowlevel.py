@@ -849,8 +849,9 @@ def prefetch_batch(
     dev: CData, sess: int, addrs: Any, lens: Any, flags: int = 0
 ) -> tuple[CData, CData, int]:
     """chm_session_prefetch() keeping the arrays: (``chm_handle[n]``,
-    ``int32_t[n]`` statuses, how many were issued), for :func:`release_batch`,
-    :func:`batch_token` and :func:`batch_statuses`."""
+    ``int32_t[2n]`` whose first n are the statuses and whose last n
+    :func:`release_batch` fills, how many were issued), for
+    :func:`release_batch`, :func:`batch_token` and :func:`batch_statuses`."""
     call = "chm_session_prefetch"
     n = len(addrs)
     if n != len(lens) or n > BATCH_MAX:
@@ -866,7 +867,7 @@ def prefetch_batch(
             _u64_array(call, "addrs", addrs)
             _u64_array(call, "lens", lens)
     hs = _new("chm_handle[]", n)
-    res = _new("int32_t[]", n)
+    res = _new("int32_t[]", 2 * n)
     try:
         ok = _sess_prefetch_c(dev, sess, n, a, ln, flags, hs, res)
     except OverflowError as exc:
@@ -876,14 +877,13 @@ def prefetch_batch(
     return hs, res, ok
 
 
-def release_batch(dev: CData, sess: int, hs: CData, n: int) -> tuple[CData, int]:
-    """chm_session_release() of the first n handles of a ``chm_handle[]``:
-    (``int32_t[n]`` statuses, how many were released)."""
-    res = _new("int32_t[]", n)
-    ok = _sess_release_c(dev, sess, n, hs, res)
+def release_batch(dev: CData, sess: int, hs: CData, n: int, res: CData) -> int:
+    """chm_session_release() of the n handles of a :func:`prefetch_batch`,
+    its statuses into the last n of ``res``; how many were released."""
+    ok: int = _sess_release_c(dev, sess, n, hs, res + n)
     if ok < 0:
         _check(ok, "chm_session_release", f"session={sess:#x}, n={n}")
-    return res, ok
+    return ok
 
 
 def batch_token(hs: CData, i: int) -> int:
@@ -896,9 +896,9 @@ def batch_statuses(res: CData, n: int) -> list[int]:
     return list(ffi.unpack(res, n))
 
 
-def batch_status_buffer(res: CData) -> memoryview:
-    """A read-only memoryview (format ``i``) over an ``int32_t[]``'s bytes."""
-    return memoryview(ReadOnlyBuffer(ffi.buffer(res), res)).cast("B").cast("i")
+def batch_status_buffer(res: CData, n: int) -> memoryview:
+    """A read-only memoryview (format ``i``) over the first n of an ``int32_t[]``."""
+    return memoryview(ReadOnlyBuffer(ffi.buffer(res, 4 * n), res)).cast("B").cast("i")
 
 
 __all__ += [

@@ -284,7 +284,10 @@ class Handle:
                 ptr = dev._ptr
                 if ptr is not None:  # else closing the device released everything
                     with contextlib.suppress(Cancelled):  # close() raced us
-                        self._c_release(ptr)
+                        if self._sess is None:  # the hot path: no extra call
+                            _release(ptr, self.token)
+                        else:
+                            self._c_release(ptr)
                 return
             self._done = False  # a wait() registered a view meanwhile
         with dev._lock:
@@ -395,7 +398,7 @@ class HandleBatch:
     @property
     def statuses(self) -> memoryview:
         """Per element: 0 (issued) or its -errno, as a read-only memoryview."""
-        return _ll.batch_status_buffer(self._res)
+        return _ll.batch_status_buffer(self._res, self._n)
 
     def _index(self, i: int) -> int:
         if isinstance(i, bool):
@@ -514,8 +517,10 @@ class HandleBatch:
             return  # closing the device or the session released everything
         # Elements released through another route answer -ESTALE, elements
         # never issued -EINVAL: both mean there is nothing left to release.
-        with contextlib.suppress(Cancelled):
-            _ll.release_batch(ptr, 0 if sess is None else sess._sid, self._hs, self._n)
+        try:
+            _ll.release_batch(ptr, 0 if sess is None else sess._sid, self._hs, self._n, self._res)
+        except Cancelled:  # close() raced us: all released
+            return
 
     _warn = staticmethod(warnings.warn)
     _Error = ChmError

@@ -252,12 +252,17 @@ int chm_session_close(chm_dev *dev, chm_session s)
 	int rc = dev->shut ? -ECANCELED : chm_sess_lookup(dev, s, &si);
 	if (rc)
 		goto out_unlock;
-	for (uint32_t i = 0; i < dev->nreqs; i++) {
-		struct chm_req *r = &dev->reqs[i];
-		if (r->state == CHM_REQ_FREE || r->sess != si)
-			continue;
-		chm_staging_release_req(dev, r, &start);
-		rc++;
+	/* queued requests first, so the slots freed next do not start fills
+	 * for requests of this session that are about to be released */
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t i = 0; i < dev->nreqs; i++) {
+			struct chm_req *r = &dev->reqs[i];
+			if (r->state == CHM_REQ_FREE || r->sess != si ||
+			    (pass == 0) != (r->state == CHM_REQ_QUEUED))
+				continue;
+			chm_staging_release_req(dev, r, &start);
+			rc++;
+		}
 	}
 	/* fills it released and still in flight free their slot on completion
 	 * without charging a later session of this record */

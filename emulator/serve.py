@@ -36,7 +36,7 @@ from chm.remote.protocol import config_options
 from .devices import check_target, reason_key
 from .metrics import Metrics
 from .serve_client import Client
-from .sessions import Scopes
+from .sessions import Scopes, default_quota
 
 __all__ = ["Daemon", "JsonFormatter", "ServeError", "ServeOptions"]
 
@@ -61,6 +61,9 @@ class ServeOptions:
     force: list[str] = field(default_factory=list)
     metrics: str | None = None  # host:port of a loopback Prometheus endpoint
     max_clients: int = 256
+    # request entries (slots + queue) one client's session may hold at once
+    # (default: all of the device's, sessions.default_quota)
+    client_quota: int | None = None
 
 
 class JsonFormatter(logging.Formatter):
@@ -167,6 +170,8 @@ class Daemon:
             cfg = self.dev.config
             self.client_config = config_options(cfg.to_dict())
             self.slots_total = int(self.dev.stats().slots_total)
+            queue = int(cfg.to_dict()["refill_queue"])
+            self.scopes.quota = o.client_quota or default_quota(cfg.slot_count, queue)
             self.pool_bytes = int(self.dev.stats().pool_bytes)
             area = o.area_bytes or max(64 << 20, 4 * cfg.slot_bytes)
             self.area_bytes = -(-area // 4096) * 4096

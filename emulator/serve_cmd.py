@@ -8,6 +8,7 @@ A TOML file has the serve settings at the top level and the device options
     journal = "/var/lib/chm/kv.journal"
     force = []                 # refusal reasons to override, e.g. ["filesystem"]
     metrics = "127.0.0.1:9464" # optional Prometheus endpoint (loopback only)
+    client_quota = 16          # slots + queue entries per client (default: all the device's)
 
     [device]
     targets = ["/dev/nvme1n1"]
@@ -84,6 +85,14 @@ def _size(v: Any, what: str) -> int | None:
         raise click.UsageError(f"{what}: {exc.detail or exc}") from None
 
 
+def _quota(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**32:
+        raise click.UsageError(f"client_quota: an integer 1..2^32-1, not {value!r}")
+    return value
+
+
 @click.command()
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings.")
 @click.option("--target", "targets", multiple=True, help="Block device or file (repeatable).")
@@ -109,6 +118,11 @@ def _size(v: Any, what: str) -> int | None:
     help="Use a target despite this refusal reason (repeatable).",
 )
 @click.option("--metrics", help="Serve Prometheus metrics on HOST:PORT (loopback only).")
+@click.option(
+    "--client-quota",
+    type=click.IntRange(1, 2**32 - 1),
+    help="Slots + queue entries one client may hold at once (default: all the device's).",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), help="Log level.")
 def serve(config_file: str | None, **flags: Any) -> None:
     """Run the chm device daemon in the foreground, serving local clients.
@@ -156,6 +170,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
         force=force,
         metrics=metrics,
         max_clients=int(data.get("max_clients", 256)),
+        client_quota=_quota(flags["client_quota"] or data.get("client_quota")),
     )
     log = setup_logging(flags["log_level"] or data.get("log_level", "info"))
     d = Daemon(opts, log)

@@ -1,10 +1,15 @@
 """Per-client scopes of handles and pins inside the daemon.
 
-Every prefetch token and KV pin a client obtains is recorded in its Scope;
-a token of another scope is refused with -ESTALE (as the C core refuses a
-stale handle) and closing the scope releases everything it
-still holds. This is the one place to switch to C device sessions
-(``chm_session_open/close``) once the core has them.
+Each Scope is a C device session (``chm_session_open``) with the daemon's
+per-client quota (``client_quota``): the device scopes the client's handles, holds it to at
+most ``quota`` slots plus queue entries (-EAGAIN beyond), serves the refill
+queue round-robin across clients (one client flooding it delays another's
+prefetch by about one grant) and releases everything on
+``chm_session_close``. Every token and KV pin a client obtains is also
+recorded here, so a token of another scope is refused with -ESTALE (as a
+stale handle is) before the device sees it, and the daemon can count what
+clients hold. In direct mode (no staging window, no sessions) a scope uses
+the device's default session.
 """
 
 from __future__ import annotations
@@ -19,21 +24,36 @@ import numpy as np
 
 from chm import _lowlevel as _ll
 from chm.device import Device
-from chm.errors import ChmError
+from chm.errors import ChmError, NotSupported
 from chm.kv import KEY_DTYPE, Store
 
-__all__ = ["Scope", "Scopes"]
+__all__ = ["Scope", "Scopes", "default_quota"]
 
 
 def _rc(exc: ChmError) -> int:
     return -(exc.errno or errno.EIO)
 
 
+def default_quota(slot_count: int, refill_queue: int) -> int:
+    """A client's quota when none is configured: every request entry of the
+    device (slots + refill queue), so one client alone can use the whole
+    device as an embedded caller can. With several clients, a smaller
+    ``client_quota`` keeps one from taking every queue entry (the others'
+    prefetches would get -EAGAIN until it releases some); the queue is served
+    round-robin either way."""
+    return max(1, slot_count + refill_queue)
+
+
 class Scope:
-    """What one client holds: prefetch tokens and KV pins."""
+    """What one client holds: its device session, prefetch tokens and KV pins."""
 
     def __init__(
-        self, dev: Device, store: Store | None, sid: int, registry: Scopes | None = None
+        self,
+        dev: Device,
+        store: Store | None,
+        sid: int,
+        registry: Scopes | None = None,
+        quota: int | None = None,
     ) -> None:
         self.sid = sid
         self._registry = registry
@@ -42,14 +62,19 @@ class Scope:
         self.tokens: set[int] = set()
         self.pins: Counter[tuple[int, int]] = Counter()
         self._lock = threading.Lock()
+        self.quota = quota
+        self.session = _ll.SESSION_DEFAULT
+        if quota is not None:
+            with contextlib.suppress(NotSupported):  # direct mode: no window, no sessions
+                self.session = _ll.session_open(self._ptr(), quota)
 
     def _ptr(self) -> Any:
         return self._dev._p("chm_prefetch_object")
 
     def prefetch(self, addr: int, length: int, flags: int) -> tuple[int, int]:
-        """(0, token) or (-errno, 0)."""
+        """(0, token) or (-errno, 0); -EAGAIN also over the quota."""
         try:
-            tok = _ll.prefetch_object(self._ptr(), addr, length, flags)
+            tok = _ll.session_prefetch_one(self._ptr(), self.session, addr, length, flags)
         except ChmError as exc:
             return _rc(exc), 0
         except (TypeError, OverflowError):
@@ -76,7 +101,7 @@ class Scope:
         if not mine and self._foreign(token):
             return -errno.ESTALE, 0, 0, 0
         try:
-            v = _ll.prefetch_wait(self._ptr(), token, timeout_ns if mine else 0)
+            v = _ll.session_wait(self._ptr(), self.session, token, timeout_ns if mine else 0)
         except ChmError as exc:
             return _rc(exc), 0, 0, 0
         if not mine:  # issued to another scope an instant ago
@@ -91,12 +116,12 @@ class Scope:
             if self._foreign(token):
                 return -errno.ESTALE
             try:  # live nowhere: the device refuses it as stale or foreign
-                _ll.prefetch_wait(self._ptr(), token, 0)
+                _ll.session_wait(self._ptr(), self.session, token, 0)
             except ChmError as exc:
                 return _rc(exc)
             return -errno.ESTALE
         try:
-            _ll.prefetch_release(self._ptr(), token)
+            _ll.session_release_one(self._ptr(), self.session, token)
         except ChmError as exc:
             return _rc(exc)
         return 0
@@ -127,11 +152,17 @@ class Scope:
         with self._lock:
             toks, self.tokens = list(self.tokens), set()
             pins, self.pins = list(self.pins.elements()), Counter()
-        for t in toks:
-            try:
-                _ll.prefetch_release(self._ptr(), t)
-            except ChmError:  # the device is closing: its slots go with it
-                continue
+            sess, self.session = self.session, _ll.SESSION_DEFAULT
+        if sess != _ll.SESSION_DEFAULT:
+            # one call releases every handle of the session
+            with contextlib.suppress(ChmError):  # the device is closing: all released
+                _ll.session_close(self._ptr(), sess)
+        else:
+            for t in toks:
+                try:
+                    _ll.prefetch_release(self._ptr(), t)
+                except ChmError:  # the device is closing: its slots go with it
+                    continue
         if pins and self._store is not None and not self._store.closed:
             _unpin(self._store, pins)
         return len(toks), len(pins)
@@ -155,16 +186,18 @@ def _keys(pairs: list[tuple[int, int]]) -> np.ndarray[Any, Any]:
 
 
 class Scopes:
-    """All live scopes, for counting what clients hold."""
+    """All live scopes, for counting what clients hold. ``quota`` is each
+    new scope's session quota (None: no session of its own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quota: int | None = None) -> None:
         self._lock = threading.Lock()
         self._live: dict[int, Scope] = {}
         self._next = 1
+        self.quota = quota
 
     def open(self, dev: Device, store: Store | None) -> Scope:
         with self._lock:
-            s = Scope(dev, store, self._next, self)
+            s = Scope(dev, store, self._next, self, self.quota)
             self._next += 1
             self._live[s.sid] = s
             return s

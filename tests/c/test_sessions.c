@@ -187,13 +187,17 @@ static void test_close_releases(void)
 	pthread_create(&t, NULL, wait_main, &w);
 	struct timespec ts = {0, 50 * 1000 * 1000};
 	nanosleep(&ts, NULL);
-	uint64_t rel0 = st.prefetch_released;
+	uint64_t rel0 = st.prefetch_released, fills0 = st.refill_lat_count;
 	CHECK_RC(chm_session_close(dev, a), 5);
 	pthread_join(t, NULL);
 	CHECK(w.rc == -ESTALE, "waiter got %d (%s)", w.rc, chm_strerror(w.rc));
 	st = stats(dev);
 	CHECK(st.prefetch_released == rel0 + 5, "released %llu",
 	      (unsigned long long)(st.prefetch_released - rel0));
+	/* no fill was started for a's own queued requests on the way: the one
+	 * fill is the default session's */
+	CHECK(st.refill_lat_count == fills0 + 1, "%llu fills during close",
+	      (unsigned long long)(st.refill_lat_count - fills0));
 	/* the default session's queued request got a slot */
 	CHECK(st.queue_len == 0 && st.slots_free == 1, "queue %u free %u", st.queue_len,
 	      st.slots_free);
