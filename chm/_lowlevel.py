@@ -52,47 +52,70 @@ VERSION_TUPLE: tuple[int, int, int] = (
     int(lib.CHM_VERSION_PATCH),
 )
 
-BACKENDS: dict[str, int] = {
-    "uring": int(lib.CHM_BACKEND_URING),
-    "pread": int(lib.CHM_BACKEND_PREAD),
-    "ghost": int(lib.CHM_BACKEND_GHOST),
-}
-MODES: dict[str, int] = {
-    "prefetch": int(lib.CHM_MODE_PREFETCH),
-    "lru": int(lib.CHM_MODE_LRU),
-    "direct": int(lib.CHM_MODE_DIRECT),
-}
-POOL_KINDS: dict[str, int] = {
-    "anon": int(lib.CHM_POOL_ANON),
-    "hugetlb": int(lib.CHM_POOL_HUGETLB),
-    "memfd": int(lib.CHM_POOL_MEMFD),
-    "file": int(lib.CHM_POOL_FILE),
-}
-CLOCKS: dict[str, int] = {
-    "real": int(lib.CHM_CLOCK_REAL),
-    "virtual": int(lib.CHM_CLOCK_VIRTUAL),
-}
-FAULTS: dict[str, int] = {
-    "none": int(lib.CHM_FAULT_NONE),
-    "eio_read": int(lib.CHM_FAULT_EIO_READ),
-    "eio_write": int(lib.CHM_FAULT_EIO_WRITE),
-    "short_read": int(lib.CHM_FAULT_SHORT_READ),
-    "slow": int(lib.CHM_FAULT_SLOW),
-}
+
+def enum_name(kind: int, value: int) -> str | None:
+    """chm_enum_name(): the name of ``value`` in enumeration ``kind``
+    (``lib.CHM_ENUM_*``), None when it has none."""
+    p = lib.chm_enum_name(kind, value)
+    return None if p == ffi.NULL else str(ffi.string(p).decode())
+
+
+def enum_value(kind: int, name: str) -> int:
+    """chm_enum_value(): the value named ``name`` (any case) in enumeration
+    ``kind``; NotFound for an unknown name, InvalidArgument for an unknown kind."""
+    try:
+        rc = lib.chm_enum_value(kind, name.encode())
+    except (UnicodeEncodeError, AttributeError, TypeError) as exc:
+        raise _arg_error("chm_enum_value", f"{kind}, {name!r}", exc) from None
+    return _check(rc, "chm_enum_value", f"{kind}, {name!r}")
+
+
+def _enum_table(kind: int) -> dict[str, int]:
+    """One enumeration's ``{name: value}``, as the C core names it
+    (chm_enum_name): no name is typed twice."""
+    out: dict[str, int] = {}
+    value = 0
+    while (name := enum_name(kind, value)) is not None:
+        out[name] = value
+        value += 1
+    return out
+
+
+BACKENDS: dict[str, int] = _enum_table(lib.CHM_ENUM_BACKEND)
+MODES: dict[str, int] = _enum_table(lib.CHM_ENUM_MODE)
+POOL_KINDS: dict[str, int] = _enum_table(lib.CHM_ENUM_POOL)
+CLOCKS: dict[str, int] = _enum_table(lib.CHM_ENUM_CLOCK)
+FAULTS: dict[str, int] = _enum_table(lib.CHM_ENUM_FAULT)
+
+
+def state_name(kind: int, value: int) -> str | None:
+    """chm_state_name(): the fw_spec name of state ``value`` of the internal
+    state machine ``kind`` (``lib.CHM_STATE_*``), None when it has none."""
+    p = lib.chm_state_name(kind, value)
+    return None if p == ffi.NULL else str(ffi.string(p).decode())
 
 
 def _state_names(kind: int) -> dict[str, int]:
     """{name: value} of one internal state machine, as the C core names it."""
     out: dict[str, int] = {}
-    while (name := lib.chm_state_name(kind, len(out))) != ffi.NULL:
-        out[ffi.string(name).decode()] = len(out)
+    while (name := state_name(kind, len(out))) is not None:
+        out[name] = len(out)
     return out
 
 
+# The device's internal state machines (fw_spec/*.yaml), by name.
 SLOT_STATES: dict[str, int] = _state_names(lib.CHM_STATE_SLOT)
 WBUF_STATES: dict[str, int] = _state_names(lib.CHM_STATE_WBUF)
 LINE_STATES: dict[str, int] = _state_names(lib.CHM_STATE_LINE)
 RESIDENT_STATES: dict[str, int] = _state_names(lib.CHM_STATE_RESIDENT)
+
+
+def name_of(table: dict[str, int], value: int) -> str | None:
+    """The name of ``value`` in one of the tables above, None if it has none."""
+    for name, v in table.items():
+        if v == value:
+            return name
+    return None
 
 
 class OptionInfo(NamedTuple):
@@ -122,6 +145,14 @@ def strerror(err: int) -> str:
     return str(ffi.string(lib.chm_strerror(code)).decode("utf-8", "replace"))
 
 
+def last_error_detail(rc: int) -> str | None:
+    """chm_last_error_detail(): the C core's one-line reason for the failure
+    ``rc`` of this thread's latest call, None when it gave none. Only
+    meaningful right after that call, on the same thread."""
+    text = str(ffi.string(lib.chm_last_error_detail(rc)).decode("utf-8", "replace"))
+    return text or None
+
+
 def _check(
     rc: int,
     call: str = "chm",
@@ -131,11 +162,16 @@ def _check(
 ) -> int:
     """The single choke point: returns rc >= 0, raises for -errno.
 
-    ``filename`` (the offending path, when the caller knows it) is set as the
-    exception's ``.filename``, as OSError does.
+    The exception's message ends with why the call failed: ``detail`` when
+    the caller has it, else the reason the C core recorded at the failure
+    site (:func:`last_error_detail`, read here, right after the call, on the
+    caller's thread). ``filename`` (the offending path, when the caller
+    knows it) is set as the exception's ``.filename``, as OSError does.
     """
     if rc >= 0:
         return rc
+    if detail is None:
+        detail = last_error_detail(rc)
     err = status_error(rc, call, args, detail)
     if filename is not None:
         err.filename = filename
@@ -224,6 +260,37 @@ def config_set(cfg: CData, key: str, value: str) -> None:
         raise _arg_error("chm_config_set", f"{key!r}, {value!r}", exc) from None
     if rc < 0:
         _check(rc, "chm_config_set", f"{key!r}, {value!r}", _errtext(err))
+
+
+_GETBUF = MAX_TARGETS * PATH_MAX + 64  # room for every target and the commas
+
+
+def config_get(cfg: CData, key: str) -> str:
+    """chm_config_get(): option ``key`` of *cfg in its text form; NotFound
+    for an unknown key."""
+    if "\0" in key:
+        raise _arg_error("chm_config_get", repr(key), ValueError("contains a NUL byte"))
+    out = ffi.new("char[]", _GETBUF)
+    try:
+        rc = lib.chm_config_get(cfg, key.encode(), out, _GETBUF)
+    except UnicodeEncodeError as exc:
+        raise _arg_error("chm_config_get", repr(key), exc) from None
+    _check(rc, "chm_config_get", repr(key))
+    return str(ffi.string(out, rc).decode("utf-8", "replace"))
+
+
+def parse_size(text: str) -> int:
+    """chm_parse_size(): the byte count a size string names (the grammar of
+    every size option); InvalidArgument with the C core's reason otherwise."""
+    if "\0" in text:
+        raise _arg_error("chm_parse_size", repr(text), "contains a NUL byte")
+    out = ffi.new("uint64_t *")
+    try:
+        rc = lib.chm_parse_size(text.encode(), out)
+    except UnicodeEncodeError:
+        raise _arg_error("chm_parse_size", repr(text), "not a size (non-ASCII text)") from None
+    _check(rc, "chm_parse_size", repr(text))
+    return int(out[0])
 
 
 def config_validate(cfg: CData) -> None:
@@ -692,6 +759,7 @@ __all__ = [
     "ReadOnlyBuffer",
     "ViewInfo",
     "config_copy",
+    "config_get",
     "config_init",
     "config_new",
     "config_option",
@@ -705,14 +773,20 @@ __all__ = [
     "dev_open",
     "dev_open_err",
     "dev_pool_fd",
+    "enum_name",
+    "enum_value",
     "fault_inject",
     "flush",
+    "last_error_detail",
+    "name_of",
+    "parse_size",
     "prefetch_object",
     "prefetch_release",
     "prefetch_wait",
     "prefetch_wait_buffer",
     "read",
     "read_into",
+    "state_name",
     "stats",
     "strerror",
     "struct_fields",

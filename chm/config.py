@@ -67,11 +67,10 @@ _ENUM_FIELDS = {
 }
 
 
-def _name_of(table: Mapping[str, int], value: int) -> str | int:
-    for name, v in table.items():
-        if v == value:
-            return name
-    return value
+def _name_of(table: dict[str, int], value: int) -> str | int:
+    """The C core's name of an enum value (chm_enum_name), or the number."""
+    name = _ll.name_of(table, value)
+    return value if name is None else name
 
 
 def _bad_value(key: str, value: Any, why: str) -> InvalidArgument:
@@ -122,13 +121,9 @@ def _to_text(key: str, value: Any, kind: str | None) -> str:
             raise _bad_value(key, value, f"a bool is not a valid {kind or 'value'}")
         return "1" if value else "0"
     if isinstance(value, (str, bytes, os.PathLike)):
-        text = _path_text(key, value)
-        if kind == "size":
-            try:
-                return str(parse_size(text))
-            except InvalidArgument:
-                return text  # the device gives its own reason
-        return text
+        # sizes too: chm_config_set parses them with chm_parse_size, the
+        # parser of chm.parse_size, and gives its own reason
+        return _path_text(key, value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if kind == "size" and isinstance(value, numbers.Integral):
@@ -290,11 +285,37 @@ class Config:
                 d[field] = _name_of(table, int(d[field]))
         return d
 
-    def __getitem__(self, field: str) -> Any:
+    def get(self, key: str, default: Any = None) -> Any:
+        """``self[key]``, or ``default`` for an unknown key."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __getitem__(self, key: str) -> Any:
+        """The value of an option, by the name it is set with (``cfg["dram"]``,
+        ``cfg["slot-size"]``), read back through ``chm_config_get()``: sizes
+        and integers as ints, enums by name, ``targets`` as a list,
+        ``timing`` as the name of the preset its fields equal (or
+        ``"custom"``). A field of ``struct chm_config`` (``cfg["dram_bytes"]``,
+        see :meth:`to_dict`) works too. An unknown key raises KeyError naming
+        the options."""
+        if not isinstance(key, str):
+            raise KeyError(key)
+        types = _option_types()
+        name = key if key in types else _canonical(key)
+        if name in types:
+            text = _ll.config_get(self._cfg, name)
+            kind = types[name]
+            if kind in ("size", "uint", "int"):
+                return int(text)
+            if kind == "targets":
+                return text.split(",") if text else []
+            return text
         d = self.to_dict()
-        if field not in d:
-            raise KeyError(field)
-        return d[field]
+        if key in d:
+            return d[key]
+        raise KeyError(f"{key!r} is not an option; options: {', '.join(types)}")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.to_dict())

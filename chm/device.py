@@ -85,7 +85,7 @@ def timeout_ns(timeout: float | None) -> int:
 
 
 def _closed_error(what: str) -> Cancelled:
-    return Cancelled(None, f"{what}: device is closed", call=what)
+    return Cancelled(None, f"{what}: device is closed", call=what, detail="device is closed")
 
 
 class Handle:
@@ -607,7 +607,10 @@ class Session:
     def prefetch(
         self, addr: int, length: int, *, noqueue: bool = False, retain: bool = False
     ) -> Handle:
-        """:meth:`Device.prefetch` in this session (WouldBlock also over the quota)."""
+        """:meth:`Device.prefetch` in this session (WouldBlock also over the quota).
+
+        Alignment: none, as for :meth:`Device.prefetch`.
+        """
         dev = self._dev
         tok = _ll.session_prefetch_one(
             self._p("chm_session_prefetch"), self._sid, addr, length, _pf_flags(noqueue, retain)
@@ -624,7 +627,10 @@ class Session:
         noqueue: bool = False,
         retain: bool = False,
     ) -> list[Handle | ChmError]:
-        """:meth:`Device.prefetch_many` in this session."""
+        """:meth:`Device.prefetch_many` in this session.
+
+        Alignment: none, as for :meth:`Device.prefetch`.
+        """
         return self._dev._prefetch_many(self, addrs, lengths, _pf_flags(noqueue, retain))
 
     def prefetch_batch(
@@ -635,7 +641,10 @@ class Session:
         noqueue: bool = False,
         retain: bool = False,
     ) -> HandleBatch:
-        """:meth:`Device.prefetch_batch` in this session."""
+        """:meth:`Device.prefetch_batch` in this session.
+
+        Alignment: none, as for :meth:`Device.prefetch`.
+        """
         return self._dev._prefetch_batch(self, addrs, lengths, _pf_flags(noqueue, retain))
 
     def release_many(self, handles: Sequence[Handle]) -> list[ChmError | None]:
@@ -899,12 +908,13 @@ class Device:
     ) -> Handle:
         """Issues a prefetch of ``[addr, addr+length)``; never blocks.
 
-        Any ``addr`` and ``length`` (no alignment needed): the fill is widened
-        to 4096-byte boundaries inside the device. With ``retain`` and a
-        resident region (the ``resident`` option), the object stays in
-        device DRAM after release, so a later prefetch it covers is staged
-        at once with no SSD read (``Stats.resident_hits``); which objects to
-        retain is the caller's policy (:mod:`chm.kv.residency`).
+        Alignment: none. Any ``addr`` and any ``length`` from 1 to
+        ``slot_size`` bytes; the fill is widened to 4096-byte boundaries
+        inside the device. With ``retain`` and a resident region (the
+        ``resident`` option), the object stays in device DRAM after release,
+        so a later prefetch it covers is staged at once with no SSD read
+        (``Stats.resident_hits``); which objects to retain is the caller's
+        policy (:mod:`chm.kv.residency`).
 
         Raises InvalidArgument (length 0, larger than a slot, beyond capacity,
         a bool for addr or length), WouldBlock (refill queue full, or no free
@@ -934,6 +944,8 @@ class Device:
         the call as a whole (lengths of the sequences differ, more than
         CHM_BATCH_MAX elements, a bool or negative value), Cancelled (closed).
         :meth:`prefetch_batch` does the same with no Python object per element.
+
+        Alignment: none, as for :meth:`prefetch`.
         """
         return self._prefetch_many(None, addrs, lengths, _pf_flags(noqueue, retain))
 
@@ -974,7 +986,10 @@ class Device:
         :meth:`prefetch_many` does, and returns them as one
         :class:`HandleBatch` (per-element statuses, Handles made only when
         asked for, one call to release them all). Raises what
-        :meth:`prefetch_many` raises for the call as a whole."""
+        :meth:`prefetch_many` raises for the call as a whole.
+
+        Alignment: none, as for :meth:`prefetch`.
+        """
         return self._prefetch_batch(None, addrs, lengths, _pf_flags(noqueue, retain))
 
     def _prefetch_batch(
@@ -1063,8 +1078,12 @@ class Device:
     def write_many(self, addrs: Sequence[int], datas: Sequence[Any]) -> list[bool | ChmError]:
         """Offers several objects for writing in one call. Returns, in order,
         True (admitted), False (skipped) or the exception :meth:`write` would
-        have raised for that object (e.g. InvalidArgument when its address or
-        length is not a multiple of 512 bytes, CHM_IO_ALIGN)."""
+        have raised for that object.
+
+        Alignment: as for :meth:`write`: each ``addrs[i]`` and
+        ``len(datas[i])`` a multiple of 512 bytes (``CHM_IO_ALIGN``), else
+        that element is InvalidArgument saying which.
+        """
         rcs = _ll.write_objects(self._p("chm_write_objects"), addrs, datas)
         out: list[bool | ChmError] = []
         for i, rc in enumerate(rcs):
@@ -1099,34 +1118,59 @@ class Device:
                 self._handles[value] = _ref(h)
             return h
 
+    def view_info(self, handle: Handle) -> tuple[int, int, int]:
+        """``(dev_addr, length, pool_offset)`` of a staged handle's view, asked
+        of the device again (a wait that polls), not of the cached memoryview.
+        ``pool_offset`` is the view's offset in the DRAM pool (``2**64-1`` for
+        lru-mode views, which are host copies). Raises what
+        :meth:`Handle.wait` raises (WaitTimeout while not staged).
+
+        Alignment: not applicable (no address is given).
+        """
+        if handle._dev is not self:
+            raise InvalidArgument(None, f"{handle!r} belongs to another device")
+        sess = handle._sess
+        if sess is None:
+            info = _ll.prefetch_wait(self._p("chm_prefetch_wait"), handle.token, 0)
+        else:
+            info = _ll.session_wait(sess._p("chm_session_wait"), sess._sid, handle.token, 0)
+        return info.dev_addr, info.length, info.pool_offset
+
     # -- data path
 
     def read(self, addr: int, length: int) -> bytes:
         """Reads ``length`` bytes at ``addr`` (DRAM hit when staged, else SSD).
 
-        Any ``addr`` and ``length`` (no alignment needed).
+        Alignment: none. Any ``addr`` and any ``length`` of at least 1 byte
+        inside the capacity.
+
+        Raises InvalidArgument (length 0, beyond the capacity, a bool),
+        DeviceIOError (a backing read failed), Cancelled (closed).
         """
         ptr = self._p("chm_read")
         n: object = length  # any integer type; others fail in the C call
         if isinstance(n, numbers.Integral) and int(n) > self._capacity:
             # refuse before allocating a host buffer for it
-            what = f"chm_read(addr={addr}, len={length}): longer than the device"
-            raise InvalidArgument(None, what, call="chm_read")
+            why = f"read: len {length} is longer than the device ({self._capacity} bytes)"
+            what = f"chm_read(addr={addr}, len={length}): {why}"
+            raise InvalidArgument(None, what, call="chm_read", detail=why)
         return _ll.read(ptr, addr, length)
 
     def read_into(self, addr: int, buf: Any) -> int:
         """Reads ``len(buf)`` bytes at ``addr`` into a writable buffer.
 
-        Any ``addr`` and length (no alignment needed).
+        Alignment: none, as for :meth:`read`.
         """
         return _ll.read_into(self._p("chm_read"), addr, buf)
 
     def write(self, addr: int, data: Any) -> bool:
         """Offers an object for writing; True if admitted, False if skipped.
 
-        ``addr`` and ``len(data)`` must be multiples of 512 bytes (the
-        direct-I/O granularity, ``chm._lowlevel.IO_ALIGN``); otherwise
-        InvalidArgument. Reads and prefetches have no such rule.
+        Alignment: ``addr`` and ``len(data)`` must be multiples of 512 bytes
+        (``CHM_IO_ALIGN``, the direct-I/O granularity, or a block-device
+        target's larger logical block size); otherwise InvalidArgument
+        saying which, e.g. "write: addr 0x7b is not a multiple of 512
+        (CHM_IO_ALIGN)". Reads and prefetches have no such rule.
         """
         rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)
         return rc != _ll.WRITE_SKIPPED

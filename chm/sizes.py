@@ -1,15 +1,18 @@
-"""Byte sizes as people write them: ``"64G"``, ``"256MiB"``, ``"1.5T"``.
+"""Byte sizes as people write them: ``"64G"``, ``"256MiB"``, ``"1.5G"``.
 
 All multiples are binary (K = 1024), as for memory and block devices. The
 forms ``K``, ``KB``, ``KiB`` (any case) are equivalent; so are M, G, T, P.
+Strings are parsed by the C core (``chm_parse_size``), the same parser
+every size option of :class:`chm.Config` uses, so the two accept and refuse
+exactly the same text.
 """
 
 from __future__ import annotations
 
 import operator
-import re
 from typing import SupportsIndex
 
+from chm import _lowlevel as _ll
 from chm.errors import InvalidArgument
 
 __all__ = ["UNITS", "format_size", "parse_size"]
@@ -23,31 +26,25 @@ UNITS: dict[str, int] = {
     "P": 1 << 50,
 }
 
-_SIZE_RE = re.compile(
-    r"""^\s*
-    (?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)
-    \s*
-    (?P<unit>[kKmMgGtTpP]?)(?P<suffix>(?:[iI]?[bB])?)
-    \s*$""",
-    re.VERBOSE,
-)
-
 _UINT64_MAX = 2**64 - 1
 
 
 def _bad(value: object, why: str) -> InvalidArgument:
-    return InvalidArgument(None, f"invalid size {value!r}: {why}", call="parse_size")
+    return InvalidArgument(None, f"invalid size {value!r}: {why}", call="parse_size", detail=why)
 
 
 def parse_size(value: SupportsIndex | str) -> int:
     """Returns the number of bytes that ``value`` names.
 
     Integers of any type (numpy's too) and whole floats pass through
-    (negative ones are rejected; bools are not sizes). Strings are a number
-    (decimals allowed when the result is a whole number of bytes) followed
-    by an optional unit: K, M, G, T, P, each optionally followed by ``B`` or
-    ``iB``. A plain ``B`` suffix means bytes. Raises InvalidArgument for
-    anything else, for negative values and for values beyond 2**64-1.
+    (negative ones are rejected; bools are not sizes). Strings follow the
+    one size grammar of the C core (``chm_parse_size``, also every size
+    option of :class:`chm.Config`): digits with an optional fraction (the
+    result a whole number of bytes), then an optional unit K, M, G, T or P
+    (any case), optionally followed by ``B`` or ``iB``, or a plain ``B``.
+    Nothing else: no whitespace, sign, exponent or ``0x``. Raises
+    InvalidArgument, with the reason, for anything else, for negative
+    values and for values beyond 2**64-1.
     """
     v: object = value
     if isinstance(v, bool):
@@ -66,28 +63,10 @@ def parse_size(value: SupportsIndex | str) -> int:
         if n > _UINT64_MAX:
             raise _bad(v, "larger than 2**64-1")
         return n
-    m = _SIZE_RE.match(v)
-    if m is None:
-        raise _bad(value, "expected a number with an optional K/M/G/T/P unit")
-    unit = m.group("unit").upper()
-    suffix = m.group("suffix").lower()
-    if suffix == "ib" and not unit:
-        raise _bad(value, "'iB' needs a unit (KiB, MiB, ...)")
-    num = m.group("num")
-    mult = UNITS[unit]
-    if re.fullmatch(r"\d+", num):
-        n = int(num) * mult
-    else:
-        # Exact decimal arithmetic: "1.5G" must be exactly 1.5 * 2**30.
-        from fractions import Fraction
-
-        frac = Fraction(num) * mult
-        if frac.denominator != 1:
-            raise _bad(value, "not a whole number of bytes")
-        n = int(frac)
-    if n > _UINT64_MAX:
-        raise _bad(value, "larger than 2**64-1")
-    return n
+    try:
+        return _ll.parse_size(v)
+    except InvalidArgument as exc:
+        raise _bad(value, exc.detail or "not a size") from None
 
 
 def format_size(n: int, *, exact: bool = True) -> str:

@@ -11,11 +11,10 @@ from chm import _lowlevel as _ll
 __all__ = ["Stats"]
 
 
-def _name_of(table: Mapping[str, int], value: int) -> str:
-    for name, v in table.items():
-        if v == value:
-            return name
-    return str(value)
+def _name_of(table: dict[str, int], value: int) -> str:
+    """The C core's name of an enum value (chm_enum_name), or the number."""
+    name = _ll.name_of(table, value)
+    return str(value) if name is None else name
 
 
 @dataclass(frozen=True, slots=True, repr=False)

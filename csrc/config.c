@@ -13,6 +13,8 @@
 
 #include "chm.h"
 #include "dev.h"
+#include "errdetail.h"
+#include "names.h"
 
 enum opt_type {
 	OPT_SIZE,
@@ -35,10 +37,7 @@ struct opt {
 	const char *const *names; /* OPT_ENUM: value i is names[i] */
 };
 
-static const char *const backend_names[] = {"uring", "pread", "ghost", NULL};
-static const char *const mode_names[] = {"prefetch", "lru", "direct", NULL};
-static const char *const pool_names[] = {"anon", "hugetlb", "memfd", "file", NULL};
-static const char *const clock_names[] = {"real", "virtual", NULL};
+/* The enum options' names are names.c's tables (chm_enum_name). */
 
 #define F(field) offsetof(struct chm_config, field), sizeof(((struct chm_config *)0)->field)
 #define T(field)                                                                                   \
@@ -57,11 +56,11 @@ static const struct opt opts[] = {
          "bytes per stripe on each target, a multiple of 4096", NULL},
         {"backend", OPT_ENUM, F(backend), "uring",
          "I/O backend: uring (io_uring, O_DIRECT), pread (threads, O_DIRECT), ghost (no data)",
-         backend_names},
+         chm_backend_names},
         {"mode", OPT_ENUM, F(mode), "prefetch",
          "DRAM management: prefetch (staging window + write buffer), lru (transparent cache), "
          "direct (no DRAM)",
-         mode_names},
+         chm_mode_names},
         {"queue_depth", OPT_UINT, F(queue_depth), "64", "backend I/Os in flight (1..4096)", NULL},
         {"sqpoll", OPT_UINT, F(sqpoll), "0", "1: io_uring submission-queue polling thread", NULL},
         {"max_io", OPT_SIZE, F(max_io), "1M", "largest single backend I/O (4K..64M)", NULL},
@@ -75,7 +74,7 @@ static const struct opt opts[] = {
          NULL},
         {"pool", OPT_ENUM, F(pool_kind), "anon",
          "DRAM pool: anon (THP advised), hugetlb, memfd (shareable), file (pool_path: file or devdax)",
-         pool_names},
+         chm_pool_names},
         {"numa_node", OPT_INT, F(numa_node), "-1", "bind the DRAM pool to this NUMA node (-1: no)",
          NULL},
         {"pool_path", OPT_PATH, F(pool_path), "", "file or devdax device for pool=file", NULL},
@@ -88,7 +87,7 @@ static const struct opt opts[] = {
         {"lru_line", OPT_SIZE, F(lru_line_bytes), "64K", "LRU-mode cache line size", NULL},
         {"clock", OPT_ENUM, F(clock), "real",
          "real: pace completions in wall time; virtual: simulated clock (ghost backend)",
-         clock_names},
+         chm_clock_names},
         {"flush_high_water_pct", OPT_UINT, F(flush_high_water_pct), "75",
          "write-buffer fill (percent) at which flushing is forced despite reads", NULL},
         {"timing", OPT_PRESET, 0, 0, "none",
@@ -119,15 +118,17 @@ static const char *const opt_type_names[] = {
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
+/* Writes the reason into err (if non-NULL) and the thread's error detail. */
 static int fail(char *err, size_t errlen, const char *fmt, ...)
 {
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
+	char msg[CHM_ERRMSG_MAX];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (err && errlen)
+		snprintf(err, errlen, "%s", msg);
+	return chm_detail(-EINVAL, "%s", msg);
 }
 
 /* Parses "123", "64K", "1.5G", "4KiB", "16MB" (binary multiples): digits with
@@ -142,17 +143,21 @@ static int parse_size(const char *s, uint64_t *out)
 	for (; *p >= '0' && *p <= '9'; p++) {
 		whole = whole * 10 + (unsigned)(*p - '0');
 		if (whole > UINT64_MAX)
-			return -EINVAL;
+			return chm_detail(-EINVAL, "size: '%.64s' is larger than 2^64-1", s);
 	}
 	if (p == s)
-		return -EINVAL;
+		return chm_detail(
+		        -EINVAL, "size: '%.64s' does not start with a digit (e.g. 4096, 64K, 1.5G)",
+		        s);
 	if (*p == '.') {
 		const char *f = ++p, *last = p; /* last: one past the last non-zero digit */
 		for (; *p >= '0' && *p <= '9'; p++)
 			if (*p != '0')
 				last = p + 1;
 		if (last - f > 19)
-			return -EINVAL;
+			return chm_detail(
+			        -EINVAL,
+			        "size: '%.64s' has more than 19 significant fraction digits", s);
 		for (; f < last; f++) {
 			frac = frac * 10 + (unsigned)(*f - '0');
 			scale *= 10;
@@ -179,14 +184,27 @@ static int parse_size(const char *s, uint64_t *out)
 	else if (mult == 1 && !strcasecmp(p, "B"))
 		p++;
 	if (*p)
-		return -EINVAL;
+		return chm_detail(
+		        -EINVAL,
+		        "size: '%.64s' has '%.16s' after the number (a unit is one of "
+		        "K, M, G, T, P, then optionally B or iB; no spaces, sign, exponent "
+		        "or 0x)",
+		        s, p);
 	if (frac * mult % scale)
-		return -EINVAL; /* not a whole number of bytes */
+		return chm_detail(-EINVAL, "size: '%.64s' is not a whole number of bytes", s);
 	unsigned __int128 bytes = whole * mult + frac * mult / scale;
 	if (bytes > UINT64_MAX)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "size: '%.64s' is larger than 2^64-1", s);
 	*out = (uint64_t)bytes;
 	return 0;
+}
+
+int chm_parse_size(const char *s, uint64_t *out)
+{
+	chm_detail_clear();
+	if (!s || !out)
+		return chm_detail(-EINVAL, "parse_size: NULL argument");
+	return parse_size(s, out);
 }
 
 /* "0", a decimal without leading zeros, or "0x" + hex digits; nothing around
@@ -337,6 +355,7 @@ static int opt_set(struct chm_config *cfg, const struct opt *o, const char *valu
 
 int chm_config_init(struct chm_config *cfg)
 {
+	chm_detail_clear();
 	if (!cfg)
 		return -EINVAL;
 	memset(cfg, 0, sizeof(*cfg));
@@ -351,21 +370,109 @@ int chm_config_init(struct chm_config *cfg)
 int chm_config_set(struct chm_config *cfg, const char *key, const char *value, char *err,
                    size_t errlen)
 {
+	chm_detail_clear();
 	if (!cfg || !key || !value)
 		return fail(err, errlen, "config_set: NULL argument");
 	for (unsigned i = 0; i < NOPTS; i++)
 		if (!strcmp(opts[i].name, key))
 			return opt_set(cfg, &opts[i], value, err, errlen);
-	fail(err, errlen, "unknown option '%s'", key);
-	return -ENOENT;
+	fail(err, errlen, "unknown option '%.64s'", key);
+	return chm_detail(-ENOENT, "unknown option '%.64s'", key);
+}
+
+static const char *const preset_names[] = {"none", "gen5-tlc-200g", "fpga-cxlhm"};
+
+/* The text of one option's value (see chm_config_get). */
+static int opt_get(const struct chm_config *cfg, const struct opt *o, char *out, size_t outlen)
+{
+	const char *p = (const char *)cfg + o->off;
+	int n = -1;
+	switch (o->type) {
+	case OPT_SIZE:
+	case OPT_UINT: {
+		uint64_t v;
+		if (o->width == 8) {
+			memcpy(&v, p, 8);
+		} else {
+			uint32_t v32;
+			memcpy(&v32, p, 4);
+			v = v32;
+		}
+		n = snprintf(out, outlen, "%llu", (unsigned long long)v);
+		break;
+	}
+	case OPT_INT: {
+		int32_t i;
+		memcpy(&i, p, 4);
+		n = snprintf(out, outlen, "%d", i);
+		break;
+	}
+	case OPT_ENUM: {
+		int32_t i;
+		memcpy(&i, p, 4);
+		const char *name = NULL;
+		for (int32_t k = 0; i >= 0 && o->names[k]; k++)
+			if (k == i)
+				name = o->names[k];
+		n = name ? snprintf(out, outlen, "%s", name) : snprintf(out, outlen, "%d", i);
+		break;
+	}
+	case OPT_PATH:
+	case OPT_STR: n = snprintf(out, outlen, "%.*s", (int)strnlen(p, o->width), p); break;
+	case OPT_TARGETS: {
+		size_t used = 0;
+		out[0] = 0;
+		for (uint32_t t = 0; t < cfg->n_targets && t < CHM_MAX_TARGETS; t++) {
+			int m = snprintf(out + used, outlen - used, "%s%.*s", t ? "," : "",
+			                 (int)strnlen(cfg->targets[t], CHM_PATH_MAX),
+			                 cfg->targets[t]);
+			if (m < 0 || (size_t)m >= outlen - used)
+				return chm_detail(-ENOSPC,
+				                  "config_get: targets: %zu bytes are too few",
+				                  outlen);
+			used += (size_t)m;
+		}
+		return (int)used;
+	}
+	case OPT_PRESET: {
+		const char *name = "custom";
+		for (size_t k = 0; k < sizeof(preset_names) / sizeof(preset_names[0]); k++) {
+			struct chm_timing t;
+			if (!chm_timing_preset(preset_names[k], &t) &&
+			    !memcmp(&t, &cfg->timing, sizeof(t))) {
+				name = preset_names[k];
+				break;
+			}
+		}
+		n = snprintf(out, outlen, "%s", name);
+		break;
+	}
+	}
+	if (n < 0 || (size_t)n >= outlen)
+		return chm_detail(-ENOSPC, "config_get: %s: %zu bytes are too few", o->name,
+		                  outlen);
+	return n;
+}
+
+int chm_config_get(const struct chm_config *cfg, const char *key, char *out, size_t outlen)
+{
+	chm_detail_clear();
+	if (!cfg || !key || !out || !outlen)
+		return chm_detail(-EINVAL, "config_get: NULL argument");
+	for (unsigned i = 0; i < NOPTS; i++)
+		if (!strcmp(opts[i].name, key))
+			return opt_get(cfg, &opts[i], out, outlen);
+	return chm_detail(-ENOENT, "unknown option '%.64s'", key);
 }
 
 int chm_config_option(unsigned idx, struct chm_option_info *out)
 {
+	chm_detail_clear();
 	if (!out)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "config_option: NULL out");
 	if (idx >= NOPTS)
-		return -ENOENT;
+		return chm_detail(-ENOENT, "config_option: %u is past the last option (%u)", idx,
+		                  (unsigned)NOPTS - 1);
 	out->name = opts[idx].name;
 	out->type = opt_type_names[opts[idx].type];
 	out->defval = opts[idx].defval;
@@ -399,6 +506,7 @@ static int is_pow2(uint64_t v)
 
 int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 {
+	chm_detail_clear();
 	if (!cfg)
 		return fail(err, errlen, "config is NULL");
 	if (cfg->backend < 0 || cfg->backend > CHM_BACKEND_GHOST)

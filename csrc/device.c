@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "dev.h"
+#include "errdetail.h"
 #include "gate.h"
 #include "mode.h"
 #include "resident.h"
@@ -59,6 +60,7 @@ int chm_dev_open(const struct chm_config *cfg, chm_dev **out)
 
 int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, size_t errlen)
 {
+	chm_detail_clear();
 	if (err && errlen)
 		err[0] = '\0';
 	if (!cfg || !out)
@@ -215,8 +217,9 @@ void chm_dev_close(chm_dev *dev)
 
 int chm_dev_config(chm_dev *dev, struct chm_config *out)
 {
+	chm_detail_clear();
 	if (!dev || !out)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "dev_config: NULL %s", !dev ? "dev" : "out");
 	*out = dev->cfg;
 	return 0;
 }
@@ -231,29 +234,36 @@ static bool dev_shut(chm_dev *dev)
 
 int chm_dev_pool_fd(chm_dev *dev)
 {
+	chm_detail_clear();
 	if (!dev)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "pool_fd: NULL dev");
 	if (dev_shut(dev))
-		return -ECANCELED;
+		return chm_detail(-ECANCELED, "pool_fd: the device was shut down");
 	if (dev->pool.kind != CHM_POOL_MEMFD || dev->pool.fd < 0 || !dev->pool.base)
-		return -ENOENT;
+		return chm_detail(-ENOENT,
+		                  "pool_fd: the DRAM pool is not a memfd (pool=memfd shares one)");
 	return dev->pool.fd;
 }
 
 /* ---- data path ---- */
 
-static int check_range(const struct chm_dev *dev, uint64_t addr, uint64_t len)
+static int check_range(const struct chm_dev *dev, const char *what, uint64_t addr, uint64_t len)
 {
-	if (len == 0 || addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
-		return -EINVAL;
+	if (len == 0)
+		return chm_detail(-EINVAL, "%s: len is 0", what);
+	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
+		return chm_detail(-EINVAL, "%s: [%#llx, +%llu) is beyond the capacity (%llu bytes)",
+		                  what, (unsigned long long)addr, (unsigned long long)len,
+		                  (unsigned long long)dev->cfg.capacity);
 	return 0;
 }
 
 int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
+	chm_detail_clear();
 	if (!dev || !buf)
-		return -EINVAL;
-	int rc = check_range(dev, addr, len);
+		return chm_detail(-EINVAL, "read: NULL %s", !dev ? "dev" : "buf");
+	int rc = check_range(dev, "read", addr, len);
 	if (rc)
 		return rc;
 	rc = chm_enter(dev);
@@ -266,13 +276,22 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 
 int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len, uint32_t flags)
 {
-	if (!dev || !buf || flags)
-		return -EINVAL;
-	int rc = check_range(dev, addr, len);
+	chm_detail_clear();
+	if (!dev || !buf)
+		return chm_detail(-EINVAL, "write: NULL %s", !dev ? "dev" : "buf");
+	if (flags)
+		return chm_detail(-EINVAL, "write: unknown flags %#x (none are defined)", flags);
+	int rc = check_range(dev, "write", addr, len);
 	if (rc)
 		return rc;
-	if (addr % dev->write_align || len % dev->write_align)
-		return -EINVAL;
+	const char *unit =
+	        dev->write_align == CHM_IO_ALIGN ? "CHM_IO_ALIGN" : "a target's block size";
+	if (addr % dev->write_align)
+		return chm_detail(-EINVAL, "write: addr %#llx is not a multiple of %u (%s)",
+		                  (unsigned long long)addr, dev->write_align, unit);
+	if (len % dev->write_align)
+		return chm_detail(-EINVAL, "write: len %llu is not a multiple of %u (%s)",
+		                  (unsigned long long)len, dev->write_align, unit);
 	rc = chm_enter(dev);
 	if (rc)
 		return rc;
@@ -284,20 +303,26 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
 int chm_write_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const void *const *bufs,
                       const uint64_t *lens, uint32_t flags, int32_t *results)
 {
-	if (!dev || !addrs || !bufs || !lens || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
+	chm_detail_clear();
+	if (!dev || !addrs || !bufs || !lens || !results)
+		return chm_detail(-EINVAL, "write_objects: a NULL argument");
+	if (n > CHM_BATCH_MAX)
+		return chm_detail(-EINVAL, "write_objects: n %u is above CHM_BATCH_MAX (%d)", n,
+		                  CHM_BATCH_MAX);
 	int ok = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		results[i] = chm_write_object(dev, addrs[i], bufs[i], lens[i], flags);
 		ok += results[i] == 0;
 	}
+	chm_detail_clear(); /* an element's reason is not the call's */
 	return ok;
 }
 
 int chm_flush(chm_dev *dev, uint64_t timeout_ns)
 {
+	chm_detail_clear();
 	if (!dev)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "flush: NULL dev");
 	int rc = chm_enter(dev);
 	if (rc)
 		return rc;
@@ -312,24 +337,26 @@ int chm_flush(chm_dev *dev, uint64_t timeout_ns)
  * at open); a mode without a staging window then refuses the call. */
 static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
 {
-	if (len == 0 || (flags & ~(uint32_t)(CHM_PF_NOQUEUE | CHM_PF_RETAIN)))
-		return -EINVAL;
+	if (len == 0)
+		return chm_detail(-EINVAL, "prefetch: len is 0");
+	if (flags & ~(uint32_t)(CHM_PF_NOQUEUE | CHM_PF_RETAIN))
+		return chm_detail(-EINVAL, "prefetch: unknown flags %#x", flags);
 	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
-		return -EINVAL;
+		return chm_detail(-EINVAL,
+		                  "prefetch: [%#llx, +%llu) is beyond the capacity (%llu bytes)",
+		                  (unsigned long long)addr, (unsigned long long)len,
+		                  (unsigned long long)dev->cfg.capacity);
 	if (!dev->mode->staging)
-		return -EOPNOTSUPP;
+		return chm_detail(-EOPNOTSUPP, "prefetch: mode=%s has no staging window",
+		                  chm_enum_name(CHM_ENUM_MODE, dev->cfg.mode));
 	return 0;
-}
-
-int chm_prefetch_check(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
-{
-	return prefetch_args(dev, addr, len, flags);
 }
 
 int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
 {
+	chm_detail_clear();
 	if (!dev || !h)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "prefetch: NULL %s", !dev ? "dev" : "h");
 	int32_t rc = prefetch_args(dev, addr, len, flags);
 	if (rc)
 		return rc;
@@ -344,8 +371,12 @@ int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flag
 int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const uint64_t *lens,
                          uint32_t flags, chm_handle *handles, int32_t *results)
 {
-	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
+	chm_detail_clear();
+	if (!dev || !addrs || !lens || !handles || !results)
+		return chm_detail(-EINVAL, "prefetch_objects: a NULL argument");
+	if (n > CHM_BATCH_MAX)
+		return chm_detail(-EINVAL, "prefetch_objects: n %u is above CHM_BATCH_MAX (%d)", n,
+		                  CHM_BATCH_MAX);
 	int rc = chm_enter(dev);
 	int ok = 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -358,30 +389,41 @@ int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const 
 		ok = chm_staging_prefetch(dev, CHM_SESSION_DEFAULT, n, addrs, lens, flags, handles,
 		                          results);
 	chm_leave(dev);
+	chm_detail_clear(); /* an element's reason is not the call's */
 	return ok;
 }
 
 int chm_prefetch_wait(chm_dev *dev, chm_handle h, uint64_t timeout_ns, struct chm_view *view)
 {
+	chm_detail_clear();
 	if (!dev || !view)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "wait: NULL %s", !dev ? "dev" : "view");
 	int rc = chm_enter(dev);
 	if (rc)
 		return rc;
 	/* without a window no handle was ever issued */
 	rc = dev->mode->staging ? chm_staging_wait(dev, CHM_SESSION_DEFAULT, h, timeout_ns, view)
-	                        : -EINVAL;
+	                        : chm_detail(-EINVAL, "wait: handle %#llx: mode=direct issues none",
+	                                     (unsigned long long)h);
 	chm_leave(dev);
 	return rc;
 }
 
 int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles, int32_t *results)
 {
-	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
+	chm_detail_clear();
+	if (!dev || !handles || !results)
+		return chm_detail(-EINVAL, "release_many: a NULL argument");
+	if (n > CHM_BATCH_MAX)
+		return chm_detail(-EINVAL, "release_many: n %u is above CHM_BATCH_MAX (%d)", n,
+		                  CHM_BATCH_MAX);
 	/* release works while closing too (it only returns resources) */
-	if (dev->mode->staging)
-		return chm_staging_release(dev, CHM_SESSION_DEFAULT, n, handles, results);
+	if (dev->mode->staging) {
+		int ok = chm_staging_release(dev, CHM_SESSION_DEFAULT, n, handles, results);
+		if (n != 1)
+			chm_detail_clear(); /* an element's reason is not the call's */
+		return ok;
+	}
 	int rc = dev_shut(dev) ? -ECANCELED : -EINVAL;
 	for (uint32_t i = 0; i < n; i++)
 		results[i] = rc;
@@ -390,11 +432,82 @@ int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handle
 
 int chm_prefetch_release(chm_dev *dev, chm_handle h)
 {
+	chm_detail_clear();
 	if (!dev)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "release: NULL dev");
 	int32_t rc;
 	chm_prefetch_release_many(dev, 1, &h, &rc);
 	return rc;
+}
+
+/* ---- sessions (the table is session.c's, their requests staging's) ---- */
+
+int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
+{
+	if (!dev || !out || quota == 0)
+		return -EINVAL;
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	/* no window: no handle to scope */
+	rc = dev->mode->staging ? chm_sess_open(dev, quota, out) : -EOPNOTSUPP;
+	chm_leave(dev);
+	return rc;
+}
+
+int chm_session_close(chm_dev *dev, chm_session s)
+{
+	if (!dev || s == CHM_SESSION_DEFAULT || !dev->mode->staging)
+		return -EINVAL; /* never opened: direct mode has none */
+	return chm_staging_session_close(dev, s);
+}
+
+int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t *addrs,
+                         const uint64_t *lens, uint32_t flags, chm_handle *handles,
+                         int32_t *results)
+{
+	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
+		return -EINVAL;
+	if (!dev->mode->staging && s != CHM_SESSION_DEFAULT)
+		return -EINVAL;
+	int rc = chm_enter(dev);
+	int ok = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		results[i] = rc ? rc : prefetch_args(dev, addrs[i], lens[i], flags);
+		ok += results[i] == 0;
+	}
+	if (rc)
+		return 0;
+	/* the session is checked even when no element is valid */
+	if (dev->mode->staging)
+		ok = chm_staging_prefetch(dev, s, n, addrs, lens, flags, handles, results);
+	chm_leave(dev);
+	return ok;
+}
+
+int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
+                     struct chm_view *view)
+{
+	if (!dev || !view)
+		return -EINVAL;
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	rc = dev->mode->staging ? chm_staging_wait(dev, s, h, timeout_ns, view) : -EINVAL;
+	chm_leave(dev);
+	return rc;
+}
+
+int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
+                        int32_t *results)
+{
+	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
+		return -EINVAL;
+	if (dev->mode->staging) /* release works while closing too */
+		return chm_staging_release(dev, s, n, handles, results);
+	if (s != CHM_SESSION_DEFAULT)
+		return -EINVAL;
+	return chm_prefetch_release_many(dev, n, handles, results);
 }
 
 int chm_resident_evict(chm_dev *dev, uint64_t addr, uint64_t len)
@@ -415,8 +528,9 @@ int chm_resident_evict(chm_dev *dev, uint64_t addr, uint64_t len)
 
 int chm_stats(chm_dev *dev, struct chm_stats *out)
 {
+	chm_detail_clear();
 	if (!dev || !out)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "stats: NULL %s", !dev ? "dev" : "out");
 	pthread_mutex_lock(&dev->lock);
 	*out = dev->st;
 	out->clock_now_ns = chm_now_ns(dev);

@@ -3,13 +3,15 @@
 #include <pthread.h>
 
 #include "dev.h"
+#include "errdetail.h"
 
 int chm_fault_inject(chm_dev *dev, int kind, uint64_t nth, uint64_t arg)
 {
+	chm_detail_clear();
 	struct chm_faults *f;
 
 	if (!dev)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "fault_inject: NULL dev");
 	switch (kind) {
 	case CHM_FAULT_NONE:
 	case CHM_FAULT_SLOW: break;
@@ -17,9 +19,9 @@ int chm_fault_inject(chm_dev *dev, int kind, uint64_t nth, uint64_t arg)
 	case CHM_FAULT_EIO_WRITE:
 	case CHM_FAULT_SHORT_READ:
 		if (nth < 1)
-			return -EINVAL;
+			return chm_detail(-EINVAL, "fault_inject: nth is 0 (it counts from 1)");
 		break;
-	default: return -EINVAL;
+	default: return chm_detail(-EINVAL, "fault_inject: unknown kind %d", kind);
 	}
 
 	f = &dev->faults;

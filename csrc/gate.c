@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "dev.h"
+#include "errdetail.h"
 #include "gate.h"
 
 int chm_enter(struct chm_dev *dev)
@@ -19,7 +20,8 @@ int chm_enter(struct chm_dev *dev)
 	atomic_fetch_add(&dev->active_calls, 1);
 	if (atomic_load(&dev->closing)) {
 		chm_leave(dev);
-		return -ECANCELED;
+		return chm_detail(-ECANCELED,
+		                  "the device is closing (chm_dev_close or shutdown began)");
 	}
 	return 0;
 }

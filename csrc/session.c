@@ -21,20 +21,19 @@
  * session to the ring's end, so with k sessions queued a request waits for
  * at most k - 1 grants to others per grant of its own session.
  *
- * Locking: everything here runs under dev->lock, except the public calls,
- * which enter the device (gate.h) and take it. chm_session_prefetch, _wait
- * and _release check their arguments as device.c does for the default
- * session and call the staging window, which finds the session under the
- * lock. A mode without a staging window (direct) has no sessions.
+ * Layering: the table and its queues sit below the staging window, which
+ * calls them; nothing here calls up. The public chm_session_* calls are in
+ * device.c (check, enter, dispatch) and closing a session's requests is the
+ * staging window's (chm_staging_session_close). Locking: everything runs
+ * under dev->lock, which chm_sess_open takes itself. A mode without a
+ * staging window (direct) has no session table.
  */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "dev.h"
-#include "gate.h"
-#include "mode.h"
+#include "errdetail.h"
 #include "session.h"
-#include "staging.h"
 
 /* Session token: device tag in bits 63..48, generation in 47..16, index in
  * 15..0. Token 0 is CHM_SESSION_DEFAULT (the tag is nonzero, so no opened
@@ -86,9 +85,10 @@ int chm_sess_lookup(struct chm_dev *dev, chm_session s, uint32_t *idx)
 	uint32_t i = (uint32_t)(s & SESS_IDX_MASK);
 	uint64_t gen = (s >> SESS_GEN_SHIFT) & UINT32_MAX;
 	if ((uint16_t)(s >> SESS_TAG_SHIFT) != dev->tag || i == 0 || i >= dev->nsess || gen == 0)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "session %#llx is not one of this device's",
+		                  (unsigned long long)s);
 	if (!dev->sess[i].open || dev->sess[i].gen != gen)
-		return -ESTALE;
+		return chm_detail(-ESTALE, "session %#llx is closed", (unsigned long long)s);
 	*idx = i;
 	return 0;
 }
@@ -96,7 +96,10 @@ int chm_sess_lookup(struct chm_dev *dev, chm_session s, uint32_t *idx)
 int chm_sess_admit(struct chm_dev *dev, uint32_t si)
 {
 	const struct chm_sess *ss = &dev->sess[si];
-	return ss->used >= ss->quota ? -EAGAIN : 0;
+	if (ss->used >= ss->quota)
+		return chm_detail(-EAGAIN, "prefetch: the session's quota (%u) is in use",
+		                  ss->quota);
+	return 0;
 }
 
 void chm_sess_charge(struct chm_dev *dev, struct chm_slot *s, uint32_t si)
@@ -206,22 +209,14 @@ struct chm_req *chm_sess_dequeue(struct chm_dev *dev)
 	return r;
 }
 
-/* ---- the API ---- */
+/* ---- open and close of a record ---- */
 
-int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
+int chm_sess_open(struct chm_dev *dev, uint32_t quota, chm_session *out)
 {
-	if (!dev || !out || quota == 0)
-		return -EINVAL;
-	int rc = chm_enter(dev);
-	if (rc)
-		return rc;
-	if (!dev->mode->staging) {
-		chm_leave(dev);
-		return -EOPNOTSUPP; /* no window: no handle to scope */
-	}
 	pthread_mutex_lock(&dev->lock);
+	int rc = 0;
 	if (!dev->sess_free) {
-		rc = -ENOSPC;
+		rc = chm_detail(-ENOSPC, "session_open: every session is open");
 	} else {
 		uint32_t si = dev->sess_free - 1;
 		struct chm_sess *ss = &dev->sess[si];
@@ -235,40 +230,11 @@ int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
 		*out = sess_token(dev, si);
 	}
 	pthread_mutex_unlock(&dev->lock);
-	chm_leave(dev);
 	return rc;
 }
 
-int chm_session_close(chm_dev *dev, chm_session s)
+void chm_sess_free(struct chm_dev *dev, uint32_t si)
 {
-	if (!dev || s == CHM_SESSION_DEFAULT)
-		return -EINVAL;
-	if (!dev->mode->staging)
-		return -EINVAL; /* no session was ever opened */
-	uint32_t start = 0, si;
-	pthread_mutex_lock(&dev->lock);
-	/* like release, close works while the device is closing, but not after
-	 * shutdown freed the tables */
-	int rc = dev->shut ? -ECANCELED : chm_sess_lookup(dev, s, &si);
-	if (rc)
-		goto out_unlock;
-	/* queued requests first, so the slots freed next do not start fills
-	 * for requests of this session that are about to be released */
-	for (int pass = 0; pass < 2; pass++) {
-		for (uint32_t i = 0; i < dev->nreqs; i++) {
-			struct chm_req *r = &dev->reqs[i];
-			if (r->state == CHM_REQ_FREE || r->sess != si ||
-			    (pass == 0) != (r->state == CHM_REQ_QUEUED))
-				continue;
-			chm_staging_release_req(dev, r, &start);
-			rc++;
-		}
-	}
-	/* fills it released and still in flight free their slot on completion
-	 * without charging a later session of this record */
-	for (uint32_t i = 0; i < dev->nslots; i++)
-		if (dev->slots[i].sess == (int32_t)si)
-			chm_sess_uncharge(dev, &dev->slots[i]);
 	struct chm_sess *ss = &dev->sess[si];
 	ss->open = false;
 	ss->quota = 0;
@@ -277,59 +243,4 @@ int chm_session_close(chm_dev *dev, chm_session s)
 		ss->rr_next = dev->sess_free;
 		dev->sess_free = si + 1;
 	}
-out_unlock:
-	pthread_mutex_unlock(&dev->lock);
-	if (start)
-		chm_staging_submit(dev, start);
-	return rc;
-}
-
-int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t *addrs,
-                         const uint64_t *lens, uint32_t flags, chm_handle *handles,
-                         int32_t *results)
-{
-	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
-	if (!dev->mode->staging && s != CHM_SESSION_DEFAULT)
-		return -EINVAL; /* no session was ever opened */
-	int rc = chm_enter(dev);
-	int ok = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		results[i] = rc ? rc : chm_prefetch_check(dev, addrs[i], lens[i], flags);
-		ok += results[i] == 0;
-	}
-	if (rc)
-		return 0;
-	/* the session is checked even when no element is valid */
-	ok = dev->mode->staging
-	             ? chm_staging_prefetch(dev, s, n, addrs, lens, flags, handles, results)
-	             : 0;
-	chm_leave(dev);
-	return ok;
-}
-
-int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
-                     struct chm_view *view)
-{
-	if (!dev || !view)
-		return -EINVAL;
-	int rc = chm_enter(dev);
-	if (rc)
-		return rc;
-	/* without a window no handle or session was ever issued */
-	rc = dev->mode->staging ? chm_staging_wait(dev, s, h, timeout_ns, view) : -EINVAL;
-	chm_leave(dev);
-	return rc;
-}
-
-int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
-                        int32_t *results)
-{
-	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
-	if (dev->mode->staging) /* release works while closing too */
-		return chm_staging_release(dev, s, n, handles, results);
-	if (s != CHM_SESSION_DEFAULT)
-		return -EINVAL;
-	return chm_prefetch_release_many(dev, n, handles, results);
 }

@@ -47,8 +47,11 @@ void chm_sess_enqueue(struct chm_dev *dev, struct chm_req *r);
 void chm_sess_unqueue(struct chm_dev *dev, struct chm_req *r);
 struct chm_req *chm_sess_dequeue(struct chm_dev *dev);
 
-/* device.c's per-element prefetch check (range, flags, mode), which the
- * session calls share. No lock needed. */
-int chm_prefetch_check(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags);
+/* Takes a free record for a session of quota (takes dev->lock): 0 and its
+ * token in *out, or -ENOSPC. */
+int chm_sess_open(struct chm_dev *dev, uint32_t quota, chm_session *out);
+/* Marks record si closed and frees it for a later session (a new
+ * generation), its requests already released. Lock held. */
+void chm_sess_free(struct chm_dev *dev, uint32_t si);
 
 #endif /* CHM_SESSION_H */

@@ -34,6 +34,7 @@
 
 #include "clock.h"
 #include "dev.h"
+#include "errdetail.h"
 #include "iomap.h"
 #include "mode.h"
 #include "resident.h"
@@ -61,10 +62,15 @@ static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out
 	uint32_t idx = (uint32_t)(low & ((UINT64_C(1) << dev->handle_idx_bits) - 1));
 	uint64_t gen = low >> dev->handle_idx_bits;
 	if ((uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag || idx >= dev->nreqs)
-		return -EINVAL;
+		return chm_detail(-EINVAL, "handle %#llx is not one of this device's (%s)",
+		                  (unsigned long long)h,
+		                  (uint16_t)(h >> HANDLE_TAG_SHIFT) != dev->tag
+		                          ? "another device tag"
+		                          : "no such request");
 	struct chm_req *r = &dev->reqs[idx];
 	if (r->state == CHM_REQ_FREE || r->gen != gen)
-		return -ESTALE;
+		return chm_detail(-ESTALE, "handle %#llx was released (or never issued)",
+		                  (unsigned long long)h);
 	*out = r;
 	return 0;
 }
@@ -586,11 +592,16 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 		*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
 		return 0;
 	}
-	if ((!dev->slot_free_head &&
-	     ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue)) ||
-	    chm_sess_admit(dev, si)) {
+	bool full = !dev->slot_free_head &&
+	            ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue);
+	int rc = full ? chm_detail(-EAGAIN, "prefetch: %s",
+	                           flags & CHM_PF_NOQUEUE
+	                                   ? "no free slot (CHM_PF_NOQUEUE)"
+	                                   : "the refill queue is full (refill_queue)")
+	              : chm_sess_admit(dev, si); /* its quota, with its own reason */
+	if (rc) {
 		dev->st.prefetch_rejected++;
-		return -EAGAIN;
+		return rc;
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
 	 * (after 2^47 handles or more): then -EAGAIN while a release can still
@@ -598,7 +609,9 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 	struct chm_req *r = req_alloc(dev);
 	if (!r) {
 		dev->st.prefetch_rejected++;
-		return dev->reqs_live ? -EAGAIN : -ENOSPC;
+		return chm_detail(
+		        dev->reqs_live ? -EAGAIN : -ENOSPC,
+		        "prefetch: every free request record is retired (reopen the device)");
 	}
 	r->addr = addr;
 	r->len = len;
@@ -632,7 +645,10 @@ int chm_staging_prefetch(struct chm_dev *dev, chm_session sess, uint32_t n, cons
 	for (uint32_t i = 0; i < n; i++) {
 		int r = results[i];
 		if (!r && lens[i] > dev->cfg.slot_bytes)
-			r = -EINVAL;
+			r = chm_detail(-EINVAL,
+			               "prefetch: len %llu is larger than a slot (slot_size %llu)",
+			               (unsigned long long)lens[i],
+			               (unsigned long long)dev->cfg.slot_bytes);
 		if (!r)
 			r = prefetch_locked(dev, si, addrs[i], lens[i], flags, &handles[i], &start);
 		results[i] = r;
@@ -659,7 +675,8 @@ static int handle_lookup_in(struct chm_dev *dev, uint32_t si, chm_handle h, stru
 {
 	int rc = handle_lookup(dev, h, out);
 	if (!rc && (*out)->sess != si)
-		rc = -EINVAL;
+		rc = chm_detail(-EINVAL, "handle %#llx belongs to another session",
+		                (unsigned long long)h);
 	return rc;
 }
 
@@ -694,7 +711,10 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 		}
 		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
 		if (s && s->state == CHM_SLOT_FAILED) {
-			rc = -EIO;
+			rc = chm_detail(-EIO,
+			                "wait: the fill of handle %#llx failed (backing I/O); "
+			                "release it",
+			                (unsigned long long)h);
 			goto out_unlock;
 		}
 		if (s && s->state == CHM_SLOT_HELD)
@@ -720,7 +740,10 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 				until = ready_mono;
 		}
 		if (timeout_ns == 0 || chm_mono_ns() >= deadline) {
-			rc = -ETIMEDOUT;
+			rc = chm_detail(
+			        -ETIMEDOUT, "wait: handle %#llx not staged within %llu ns (%s)",
+			        (unsigned long long)h, (unsigned long long)timeout_ns,
+			        r->state == CHM_REQ_QUEUED ? "queued for a slot" : "filling");
 			goto out_unlock;
 		}
 		if (until == UINT64_MAX) {
@@ -753,6 +776,8 @@ out_unlock:
 	return rc;
 }
 
+static void release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start);
+
 /* One release in session si (lock held). */
 static int release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32_t *start)
 {
@@ -761,11 +786,11 @@ static int release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32
 	 * after shutdown freed the request table */
 	int rc = dev->shut ? -ECANCELED : handle_lookup_in(dev, si, h, &r);
 	if (!rc)
-		chm_staging_release_req(dev, r, start);
+		release_req(dev, r, start);
 	return rc;
 }
 
-void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
+static void release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 {
 	dev->st.prefetch_released++;
 	if (r->state == CHM_REQ_QUEUED) {
@@ -818,6 +843,42 @@ int chm_staging_release(struct chm_dev *dev, chm_session sess, uint32_t n,
 	if (start)
 		chm_staging_submit(dev, start);
 	return ok;
+}
+
+int chm_staging_session_close(struct chm_dev *dev, chm_session sess)
+{
+	uint32_t start = 0, si;
+	pthread_mutex_lock(&dev->lock);
+	/* like release, close works while the device is closing, but not after
+	 * shutdown freed the tables */
+	int rc = dev->shut ? -ECANCELED : chm_sess_lookup(dev, sess, &si);
+	if (!rc && si == 0)
+		rc = -EINVAL; /* the default session is never closed */
+	if (rc)
+		goto out_unlock;
+	/* queued requests first, so the slots freed next do not start fills
+	 * for requests of this session that are about to be released */
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t i = 0; i < dev->nreqs; i++) {
+			struct chm_req *r = &dev->reqs[i];
+			if (r->state == CHM_REQ_FREE || r->sess != si ||
+			    (pass == 0) != (r->state == CHM_REQ_QUEUED))
+				continue;
+			release_req(dev, r, &start);
+			rc++;
+		}
+	}
+	/* fills it released and still in flight free their slot on completion
+	 * without charging a later session of this record */
+	for (uint32_t i = 0; i < dev->nslots; i++)
+		if (dev->slots[i].sess == (int32_t)si)
+			chm_sess_uncharge(dev, &dev->slots[i]);
+	chm_sess_free(dev, si);
+out_unlock:
+	pthread_mutex_unlock(&dev->lock);
+	if (start)
+		chm_staging_submit(dev, start);
+	return rc;
 }
 
 void chm_staging_stats(struct chm_dev *dev, struct chm_stats *out)

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "dev.h"
+#include "errdetail.h"
 #include "targets.h"
 
 static uint64_t target_need(const struct chm_config *c, unsigned i)
@@ -31,13 +32,14 @@ static uint64_t target_need(const struct chm_config *c, unsigned i)
 /* A one-line reason for a failed open, returned as rc. */
 int chm_open_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
 {
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
+	char msg[CHM_ERRMSG_MAX];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (err && errlen)
+		snprintf(err, errlen, "%s", msg);
+	return chm_detail(rc, "%s", msg); /* the reason of chm_dev_open too */
 }
 
 /* Opens target i O_DIRECT (block devices exclusively). A missing regular file

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "dev.h"
+#include "errdetail.h"
 
 #define NS_PER_S 1000000000u
 #define MAX_CHANNELS 64u
@@ -169,6 +170,7 @@ static const struct {
 
 int chm_timing_preset(const char *name, struct chm_timing *out)
 {
+	chm_detail_clear(); /* this call sets none: no earlier reason may stay */
 	if (!name || !out)
 		return -EINVAL;
 	for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {

@@ -75,21 +75,11 @@ def _keys(pairs: list[Any], what: str) -> np.ndarray[Any, Any]:
     return ks
 
 
-def _entries(store: Any, ks: np.ndarray[Any, Any]) -> list[dict[str, int] | None]:
-    """The index entries (addr, length, checksum) of digest keys.
-
-    ``Store.info`` takes one engine key and hashes it into the store's
-    namespace; the daemon receives digests, so it reads the index rows
-    directly, under the store's lock.
-    """
-    with store._lock:
-        found, ent = store._index.get(ks)
-    return [
-        {"addr": int(e["addr"]), "length": int(e["length"]), "checksum": int(e["checksum"])}
-        if f
-        else None
-        for f, e in zip(found.tolist(), ent, strict=True)
-    ]
+def _wrc(r: bool | ChmError) -> int:
+    """One element of WRITE's answer: 1 admitted, 0 skipped, -errno."""
+    if isinstance(r, ChmError):
+        return -(r.errno or errno.EIO)
+    return 1 if r else 0
 
 
 class Client:
@@ -281,14 +271,16 @@ class Client:
             return -(exc.errno or errno.EIO)
 
     def _write(self, body: Any) -> Any:
-        out = []
-        for e in _list(body, "WRITE", 3):
-            src = self._area(e[1], e[2], "WRITE")
-            try:
-                out.append(1 if self.d.dev.write(_int(e[0], "addr"), src) else 0)
-            except ChmError as exc:
-                out.append(-(exc.errno or errno.EIO))
-        return out
+        items = _list(body, "WRITE", 3)
+        addrs = [_int(e[0], "addr") for e in items]
+        srcs = [self._area(e[1], e[2], "WRITE") for e in items]
+        if not items:
+            return []
+        try:  # one device call; a status per element
+            res = self.d.dev.write_many(addrs, srcs)
+        except ChmError as exc:
+            return [-(exc.errno or errno.EIO)] * len(items)
+        return [_wrc(r) for r in res]
 
     def _flush(self, body: Any) -> Any:
         t = _int(body, "FLUSH timeout_ns")
@@ -328,7 +320,7 @@ class Client:
             n = st.prefix_len(ks)
             ks = ks[:n]
         got = self.scope.pin(ks)
-        ents = _entries(st, ks)
+        ents = st.entries(ks)  # digests: no hashing again
         out: list[list[int]] = []
         stop = False
         for j, ok in enumerate(got):

@@ -44,10 +44,11 @@ def _table(s: dict[str, Any]) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--watch",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=None,
     metavar="SECONDS",
-    help="Print again every SECONDS until interrupted.",
+    help="Print again every SECONDS until interrupted (Ctrl-C ends it; so does the "
+    "daemon going away, with status 1).",
 )
 def stats(socket_path: str, as_json: bool, watch: float | None) -> None:
     """Show a running daemon's device, KV and client counters."""
@@ -57,15 +58,18 @@ def stats(socket_path: str, as_json: bool, watch: float | None) -> None:
         raise click.ClickException(f"cannot reach the daemon at {socket_path}: {exc}") from None
     con = Console(highlight=False)
     with dev:
-        while True:
-            try:
-                s = dev.daemon_stats()
-            except ChmError as exc:
-                raise click.ClickException(str(exc)) from None
-            if as_json:
-                click.echo(json.dumps(s))
-            else:
-                con.print(_table(s))
-            if watch is None:
-                return
-            time.sleep(watch)
+        try:
+            while True:
+                try:
+                    s = dev.daemon_stats()
+                except ChmError as exc:
+                    raise click.ClickException(str(exc)) from None
+                if as_json:
+                    click.echo(json.dumps(s))
+                else:
+                    con.print(_table(s))
+                if watch is None:
+                    return
+                time.sleep(watch)
+        except KeyboardInterrupt:  # the way to end --watch
+            return

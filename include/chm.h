@@ -248,6 +248,39 @@ const char *chm_strerror(int err);
  * NULL when kind or value names no state. Never blocks; thread-safe. */
 const char *chm_state_name(int kind, int value);
 
+/* Why the most recent failing chm call of this thread failed, in one line
+ * naming the call, the argument and the rule, e.g. "write: addr 0x7b is not
+ * a multiple of 512 (CHM_IO_ALIGN)", when that call returned err (a -errno
+ * value) and its failure site gave a reason; "" otherwise. Every call that
+ * returns int clears the thread's detail on entry, and a detail is
+ * returned only for the error code it was set with, so a reason from an
+ * earlier call is never attached to a later error. Batched calls leave no
+ * detail for their elements. The string is thread-local and valid until the
+ * thread's next chm call. Never blocks, never fails. */
+const char *chm_last_error_detail(int err);
+
+/* The public enumerations chm_enum_name() and chm_enum_value() know (the
+ * internal state machines' names come from chm_state_name()). */
+enum chm_enum_kind {
+	CHM_ENUM_BACKEND = 0, /* enum chm_backend_kind */
+	CHM_ENUM_MODE = 1,    /* enum chm_mode */
+	CHM_ENUM_POOL = 2,    /* enum chm_pool_kind */
+	CHM_ENUM_CLOCK = 3,   /* enum chm_clock_kind */
+	CHM_ENUM_FAULT = 4,   /* enum chm_fault_kind */
+};
+
+/* The lowercase name of value in enumeration kind (chm_enum_name(
+ * CHM_ENUM_MODE, CHM_MODE_LRU) is "lru"), the name the option parser
+ * accepts; NULL for an unknown kind or value. Every kind's values are 0, 1,
+ * 2, ..., so a binding lists a kind by asking for 0, 1, ... until NULL.
+ * Static strings; never blocks; thread-safe. */
+const char *chm_enum_name(int kind, int value);
+
+/* The value of name (case-insensitive) in enumeration kind. Returns the
+ * value (>= 0), -ENOENT for an unknown name, -EINVAL for an unknown kind or
+ * a NULL name. */
+int chm_enum_value(int kind, const char *name);
+
 /* ---- configuration (non-blocking, touch only *cfg, thread-safe per cfg) ---- */
 
 /* Fills *cfg with defaults. Returns 0, or -EINVAL when cfg is NULL. */
@@ -262,6 +295,22 @@ int chm_config_init(struct chm_config *cfg);
  * unknown key, -EINVAL for a bad value. */
 int chm_config_set(struct chm_config *cfg, const char *key, const char *value, char *err,
                    size_t errlen);
+
+/* Reads option `key` of *cfg back in the text form chm_config_set() takes:
+ * sizes and integers in decimal, enums by name, "targets" comma-separated,
+ * "timing" the name of the preset its fields equal or "custom". Writes the
+ * NUL-terminated text into out. Returns its length, -ENOENT for an unknown
+ * key, -ENOSPC when outlen bytes do not hold it, -EINVAL for NULL arguments.
+ * Touches only *out. */
+int chm_config_get(const struct chm_config *cfg, const char *key, char *out, size_t outlen);
+
+/* Parses a byte size in the grammar of every size option: digits with an
+ * optional fraction (at most 19 significant digits), then an optional unit
+ * K, M, G, T or P (binary multiples, any case), optionally followed by B or
+ * iB, or a plain B; the result a whole number of bytes below 2^64. Nothing
+ * else: no whitespace, sign, exponent or 0x. Returns 0 and the size in *out,
+ * or -EINVAL (the reason in chm_last_error_detail). */
+int chm_parse_size(const char *s, uint64_t *out);
 
 /* Checks a whole configuration. Returns 0 or -EINVAL with a one-line reason
  * in err (if non-NULL). chm_dev_open() runs the same check. */

@@ -15,6 +15,7 @@ optional)::
       chm.wbuf: 32M
       chm.slot_size: 32M           # the largest chunk that can be stored
       chm.backend: auto            # auto | uring | pread
+      chm.mode: prefetch           # prefetch | lru (the transparent-cache baseline)
       chm.get_timeout_s: 10        # a load slower than this is a miss
       chm.flush_interval_s: 1.0    # make puts durable at most this late
 
@@ -96,6 +97,7 @@ _OPTIONS: dict[str, tuple[type, Any]] = {
     "slot_size": (str, "32M"),
     "backend": (str, "auto"),
     "eviction": (str, "lru"),
+    "mode": (str, "prefetch"),
     "get_timeout_s": (float, 10.0),
     "flush_interval_s": (float, 1.0),
 }
@@ -220,6 +222,7 @@ class ChmStorageBackend(StoragePluginInterface):  # type: ignore[misc]
                 dram=opts.get("dram"),
                 slot_size=opts["slot_size"],
                 backend=opts["backend"],
+                mode=opts["mode"],
                 device_options=dev_opts,
                 eviction=opts["eviction"],
                 namespace=Namespace(model=model, dtype=dtype, tp_rank=rank),

@@ -12,7 +12,9 @@ SGLang's ``dynamic`` backend (no fork, no patch):
 
 Extra-config keys besides the three SGLang reads: ``path`` (required),
 ``capacity``, ``dram``, ``wbuf``, ``slot_size`` (at least one page of KV),
-``backend``, ``get_timeout_s``.
+``backend``, ``get_timeout_s``, ``flush_interval_s`` (default 1: a page
+SGLang has set is durable, and found after a crash, within about that long;
+HiCache has no flush call of its own).
 
 SGLang calls these from its prefetch and backup threads, never from the
 scheduler, so they return when the data has moved. Keys are SGLang's page
@@ -44,8 +46,26 @@ from chm.kv import Namespace, PutStatus, Store  # noqa: E402
 
 __all__ = ["ChmHiCacheStorage"]
 
-_KEYS = ("path", "capacity", "dram", "wbuf", "slot_size", "backend", "get_timeout_s")
+_KEYS = (
+    "path",
+    "capacity",
+    "dram",
+    "wbuf",
+    "slot_size",
+    "backend",
+    "get_timeout_s",
+    "flush_interval_s",
+)
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
+
+
+def _seconds(extra: dict[str, Any], name: str, default: float) -> float:
+    try:
+        return float(extra.get(name, default))
+    except (TypeError, ValueError):
+        raise InvalidArgument(
+            None, f"ChmHiCacheStorage: {name}={extra[name]!r} is no number"
+        ) from None
 
 
 def _digest(key: str) -> bytes:
@@ -74,12 +94,7 @@ class ChmHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             raise InvalidArgument(
                 None, "ChmHiCacheStorage: interface_v1 (zero-copy host indices) is not supported"
             )
-        try:
-            self.get_timeout = float(extra.get("get_timeout_s", 10.0))
-        except (TypeError, ValueError):
-            raise InvalidArgument(
-                None, f"ChmHiCacheStorage: get_timeout_s={extra['get_timeout_s']!r} is no number"
-            ) from None
+        self.get_timeout = _seconds(extra, "get_timeout_s", 10.0)
         if store is None:
             if not extra.get("path"):
                 raise InvalidArgument(
@@ -98,6 +113,7 @@ class ChmHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 backend=extra.get("backend", "auto"),
                 device_options={"wbuf": extra["wbuf"]} if "wbuf" in extra else None,
                 namespace=Namespace(model=model, tp_rank=rank),
+                flush_interval=_seconds(extra, "flush_interval_s", 1.0),
             )
         self.store = store
 

@@ -15,7 +15,9 @@ of tree (no fork, no patch) from ``kv_connector_extra_config``::
 The parameters after ``module_path`` are this class's keywords: ``path``
 (required), ``capacity``, ``dram``, ``wbuf``, ``slot_size`` (at least one
 offloaded chunk), ``backend``, ``model`` and ``tp_rank`` (the key
-namespace), ``load_timeout_s``.
+namespace), ``load_timeout_s``, ``flush_interval_s`` (default 1: what a
+finished store job wrote is durable, and found after a crash, within about
+that long; vLLM has no flush call of its own).
 
 Every call runs in vLLM's scheduler and returns without waiting on I/O:
 ``lookup`` asks the store's in-memory index; ``submit_store`` and
@@ -82,6 +84,7 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         model: str = "vllm",
         tp_rank: int = 0,
         load_timeout_s: float = 10.0,
+        flush_interval_s: float = 1.0,
         store: Store | None = None,
     ) -> None:
         super().__init__(
@@ -105,6 +108,7 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
                 backend=backend,
                 device_options={"wbuf": wbuf} if wbuf is not None else None,
                 namespace=Namespace(model=model.replace("@", "_") or "vllm", tp_rank=tp_rank),
+                flush_interval=flush_interval_s,
             )
         if self.block_size_bytes > store.max_block:
             store.close()

@@ -14,13 +14,14 @@ from chm.kv.keys import KEY_DTYPE, Namespace
 from chm.kv.lookup import LOOKUP_BATCH, Lookup
 from chm.kv.protocol import DeviceLike, HandleLike
 from chm.kv.space import PLACEMENTS, AddressSpace
-from chm.kv.store import PutStatus, Store, StoreStats
+from chm.kv.store import MAX_META, PutStatus, Store, StoreStats
 from chm.kv.tickets import Ticket
 from chm.kv.window import WINDOW_BYTES, KVManager, SlidingWindow, fair_shares, w_max
 
 __all__ = [
     "KEY_DTYPE",
     "LOOKUP_BATCH",
+    "MAX_META",
     "MODELS",
     "PLACEMENTS",
     "WINDOW_BYTES",

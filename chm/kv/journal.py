@@ -8,14 +8,24 @@ and closed by the XXH32 of its first 60 bytes::
     record  type u8, 3 zero bytes, segment u32, key_hi u64, key_lo u64,
             addr u64, checksum u64, epoch u64, length u32, device u16,
             6 zero bytes, xxh32 u32
+    META    type u8, part u8, total u16, 0 u32, key_hi u64, key_lo u64,
+            epoch u64, 28 bytes of metadata, xxh32 u32
 
 Types: PUT (a block became durable), DEL (a key was removed), RECLAIM (every
-block of ``segment`` with an epoch below ``epoch`` is gone). Replay keeps a
-PUT unless a later DEL of its key or a RECLAIM of its segment with a larger
-epoch follows; a torn or corrupt record ends the log (what follows it was
-never acknowledged) and is cut off. Compaction writes the live entries to a
-new file, syncs it and renames it over the old one, so a crash leaves one or
-the other. ``<path>.lock`` holds an exclusive flock while a store uses it.
+block of ``segment`` with an epoch below ``epoch`` is gone), META (part
+``part`` of the ``total`` metadata bytes of the PUT of the same key and
+epoch; a block's META records come right before its PUT, in one append).
+Replay keeps a PUT unless a later DEL of its key or a RECLAIM of its segment
+with a larger epoch follows; a torn or corrupt record ends the log (what
+follows it was never acknowledged) and is cut off.
+
+Compaction writes the live entries to a new file, syncs it and renames it
+over the old one, so a crash leaves one or the other.
+
+Versions: 2 added META. A version 1 journal (no metadata) opens as it is,
+and the store rewrites it as version 2 (a compaction) before appending to
+it; a journal of a version this code does not read is refused, naming both.
+``<path>.lock`` holds an exclusive flock while a store uses it.
 """
 
 from __future__ import annotations
@@ -33,12 +43,27 @@ import xxhash
 
 from chm.errors import Busy, InvalidArgument
 
-__all__ = ["DEL", "PUT", "RECLAIM", "REC_DTYPE", "Journal", "Replay"]
+__all__ = [
+    "DEL",
+    "MAX_META",
+    "META",
+    "PUT",
+    "RECLAIM",
+    "REC_DTYPE",
+    "VERSION",
+    "Journal",
+    "Replay",
+    "meta_records",
+    "records",
+]
 
-PUT, DEL, RECLAIM = 1, 2, 3
+PUT, DEL, RECLAIM, META = 1, 2, 3, 4
 MAGIC = b"CHMKVJ1\0"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # journal versions this code opens
 REC_BYTES = 64
+META_PART = 28  # metadata bytes per META record
+MAX_META = 1024  # metadata bytes per key
 
 REC_DTYPE = np.dtype(
     [
@@ -57,6 +82,20 @@ REC_DTYPE = np.dtype(
     ]
 )
 assert REC_DTYPE.itemsize == REC_BYTES
+META_DTYPE = np.dtype(
+    [
+        ("type", "u1"),
+        ("part", "u1"),
+        ("total", "<u2"),
+        ("_p0", "<u4"),
+        ("hi", "<u8"),
+        ("lo", "<u8"),
+        ("epoch", "<u8"),
+        ("data", "V28"),
+        ("crc", "<u4"),
+    ]
+)
+assert META_DTYPE.itemsize == REC_BYTES
 HDR_DTYPE = np.dtype(
     [
         ("magic", "S8"),
@@ -81,10 +120,39 @@ def _seal(recs: np.ndarray[Any, Any]) -> bytes:
     return bytes(raw)
 
 
-def _header(capacity: int, segment_bytes: int) -> bytes:
+def meta_records(hi: int, lo: int, epoch: int, meta: bytes) -> np.ndarray[Any, Any]:
+    """The META records of one block's metadata (none for empty metadata),
+    as REC_DTYPE rows to append before its PUT."""
+    if len(meta) > MAX_META:
+        raise InvalidArgument(None, f"metadata of {len(meta)} bytes; at most {MAX_META}")
+    parts = -(-len(meta) // META_PART)
+    m = np.zeros(parts, dtype=META_DTYPE)
+    m["type"] = META
+    m["part"] = np.arange(parts)
+    m["total"] = len(meta)
+    m["hi"], m["lo"], m["epoch"] = hi, lo, epoch
+    padded = meta + bytes(parts * META_PART - len(meta))
+    m["data"] = [padded[i * META_PART : (i + 1) * META_PART] for i in range(parts)]
+    return m.view(REC_DTYPE)
+
+
+def records(puts: np.ndarray[Any, Any], metas: list[bytes] | None = None) -> np.ndarray[Any, Any]:
+    """PUT records, each preceded by the META records of its metadata."""
+    if not metas or not any(metas):
+        return puts
+    out = []
+    for i, m in enumerate(metas):
+        if m:
+            r = puts[i]
+            out.append(meta_records(int(r["hi"]), int(r["lo"]), int(r["epoch"]), m))
+        out.append(puts[i : i + 1])
+    return np.concatenate(out)
+
+
+def _header(capacity: int, segment_bytes: int, version: int = VERSION) -> bytes:
     h = np.zeros(1, dtype=HDR_DTYPE)
     h["magic"] = MAGIC
-    h["version"] = VERSION
+    h["version"] = version
     h["capacity"] = capacity
     h["segment_bytes"] = segment_bytes
     h["created_ns"] = time.time_ns()
@@ -99,6 +167,8 @@ class Replay:
     records: int  # valid records read
     torn_bytes: int  # bytes cut off the end (a torn or corrupt tail)
     max_epoch: int
+    metas: list[bytes] | None = None  # per row of puts: its metadata (b"": none)
+    version: int = VERSION  # of the file as it was opened
 
 
 def _lock_holder(path: str) -> str:
@@ -150,6 +220,7 @@ class Journal:
         self.segment_bytes = segment_bytes
         self._lock_fd = lock_file(self.path + ".lock")
         self.fd = -1
+        self.version = VERSION
         try:
             self.replay = self._open()
         except BaseException:
@@ -162,10 +233,11 @@ class Journal:
         p = Path(self.path)
         if not p.exists() or p.stat().st_size == 0:
             self._create_empty()
-            return Replay(np.zeros(0, dtype=REC_DTYPE), 0, 0, 0)
+            return Replay(np.zeros(0, dtype=REC_DTYPE), 0, 0, 0, [])
         data = p.read_bytes()
-        self._check_header(data[:REC_BYTES])
-        rep = self._parse(data[REC_BYTES:])
+        version = self._check_header(data[:REC_BYTES])
+        rep = self._parse(data[REC_BYTES:], version)
+        self.version = version
         self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
         if rep.torn_bytes:
             os.ftruncate(self.fd, REC_BYTES * (1 + rep.records))
@@ -189,15 +261,19 @@ class Journal:
         finally:
             os.close(dfd)
 
-    def _check_header(self, raw: bytes) -> None:
+    def _check_header(self, raw: bytes) -> int:
+        """The journal's version, after checking its magic, checksum and geometry."""
         if len(raw) < REC_BYTES or raw[:8] != MAGIC:
             raise InvalidArgument(None, f"{self.path}: not a chm KV journal (bad magic)")
         if xxhash.xxh32_intdigest(raw[:60]) != int.from_bytes(raw[60:64], "little"):
             raise InvalidArgument(None, f"{self.path}: journal header is corrupt")
         h = np.frombuffer(raw, dtype=HDR_DTYPE)[0]
-        if int(h["version"]) != VERSION:
+        version = int(h["version"])
+        if version not in READS:
             raise InvalidArgument(
-                None, f"{self.path}: journal version {int(h['version'])}, expected {VERSION}"
+                None,
+                f"{self.path}: journal version {version}; this chm reads versions "
+                f"{', '.join(map(str, READS))} (written by a newer chm? open it with that one)",
             )
         for name, want in (("capacity", self.capacity), ("segment_bytes", self.segment_bytes)):
             got = int(h[name])
@@ -207,8 +283,9 @@ class Journal:
                     f"{self.path}: journal was written with {name}={got}, the store now has "
                     f"{name}={want}; open it with the same geometry",
                 )
+        return version
 
-    def _parse(self, body: bytes) -> Replay:
+    def _parse(self, body: bytes, version: int = VERSION) -> Replay:
         n = len(body) // REC_BYTES
         good = 0
         for i in range(n):
@@ -220,12 +297,15 @@ class Journal:
             good += 1
         recs = np.frombuffer(body[: good * REC_BYTES], dtype=REC_DTYPE)
         torn = len(body) - good * REC_BYTES
-        bad_type = ~np.isin(recs["type"], (PUT, DEL, RECLAIM))
+        kinds = (PUT, DEL, RECLAIM, META) if version >= 2 else (PUT, DEL, RECLAIM)
+        bad_type = ~np.isin(recs["type"], kinds)
         if bad_type.any():  # a valid checksum over an unknown type: stop there
             good = int(np.flatnonzero(bad_type)[0])
             torn = len(body) - good * REC_BYTES
             recs = recs[:good]
-        max_epoch = int(recs["epoch"].max()) if good else 0
+        is_meta = recs["type"] == META
+        plain = recs[~is_meta]
+        max_epoch = int(plain["epoch"].max()) if plain.size else 0
         # Last reclaim epoch of each segment; PUT/DEL in order per key.
         reclaim: dict[int, int] = {}
         live: dict[tuple[int, int], int] = {}
@@ -234,7 +314,16 @@ class Journal:
         los = recs["lo"].tolist()
         segs = recs["segment"].tolist()
         epochs = recs["epoch"].tolist()
+        parts: dict[tuple[int, int, int], list[bytes]] = {}
+        for i in np.flatnonzero(is_meta).tolist():
+            m = recs[i : i + 1].view(META_DTYPE)[0]
+            k = (int(m["hi"]), int(m["lo"]), int(m["epoch"]))
+            got = parts.setdefault(k, [])
+            if int(m["part"]) == len(got):
+                got.append(bytes(m["data"])[: max(0, int(m["total"]) - META_PART * len(got))])
         for i, t in enumerate(types):
+            if t == META:
+                continue
             if t == PUT:
                 live[(his[i], los[i])] = i
             elif t == DEL:
@@ -250,7 +339,13 @@ class Journal:
                 if s < floor.size:
                     floor[s] = e
             puts = puts[puts["epoch"] >= floor[puts["segment"]]]
-        return Replay(puts.copy(), good, torn, max_epoch)
+        metas = [
+            b"".join(parts.get((h, lo, e), ()))
+            for h, lo, e in zip(
+                puts["hi"].tolist(), puts["lo"].tolist(), puts["epoch"].tolist(), strict=True
+            )
+        ]
+        return Replay(puts.copy(), good, torn, max_epoch, metas, version)
 
     # ---- appending
 
@@ -269,7 +364,8 @@ class Journal:
         os.fdatasync(self.fd)
 
     def compact(self, live: np.ndarray[Any, Any]) -> None:
-        """Replaces the log by PUT records of ``live`` (REC_DTYPE rows)."""
+        """Replaces the log by ``live`` (REC_DTYPE rows: PUT records, each
+        after its META records; see :func:`records`), as the current version."""
         tmp = self.path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
@@ -286,6 +382,7 @@ class Journal:
         os.close(old)
         self.records = int(live.size)
         self.compactions += 1
+        self.version = VERSION
 
     @property
     def nbytes(self) -> int:

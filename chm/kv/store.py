@@ -43,9 +43,11 @@ from chm.kv.residency import Admission, make_admission
 from chm.kv.tickets import Ticket
 from chm.kv.window import WINDOW_BYTES, KVManager
 
-__all__ = ["PutStatus", "Store", "StoreStats"]
+__all__ = ["MAX_META", "PutStatus", "Store", "StoreStats"]
 
 _T = TypeVar("_T")
+MAX_META = jn.MAX_META  # metadata bytes per key
+_ENTRY_FIELDS = ("addr", "length", "checksum", "epoch", "segment", "device", "pins", "state")
 _hash = xxhash.xxh3_64_intdigest
 _ZEROS = bytes(512)
 
@@ -71,6 +73,8 @@ _COUNTERS = (
     "timeouts",
     "window_blocked",
     "evicted_blocks",
+    "autoflushes",
+    "autoflush_errors",
 )
 
 
@@ -108,9 +112,31 @@ class StoreStats:
     timeouts: int
     window_blocked: int  # prefetches a load could not issue (the refill queue was full)
     evicted_blocks: int
+    autoflushes: int  # flushes the periodic flusher ran (flush_interval)
+    autoflush_errors: int  # of those, how many failed (their blocks are misses)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _metas(meta: Sequence[bytes | None] | None, n: int) -> list[bytes]:
+    """put()'s per-key metadata, checked: bytes-like of at most MAX_META bytes."""
+    if meta is None:
+        return [b""] * n
+    if isinstance(meta, (bytes, bytearray, memoryview, str)) or len(meta) != n:
+        raise InvalidArgument(None, f"put: meta must be a sequence of {n} bytes (or None) values")
+    out = []
+    for j, m in enumerate(meta):
+        if m is None:
+            out.append(b"")
+            continue
+        if not isinstance(m, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(None, f"put: meta {j} is {type(m).__name__}, not bytes")
+        b = bytes(m)
+        if len(b) > MAX_META:
+            raise InvalidArgument(None, f"put: meta {j} has {len(b)} bytes; at most {MAX_META}")
+        out.append(b)
+    return out
 
 
 def _admission(choice: str | Admission | None, entries: int) -> Admission | None:
@@ -149,8 +175,13 @@ class Store:
     ``eviction`` is ``"lru"`` or ``"fifo"``; ``manager`` shares the staging
     window among concurrent loads (default: one per store, sized to the
     device's slots); ``device_id`` is the number written into index entries
-    (an AddressSpace numbers its devices). The device must move data (not
-    the ghost backend). ``own_device`` closes it with the store.
+    (an AddressSpace numbers its devices). ``own_device`` closes it with
+    the store. ``flush_interval`` (seconds) starts a thread that flushes
+    whatever is pending that often, so a block put is durable within about
+    that long without anyone calling flush(). The device is in prefetch
+    mode (loads go through the staging window) or lru mode (loads read through the device's cache:
+    ``read_path``); on the ghost backend blocks have no bytes, so loads run
+    the device's calls without copying or verifying (for virtual-time runs).
     ``residency`` picks the blocks a device with a resident region keeps in
     its DRAM (:mod:`chm.kv.residency`; ``"auto"``: the default admission
     when the device has a region).
@@ -169,17 +200,21 @@ class Store:
         manager: KVManager | None = None,
         compact_ratio: float = 2.0,
         own_device: bool = False,
+        flush_interval: float | None = None,
         residency: str | Admission | None = "auto",
     ) -> None:
         cfg = device.config
-        if cfg.backend == "ghost":
+        if cfg.mode not in ("prefetch", "lru"):
             raise InvalidArgument(
-                None, "Store: the ghost backend moves no data; use uring or pread"
+                None, f"Store: needs a device in prefetch or lru mode, not mode={cfg.mode!r}"
             )
-        if cfg.mode != "prefetch":
-            raise InvalidArgument(
-                None, f"Store: needs a device in prefetch mode, not mode={cfg.mode!r}"
-            )
+        # how loads move blocks: "window" (prefetch mode: issue-wait-release
+        # through the staging window), "direct" (lru mode: reads through the
+        # device's cache; its prefetches pin nothing), "timing" (ghost
+        # backend: the window's calls run, no bytes exist to copy or verify)
+        self.read_path = (
+            "direct" if cfg.mode == "lru" else "timing" if cfg.backend == "ghost" else "window"
+        )
         self.device = device
         self.namespace = namespace or Namespace()
         self.slot_bytes = int(device.slot_bytes)
@@ -204,6 +239,14 @@ class Store:
         self._compact_ratio = compact_ratio
         self._closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if flush_interval is not None and (
+            isinstance(flush_interval, bool)
+            or not isinstance(flush_interval, (int, float))
+            or not 0 < flush_interval < 1e6
+        ):
+            raise InvalidArgument(
+                None, f"Store: flush_interval={flush_interval!r}: expected seconds > 0, or None"
+            )
         path = os.fspath(journal) if journal is not None else _default_journal(device)
         self._journal = jn.Journal(path, int(device.capacity), seg)
         try:
@@ -211,6 +254,17 @@ class Store:
         except BaseException:
             self._journal.close()
             raise
+        self.flush_interval = flush_interval
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if flush_interval is not None:
+            self._flusher = threading.Thread(
+                target=self._autoflush,
+                args=(float(flush_interval),),
+                name="chm-kv-flush",
+                daemon=True,
+            )
+            self._flusher.start()
 
     @classmethod
     def open(
@@ -221,6 +275,7 @@ class Store:
         backend: str = "uring",
         dram: int | str | None = None,
         slot_size: int | str | None = None,
+        mode: str = "prefetch",
         device_options: dict[str, Any] | None = None,
         **store_options: Any,
     ) -> Store:
@@ -240,7 +295,7 @@ class Store:
             capacity=capacity,
             dram=dram,
             backend=backend,
-            mode="prefetch",
+            mode=mode,
             create=True,
             **opts,
         )
@@ -276,7 +331,7 @@ class Store:
         keys = np.zeros(puts.size, dtype=KEY_DTYPE)
         keys["hi"], keys["lo"] = puts["hi"], puts["lo"]
         self._index = Index(max(1024, 2 * int(puts.size)))
-        self._index.put(
+        rows = self._index.put(
             keys,
             addr=puts["addr"],
             length=puts["length"],
@@ -286,10 +341,19 @@ class Store:
             device=self.device_id,
             state=DURABLE,
         )
+        metas = [m for m, keep in zip(rep.metas or [], ok.tolist(), strict=False) if keep]
+        # row -> the block's metadata, for blocks that have any
+        self._meta: dict[int, bytes] = {
+            int(r): m for r, m in zip(rows.tolist(), metas, strict=False) if m and r >= 0
+        }
         ends = puts["addr"].astype(np.int64) + puts["length"].astype(np.int64)
         self._alloc.restore(puts["segment"], ends, puts["length"], puts["epoch"])
         self._epoch = rep.max_epoch + 1
         self.recovered_entries = int(puts.size)
+        self.journal_upgraded_from = 0
+        if rep.version < jn.VERSION:  # rewritten in the current format before any append
+            self.journal_upgraded_from = rep.version
+            self._compact()
 
     # ---- helpers
 
@@ -345,6 +409,7 @@ class Store:
                 self._journal.append(recs)
         for r in rows.tolist():
             self._pending.pop(r, None)
+            self._meta.pop(r, None)
         self._alloc.dropped(e["segment"][rows], e["length"][rows])
         self._index.delete_rows(rows)
 
@@ -451,33 +516,57 @@ class Store:
         self._count("gets_miss", ks.size - sum(got))
         return ok
 
-    def info(self, key: Any) -> dict[str, int] | None:
-        """The index entry of one key (addr, length, checksum, epoch, ...) or None."""
-        ks = self._keys([key])
+    def info(self, key: Any) -> dict[str, Any] | None:
+        """The index entry of one engine key (see :meth:`entries`) or None."""
+        return self.entries([key])[0]
+
+    def entries(self, keys: Any) -> list[dict[str, Any] | None]:
+        """Per key (engine keys, or a ``KEY_DTYPE`` array of digests): its
+        index entry or None. An entry has ``addr``, ``length``,
+        ``checksum``, ``epoch``, ``segment``, ``device``, ``pins``,
+        ``state`` (ints) and ``meta`` (bytes, b"" when none was put)."""
+        ks = self._keys(keys)
         with self._lock:
-            found, ent = self._index.get(ks)
-        if not found[0]:
-            return None
-        e = ent[0]
-        return {
-            n: int(e[n])
-            for n in ("addr", "length", "checksum", "epoch", "segment", "device", "pins", "state")
-        }
+            rows = self._index.find(ks)
+            hit = rows >= 0
+            ent = self._index.e[rows[hit]]
+            metas = [self._meta.get(r, b"") for r in rows[hit].tolist()]
+        out: list[dict[str, Any] | None] = [None] * ks.size
+        for i, e, m in zip(np.flatnonzero(hit).tolist(), ent, metas, strict=True):
+            d: dict[str, Any] = {n: int(e[n]) for n in _ENTRY_FIELDS}
+            d["meta"] = m
+            out[i] = d
+        return out
+
+    def meta(self, keys: Any) -> list[bytes | None]:
+        """Per key: the metadata put with its block (b"" when none), None
+        where the key is not in the store."""
+        ks = self._keys(keys)
+        with self._lock:
+            rows = self._index.find(ks)
+            return [None if r < 0 else self._meta.get(r, b"") for r in rows.tolist()]
 
     # ---- updates
 
-    def put(self, keys: Any, srcs: Sequence[Any]) -> list[PutStatus]:
+    def put(
+        self, keys: Any, srcs: Sequence[Any], meta: Sequence[bytes | None] | None = None
+    ) -> list[PutStatus]:
         """Writes each key's block; a status per key (see :class:`PutStatus`).
 
         Never blocks on the device: a full write buffer, or a full device
         whose every segment is pinned, gives SKIPPED. Blocks are readable at
-        once and durable after :meth:`flush`. Raises InvalidArgument (and
-        writes nothing) for a bad source or a block longer than a slot.
+        once and durable after :meth:`flush`. ``meta`` gives each key a small
+        metadata field (bytes, at most ``MAX_META``; None for none), kept in
+        the index and journaled with the block: :meth:`meta` and
+        :meth:`entries` return it, also after a restart. Raises
+        InvalidArgument (and writes nothing) for a bad source or metadata,
+        or a block longer than a slot.
         """
         self._check_open("put")
         ks = self._keys(keys)
         if len(srcs) != ks.size:
             raise InvalidArgument(None, f"put: {ks.size} keys but {len(srcs)} sources")
+        metas = _metas(meta, ks.size)
         bufs = []
         for j, s in enumerate(srcs):
             b = as_src(s, f"source {j}")
@@ -496,14 +585,16 @@ class Store:
                 if present[j] or k in seen:
                     out.append(PutStatus.EXISTS)
                     continue
-                out.append(self._put_one(ks[j : j + 1], b))
+                out.append(self._put_one(ks[j : j + 1], b, metas[j]))
                 if out[-1] == PutStatus.STORED:
                     seen.add(k)
             for s in out:
                 self._counts[f"puts_{s.name.lower()}"] += 1
         return out
 
-    def _put_one(self, key: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> PutStatus:
+    def _put_one(
+        self, key: np.ndarray[Any, Any], b: np.ndarray[Any, Any], meta: bytes = b""
+    ) -> PutStatus:
         n = int(b.size)
         got = self._allocate(n)
         if got is None:
@@ -533,6 +624,8 @@ class Store:
             state=PENDING,
         )
         self._pending[int(rows[0])] = epoch
+        if meta:
+            self._meta[int(rows[0])] = meta
         return PutStatus.STORED
 
     def pin(self, keys: Any) -> list[bool]:
@@ -612,13 +705,28 @@ class Store:
                 recs["type"] = jn.PUT
                 for f in ("segment", "hi", "lo", "addr", "checksum", "epoch", "length", "device"):
                     recs[f] = e[f][rows]
-                self._journal.append(recs)
+                self._journal.append(jn.records(recs, self._metas_of(rows)))
                 e["state"][rows] = DURABLE
                 for r in rows.tolist():
                     del self._pending[r]
             self._journal.sync()
-            if self._journal.records > self._compact_ratio * len(self._index) + 4096:
+            live_recs = len(self._index) + self._meta_records()
+            if self._journal.records > self._compact_ratio * live_recs + 4096:
                 self._compact()
+
+    def _autoflush(self, interval: float) -> None:
+        """The periodic flusher: every ``interval`` seconds, flush() if
+        anything is pending. A failed flush is counted (flush() has dropped
+        its blocks) and the next one tries again."""
+        while not self._stop.wait(interval):
+            with self._lock:
+                if not self._pending or self._closed:
+                    continue
+            try:
+                self.flush(timeout=max(30.0, 10 * interval))
+            except ChmError:
+                self._count("autoflush_errors")
+            self._count("autoflushes")
 
     def _compact(self) -> None:
         e = self._index.e
@@ -628,7 +736,15 @@ class Store:
         recs["type"] = jn.PUT
         for f in ("segment", "hi", "lo", "addr", "checksum", "epoch", "length", "device"):
             recs[f] = e[f][rows]
-        self._journal.compact(recs)
+        self._journal.compact(jn.records(recs, self._metas_of(rows)))
+
+    def _metas_of(self, rows: np.ndarray[Any, Any]) -> list[bytes] | None:
+        if not self._meta:
+            return None
+        return [self._meta.get(r, b"") for r in rows.tolist()]
+
+    def _meta_records(self) -> int:
+        return sum(-(-len(m) // jn.META_PART) for m in self._meta.values())
 
     def compact(self) -> None:
         """Rewrites the journal as the durable entries only (flush() does it when due)."""
@@ -656,15 +772,23 @@ class Store:
         pool.submit(run)
         return t
 
-    def put_async(self, keys: Any, srcs: Sequence[Any]) -> Ticket:
+    def put_async(
+        self, keys: Any, srcs: Sequence[Any], meta: Sequence[bytes | None] | None = None
+    ) -> Ticket:
         """put() on the store's worker thread; the ticket's result is the statuses."""
         ks = self._keys(keys)
-        return self._submit("put_async", lambda: self.put(ks, srcs))
+        return self._submit("put_async", lambda: self.put(ks, srcs, meta))
 
     def get_async(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> Ticket:
         """get() on the store's worker thread; the ticket's result is the per-key list."""
         ks = self._keys(keys)
         return self._submit("get_async", lambda: self.get(ks, dsts, timeout))
+
+    def flush_async(self, timeout: float | None = None) -> Ticket:
+        """flush() on the store's worker thread, after the puts submitted
+        before it; returns at once. The ticket's result is None once every
+        block stored before the call is durable (or raises flush()'s error)."""
+        return self._submit("flush_async", lambda: self.flush(timeout))
 
     # ---- stats and lifecycle
 
@@ -707,6 +831,9 @@ class Store:
         if self._closed:
             return
         try:
+            self._stop.set()
+            if self._flusher is not None:
+                self._flusher.join()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
             self.flush()

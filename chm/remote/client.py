@@ -1,10 +1,10 @@
 """``chm.connect(path)``: a client of the chm-emu daemon, usable as a device.
 
     with chm.connect("/run/chm/chm.sock") as dev:      # a DeviceLike
-        hs = dev.prefetch_many([(a, n) for a in addrs]) # one round trip
-        views = dev.wait_many(hs)                       # one round trip, zero-copy
+        hs = dev.prefetch_many(addrs, lens)  # one round trip; Handle or error each
+        views = dev.wait_many(hs)            # one round trip, zero-copy
         ...
-        dev.release_many(hs)                            # one round trip
+        dev.release_many(hs)                 # one round trip; None or error each
         kv = dev.kv()                                   # the daemon's shared KV index
 
 Staged objects are read-only memoryviews into the daemon's DRAM pool, mapped
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import mmap
+import operator
 import os
 import socket
 import threading
@@ -31,9 +32,10 @@ import numpy as np
 import xxhash
 
 from chm import _lowlevel as _ll
+from chm._robuf import ReadOnlyBuffer
 from chm.config import Config
 from chm.device import timeout_ns
-from chm.errors import Cancelled, ChmError, InvalidArgument
+from chm.errors import Cancelled, ChmError, InvalidArgument, ViewInUse
 from chm.kv.buffers import as_dst, as_src
 from chm.kv.keys import Namespace
 from chm.kv.store import PutStatus
@@ -64,34 +66,85 @@ def _raise(rc: int, call: str, what: str = "") -> None:
 
 
 class RemoteHandle:
-    """One prefetch issued through the daemon (a ``HandleLike``)."""
+    """One prefetch issued through the daemon (a ``HandleLike``, used as
+    ``chm.Handle``: ``wait()``, ``release()``, a context manager)."""
 
-    __slots__ = ("_dev", "_mv", "place", "released", "token")
+    # _buf: the ReadOnlyBuffer over the object's bytes in the shared pool
+    # (it counts what exports it, so a release under a live array is
+    # refused); _mv: the memoryview of it that wait() hands out.
+    __slots__ = ("_buf", "_dev", "_mv", "place", "released", "token")
 
     def __init__(self, dev: RemoteDevice, token: int) -> None:
         self._dev = dev
         self.token = token
+        self._buf: ReadOnlyBuffer | None = None
         self._mv: memoryview | None = None
         self.place: tuple[int, int, int] | None = None  # (dev_addr, length, pool_offset)
         self.released = False
 
+    def _live_view(self) -> memoryview | None:
+        mv = self._mv
+        if mv is None:
+            return None
+        try:
+            len(mv)  # raises once released
+        except ValueError:
+            return None
+        return mv
+
+    def _end_view(self) -> bool:
+        """Ends the view; False (nothing ended) while anything but the
+        memoryview wait() handed out still exports the bytes."""
+        buf = self._buf
+        if buf is None:
+            return True
+        mine = 1 if self._live_view() is not None else 0
+        if buf.exports > mine:
+            return False
+        try:
+            if self._mv is not None:
+                self._mv.release()
+            buf.release()
+        except BufferError:  # a slice of the view keeps it exported
+            return False
+        self._buf = self._mv = None
+        return True
+
     def wait(self, timeout: float | None = None) -> memoryview:
+        """The staged object's read-only view into the shared pool (waits up
+        to ``timeout`` seconds); raises as ``chm.Handle.wait``."""
         if self._dev.closed:
             raise Cancelled(None, "chm_prefetch_wait: connection is closed")
-        if self._mv is not None:
-            return self._mv
+        mv = self._live_view()
+        if mv is not None:
+            return mv
         (mv,) = self._dev.wait_many([self], timeout)
         return mv
 
     def release(self) -> None:
+        """Releases the slot (a second call is a no-op); raises ViewInUse
+        (keeping it) while the view is exported, StaleHandle if the daemon
+        no longer knows the token."""
         if not self.released:
-            self._dev.release_many([self])
+            (err,) = self._dev.release_many([self])
+            if err is not None:
+                raise err
+
+    close = release
+
+    @property
+    def device(self) -> RemoteDevice:
+        return self._dev
 
     def __enter__(self) -> RemoteHandle:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else ("held" if self._buf is not None else "issued")
+        return f"<chm.remote.RemoteHandle {self.token:#x} {state}>"
 
 
 class RemoteDevice:
@@ -176,76 +229,127 @@ class RemoteDevice:
                 raise ProtocolError(f"answer {rop.name}/{rseq} to {op.name}/{seq}")
             return rbody
 
-    # ---- prefetch (batched: one round trip per call, up to MAX_BATCH each)
+    # ---- prefetch (batched: one round trip per MAX_BATCH elements)
 
     def prefetch_many(
-        self, ranges: Sequence[tuple[int, int]], *, noqueue: bool = False, retain: bool = False
-    ) -> list[RemoteHandle]:
-        """Issues a prefetch per (addr, length), one round trip per MAX_BATCH.
-
-        All or nothing: on the first refusal (WouldBlock, InvalidArgument,
-        ...) the prefetches this call issued are released and it is raised.
+        self,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        noqueue: bool = False,
+        retain: bool = False,
+    ) -> list[RemoteHandle | ChmError]:
+        """Issues one prefetch per ``(addrs[i], lengths[i])``, as
+        ``chm.Device.prefetch_many``: never blocks; returns, in order, a
+        RemoteHandle for each object issued and, for each one refused, the
+        exception :meth:`prefetch` would have raised for it (not raised: the
+        others are issued regardless). Raises InvalidArgument only for the
+        call as a whole (lengths of the sequences differ, more than
+        CHM_BATCH_MAX elements, a bool or negative value), TypeError (not an
+        integer), Cancelled (closed). One round trip per MAX_BATCH elements.
         """
+        call = "chm_prefetch_objects"
+        n = len(addrs)
+        _batch_len(call, n, len(lengths))
+        a = _u64s(call, "addrs", addrs)
+        ln = _u64s(call, "lens", lengths)
         flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
-        out: list[RemoteHandle] = []
-        first: ChmError | None = None
-        for i in range(0, len(ranges), MAX_BATCH):
-            for a, n in ranges[i : i + MAX_BATCH]:
-                _ints(a, n)
-            body = [[int(a), int(n), flags] for a, n in ranges[i : i + MAX_BATCH]]
-            for rc, tok in self._call(Op.PREFETCH, body):
+        if self._closed:
+            raise Cancelled(None, f"{call}: connection is closed", call=call)
+        out: list[RemoteHandle | ChmError] = []
+        for i in range(0, n, MAX_BATCH):
+            part = zip(a[i : i + MAX_BATCH], ln[i : i + MAX_BATCH], strict=True)
+            body = [[x, y, flags] for x, y in part]
+            for j, (rc, tok) in enumerate(self._call(Op.PREFETCH, body), i):
                 if rc == 0:
                     out.append(RemoteHandle(self, tok))
-                elif first is None:
-                    first = _err(rc, "chm_prefetch_object")
-            if first is not None:
-                self.release_many(out)
-                raise first
+                else:
+                    out.append(_ll.status_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
         return out
 
     def prefetch(
         self, addr: int, length: int, *, noqueue: bool = False, retain: bool = False
     ) -> RemoteHandle:
-        return self.prefetch_many([(addr, length)], noqueue=noqueue, retain=retain)[0]
+        """Issues a prefetch of ``[addr, addr+length)`` (as ``chm.Device.prefetch``)."""
+        call = "chm_prefetch_object"
+        args = f"addr={addr!r}, len={length!r}"
+        (a,) = _u64s(call, "addr", [addr])
+        (n,) = _u64s(call, "len", [length])
+        flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
+        ((rc, tok),) = self._call(Op.PREFETCH, [[a, n, flags]])
+        if rc:
+            _raise(rc, call, args)
+        return RemoteHandle(self, tok)
 
     def wait_many(
         self, handles: Sequence[RemoteHandle], timeout: float | None = None
     ) -> list[memoryview]:
-        """Zero-copy views of the staged objects; raises the first failure
-        (WaitTimeout, DeviceIOError, StaleHandle, ...)."""
+        """Zero-copy views of the staged objects (``timeout`` for the whole
+        call); raises the first failure (WaitTimeout, DeviceIOError,
+        StaleHandle, ...). One round trip per MAX_BATCH handles."""
         out = [memoryview(b"")] * len(handles)
         tns = timeout_ns(timeout)
-        todo = [j for j, h in enumerate(handles) if h._mv is None]
+        todo = []
         for j, h in enumerate(handles):
-            if h._mv is not None:
-                out[j] = h._mv
+            if h._dev is not self:
+                raise InvalidArgument(None, f"{h!r} belongs to another connection")
+            mv = h._live_view()
+            if mv is not None:
+                out[j] = mv
             elif h.released:
                 raise _err(-errno.ESTALE, "chm_prefetch_wait", f"handle={h.token:#x} released")
+            else:
+                todo.append(j)
         for i in range(0, len(todo), MAX_BATCH):
             part = todo[i : i + MAX_BATCH]
             res = self._call(Op.WAIT, [tns, [handles[j].token for j in part]])
             for j, (rc, off, n, addr) in zip(part, res, strict=True):
                 if rc:
                     raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
-                mv = self._pool_mv[off : off + n]
-                handles[j]._mv = mv
-                handles[j].place = (addr, n, off)
+                h = handles[j]
+                h._buf = ReadOnlyBuffer(self._pool_mv[off : off + n], h)
+                h._mv = mv = memoryview(h._buf)
+                h.place = (addr, n, off)
                 out[j] = mv
         return out
 
-    def release_many(self, handles: Sequence[RemoteHandle]) -> None:
-        live = [h for h in handles if not h.released]
-        for h in live:
-            if h._mv is not None:
-                h._mv.release()
-                h._mv = None
+    def release_many(self, handles: Sequence[RemoteHandle]) -> list[ChmError | None]:
+        """Releases several handles, as ``chm.Device.release_many``: returns,
+        in order, None for each released (or already released) handle and
+        the exception :meth:`RemoteHandle.release` would have raised
+        otherwise: ViewInUse (the slot is kept) while its view is still
+        exported, InvalidArgument for a handle of another connection, or
+        what the daemon answers (StaleHandle, ...). One round trip per
+        MAX_BATCH handles."""
+        out: list[ChmError | None] = [None] * len(handles)
+        live: list[int] = []
+        for i, h in enumerate(handles):
+            if h._dev is not self:
+                out[i] = InvalidArgument(None, f"{h!r} belongs to another connection")
+                continue
+            if h.released:
+                continue
+            if not h._end_view():
+                out[i] = ViewInUse(
+                    None,
+                    f"handle {h.token:#x}: its view is still exported (slices, numpy "
+                    "arrays or memoryviews derived from it are alive); drop them first",
+                    call="release",
+                )
+                continue
             h.released = True
-        for i in range(0, len(live), MAX_BATCH):
-            part = live[i : i + MAX_BATCH]
-            rcs = self._call(Op.RELEASE, [h.token for h in part])
-            for h, rc in zip(part, rcs, strict=True):
-                if rc:
-                    raise _err(rc, "chm_prefetch_release", f"handle={h.token:#x}")
+            live.append(i)
+        if self._closed:
+            return out  # the daemon released everything of this connection
+        for k in range(0, len(live), MAX_BATCH):
+            part = live[k : k + MAX_BATCH]
+            rcs = self._call(Op.RELEASE, [handles[i].token for i in part])
+            for i, rc in zip(part, rcs, strict=True):
+                if rc < 0 and rc != -errno.ECANCELED:
+                    out[i] = _ll.status_error(
+                        rc, "chm_prefetch_release_many", f"h={handles[i].token:#x}"
+                    )
+        return out
 
     def view_info(self, handle: RemoteHandle) -> tuple[int, int, int]:
         """(dev_addr, length, pool_offset) of a staged handle, asked again."""
@@ -279,38 +383,66 @@ class RemoteDevice:
         return n
 
     def write(self, addr: int, data: Any) -> bool:
-        return self.write_many([(addr, data)])[0]
+        """Offers an object for writing (as ``chm.Device.write``): True if
+        admitted, False if skipped; raises what the device refuses it for."""
+        (res,) = self.write_many([addr], [data])
+        if isinstance(res, ChmError):
+            raise res
+        return res
 
-    def write_many(self, items: Sequence[tuple[int, Any]]) -> list[bool]:
-        """Writes through the shared area; per item admitted (True) or skipped."""
-        out: list[bool] = []
+    def write_many(self, addrs: Sequence[int], datas: Sequence[Any]) -> list[bool | ChmError]:
+        """Offers several objects for writing, as ``chm.Device.write_many``:
+        returns, in order, True (admitted), False (skipped) or the exception
+        :meth:`write` would have raised for that object (InvalidArgument for
+        a misaligned one, or one larger than this connection's shared area).
+        Raises InvalidArgument for the call as a whole (lengths differ, more
+        than CHM_BATCH_MAX elements, a bool or negative address). The bytes
+        go through the shared area: one round trip per area's worth (or
+        MAX_BATCH objects)."""
+        call = "chm_write_objects"
+        n = len(addrs)
+        _batch_len(call, n, len(datas))
+        a = _u64s(call, "addrs", addrs)
+        srcs = []
+        for i, d in enumerate(datas):
+            try:
+                srcs.append(as_src(d, f"bufs[{i}]"))
+            except InvalidArgument as exc:
+                raise InvalidArgument(None, f"{call}(bufs[{i}]=...): {exc}", call=call) from None
+        out: list[bool | ChmError | None] = [None] * n
         batch: list[list[int]] = []
+        where: list[int] = []
         used = 0
 
         def send() -> None:
             nonlocal used
-            for rc in self._call(Op.WRITE, batch):
+            for i, rc in zip(where, self._call(Op.WRITE, batch), strict=True):
                 if rc < 0:
-                    _raise(rc, "chm_write_object")
-                out.append(rc == 1)
+                    out[i] = _ll.status_error(rc, call, f"addr={a[i]:#x}, len={srcs[i].size}")
+                else:
+                    out[i] = rc == 1
             batch.clear()
+            where.clear()
             used = 0
 
-        for addr, data in items:
-            src = as_src(data, "write data")
+        for i, src in enumerate(srcs):
             if src.size > self.area_bytes:
-                raise InvalidArgument(
+                out[i] = InvalidArgument(
                     None,
-                    f"write of {src.size} bytes: larger than the shared area ({self.area_bytes})",
+                    f"{call}(addr={a[i]:#x}, len={src.size}): larger than this connection's "
+                    f"shared area ({self.area_bytes} bytes)",
+                    call=call,
                 )
+                continue
             if used + src.size > self.area_bytes or len(batch) == MAX_BATCH:
                 send()
             self._area_np[used : used + src.size] = src
-            batch.append([int(addr), used, int(src.size)])
+            batch.append([a[i], used, int(src.size)])
+            where.append(i)
             used += -(-src.size // 4096) * 4096
         if batch:
             send()
-        return out
+        return [x for x in out if x is not None]
 
     def flush(self, timeout: float | None = None) -> None:
         rc = self._call(Op.FLUSH, timeout_ns(timeout))
@@ -388,10 +520,31 @@ class RemoteDevice:
         return f"<chm.remote.RemoteDevice {self.path} session={self.session}>"
 
 
-def _ints(*vals: Any) -> None:
-    for v in vals:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise InvalidArgument(None, f"expected an integer, not {v!r}")
+def _batch_len(call: str, n: int, *others: int) -> None:
+    """The whole-call checks of the C batch calls, with their messages."""
+    if any(m != n for m in others):
+        raise InvalidArgument(None, f"{call}(n={n}): array lengths differ: {(n, *others)}")
+    if n > _ll.BATCH_MAX:
+        raise InvalidArgument(
+            None, f"{call}(n={n}): more than CHM_BATCH_MAX ({_ll.BATCH_MAX}) elements"
+        )
+
+
+def _u64s(call: str, name: str, values: Sequence[Any]) -> list[int]:
+    """Unsigned 64-bit integers, refused as the C binding refuses them: a
+    bool or a value out of range is InvalidArgument, a non-integer TypeError."""
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            raise InvalidArgument(None, f"{call}({name}=...): a bool is not an integer")
+        try:
+            x = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{call}({name}=...): an integer is required, not {v!r}") from None
+        if not 0 <= x < 2**64:
+            raise InvalidArgument(None, f"{call}({name}=...): {x} is out of range")
+        out.append(x)
+    return out
 
 
 def _err(rc: int, call: str, what: str = "") -> ChmError:

@@ -7,6 +7,9 @@ states it: ``slots_total`` slots, a bounded FIFO refill queue, requests that
 are QUEUED or own a slot, READY until waited on, then HELD until released.
 The device's contents are a plain ``bytearray`` (see :func:`initial_image`).
 
+The expectations that differ between device modes live in one
+:class:`ModeModel` subclass per mode (:data:`MODE_MODELS`).
+
 The model describes a *settled* device: every fill that was started has
 completed. The state machine in :mod:`chm.testing.stateful` waits for that
 after every step (``slots_filling == 0``), which makes every outcome
@@ -24,14 +27,24 @@ from typing import Any
 
 import numpy as np
 
+from chm.errors import NotSupported
+
 __all__ = [
     "FILL_ALIGN",
     "IO_ALIGN",
+    "MODE_MODELS",
     "Counters",
+    "DirectMode",
     "Geometry",
+    "LruMode",
+    "ModeModel",
     "ModelRequest",
+    "PrefetchMode",
+    "SessionModel",
     "StagingModel",
     "fill_range",
+    "lines_touched",
+    "widened",
     "initial_image",
     "NOT_IN_POOL",
     "read_backing",
@@ -195,6 +208,7 @@ class ModelRequest:
     # prefetch mode, HELD: a write was admitted over the fill range since wait,
     # so reads go around the slot (W11); None when a race leaves it unknown
     stale: bool | None = False
+    session: SessionModel | None = None  # None: the device's own session
 
     @property
     def end(self) -> int:
@@ -208,6 +222,19 @@ class ModelRequest:
     def __repr__(self) -> str:
         tok = getattr(self.handle, "token", 0)
         return f"<req {tok:#x} [{self.addr:#x}+{self.length}) {self.state}>"
+
+
+@dataclass(eq=False)
+class SessionModel:
+    """One open session besides the device's own: its quota and the requests
+    it holds (it shares the staging window and the queue with the rest)."""
+
+    session: Any  # chm.Session (or a front end's equivalent)
+    quota: int
+    reqs: list[ModelRequest] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return f"<session {getattr(self.session, 'token', 0):#x} quota={self.quota} {self.reqs}>"
 
 
 @dataclass
@@ -322,3 +349,247 @@ class Counters:
 
     def names(self) -> list[str]:
         return sorted(self._lo)
+
+
+# ---------------------------------------------------------------- modes
+
+
+def lines_touched(addr: int, length: int, line: int) -> int:
+    """LRU lines a range touches."""
+    return (addr + length - 1) // line - addr // line + 1
+
+
+def widened(addr: int, length: int, capacity: int) -> int:
+    """Bytes a miss reads from the SSD: the range widened to 4 KiB sectors."""
+    a, b = fill_range(addr, length, capacity)
+    return b - a
+
+
+class ModeModel:
+    """What one device mode promises, as a model-based test checks it.
+
+    One subclass per mode (:class:`PrefetchMode`, :class:`LruMode`,
+    :class:`DirectMode`) holds every expectation that differs between modes,
+    so the state machine applies each step to the device and to ``self``
+    without asking which mode it runs. The capability flags say which rules
+    apply at all: ``stages`` (prefetch calls take slots: prefetch and lru
+    modes), ``write_buffer`` (writes may be skipped and reads race fills:
+    prefetch mode), ``view_from_wait`` (a view holds every write admitted
+    before its wait and a later write makes reads go around it, W11:
+    prefetch mode; an lru view is the host copy its fill made).
+    ``prefetch_error`` is the exception a prefetch raises when the mode
+    cannot stage (direct mode).
+    """
+
+    name = ""
+    stages = True
+    write_buffer = False
+    view_from_wait = False  # a view holds the writes admitted up to its wait
+    prefetch_error: type[Exception] | None = None
+
+    def __init__(self, geom: Geometry, counters: Counters) -> None:
+        self.g = geom
+        self.c = counters
+        slots, queue = (geom.slots, geom.refill_queue) if self.stages else (0, 0)
+        self.staging = StagingModel(slots, queue)
+        self.wbuf_bytes = 0
+
+    def device_options(self) -> dict[str, Any]:
+        return self.g.device_options(self.name)
+
+    def check_open(self, st: Any) -> None:
+        """The counters of a freshly opened device."""
+        assert st.slots_total == self.staging.slots_total, st.slots_total
+        assert st.queue_cap == self.staging.queue_cap, st.queue_cap
+        self.wbuf_bytes = st.wbuf_bytes
+
+    def fill_started(self, req: ModelRequest, image: bytearray) -> None:
+        """Mode-specific counters of a fill that starts for req."""
+
+    def expect_read(self, addr: int, length: int) -> str:
+        """Counters of one chm_read; returns what it is (for ``event``)."""
+        self.c.add("read_misses")
+        self.c.add("bytes_read_ssd", widened(addr, length, self.g.capacity))
+        return "miss"
+
+    def count_write(self, addr: int, length: int, admitted: bool) -> None:
+        """Counters of one write (W2: only prefetch mode may skip)."""
+        assert admitted, f"{self.name} mode skipped a write (only prefetch mode may)"
+
+    def wrote(self, addr: int, length: int, *, maybe: bool = False) -> None:
+        """An admitted write over [addr, addr+length) (W11 in prefetch mode)."""
+
+    def expected_view(self, req: ModelRequest, image: bytearray) -> bytes:
+        """The bytes req's view must show when first waited on."""
+        return bytes(image[req.addr : req.end])
+
+    def check_flushed(self, st: Any) -> None:
+        """W3: what a returned flush leaves behind."""
+
+    def bad_call(self, kind: str) -> tuple[str, tuple[Any, ...]]:
+        """``(Device method, args)`` of a call that must raise InvalidArgument."""
+        g = self.g
+        calls: dict[str, tuple[str, tuple[Any, ...]]] = {
+            "len0": ("prefetch", (0, 0)),
+            "too_long": ("prefetch", (0, g.slot_size + 1)),
+            "beyond": ("prefetch", (g.capacity - 100, 101)),
+            "unaligned_write": ("write", (IO_ALIGN // 2, b"\0" * IO_ALIGN)),
+            "unaligned_len": ("write", (0, b"\0" * (IO_ALIGN + 1))),
+            "read_beyond": ("read", (g.capacity - 10, 11)),
+            "read_len0": ("read", (0, 0)),
+        }
+        return calls[kind]
+
+    def check_counters(self, s: Any) -> None:
+        """The counters that only some modes keep exact."""
+        self.c.check("bytes_read_ssd", s.bytes_read_ssd)
+
+    def check_state(self, s: Any) -> None:
+        """Mode invariants over one stats snapshot (W6 / L1, L6)."""
+
+    def view_in_pool(self, req: ModelRequest) -> bool:
+        """S1: whether req's held view is DRAM-pool memory (lru: a host copy)."""
+        return True
+
+
+class PrefetchMode(ModeModel):
+    """HyMCache: the staging window plus an isolated write buffer."""
+
+    name = "prefetch"
+    write_buffer = True
+    view_from_wait = True
+
+    def check_open(self, st: Any) -> None:
+        super().check_open(st)
+        assert st.window_bytes == self.g.window_bytes, (st.window_bytes, self.g.window_bytes)
+        assert st.wbuf_bytes == self.g.wbuf, (st.wbuf_bytes, self.g.wbuf)
+
+    def fill_started(self, req: ModelRequest, image: bytearray) -> None:
+        self.c.add("bytes_read_ssd", req.fill[1] - req.fill[0])
+
+    def expect_read(self, addr: int, length: int) -> str:
+        outcome = self.staging.read_outcome(addr, length)
+        if outcome == "hit":
+            self.c.add("read_hits")
+            self.c.add("bytes_from_dram", length)
+        elif outcome == "either":  # a covering slot whose staleness a race left unknown
+            self.c.add("read_hits+read_misses")
+            self.c.add("bytes_from_dram", 0, maybe=length)
+            self.c.add("bytes_read_ssd", 0, maybe=widened(addr, length, self.g.capacity))
+        else:
+            super().expect_read(addr, length)
+        return outcome
+
+    def count_write(self, addr: int, length: int, admitted: bool) -> None:
+        if length > self.wbuf_bytes:
+            assert not admitted, (
+                f"W2: a write of {length} bytes was admitted into a {self.wbuf_bytes}-byte "
+                "write buffer"
+            )
+        self.c.add("wr_admitted" if admitted else "wr_skipped")
+        self.c.add("wr_admitted_bytes" if admitted else "wr_skipped_bytes", length)
+
+    def wrote(self, addr: int, length: int, *, maybe: bool = False) -> None:
+        # READY copies are patched (W10); held views are snapshots that reads
+        # now go around (W11)
+        self.staging.mark_stale(addr, length, maybe=maybe)
+
+    def check_flushed(self, st: Any) -> None:
+        assert st.wr_flushed_bytes == st.wr_admitted_bytes, (
+            f"W3: flush returned with {st.wr_admitted_bytes - st.wr_flushed_bytes} admitted "
+            "bytes not flushed"
+        )
+
+    def check_state(self, s: Any) -> None:
+        assert s.wbuf_bytes == self.wbuf_bytes
+        assert 0 <= s.wbuf_used_bytes <= s.wbuf_bytes, (s.wbuf_used_bytes, s.wbuf_bytes)
+        assert s.wr_flushed_bytes <= s.bytes_written_ssd <= s.wr_admitted_bytes, (
+            s.wr_flushed_bytes,
+            s.bytes_written_ssd,
+            s.wr_admitted_bytes,
+        )
+
+
+class LruMode(ModeModel):
+    """The transparent LRU cache baseline: prefetches are hints filled through it."""
+
+    name = "lru"
+
+    def check_open(self, st: Any) -> None:
+        super().check_open(st)
+        total = self.g.lru_dram // self.g.lru_line
+        assert st.lru_lines_total == total, st.lru_lines_total
+        self.lru_total = total
+
+    def fill_started(self, req: ModelRequest, image: bytearray) -> None:
+        # the hint is filled by one read through the cache
+        self._lookup(req.addr, req.length)
+        req.lru_image = bytes(image[req.addr : req.end])
+
+    def _lookup(self, addr: int, length: int) -> None:
+        self.c.add("read_hits+read_misses")
+        self.c.add("bytes_from_dram", length)
+        self.c.add("lru_lookups", lines_touched(addr, length, self.g.lru_line))
+
+    def expect_read(self, addr: int, length: int) -> str:
+        self._lookup(addr, length)
+        return "lru lookup"
+
+    def count_write(self, addr: int, length: int, admitted: bool) -> None:
+        super().count_write(addr, length, admitted)
+        self.c.add("lru_lookups", lines_touched(addr, length, self.g.lru_line))
+
+    def expected_view(self, req: ModelRequest, image: bytearray) -> bytes:
+        assert req.lru_image is not None
+        return req.lru_image
+
+    def check_flushed(self, st: Any) -> None:
+        assert st.lru_lines_dirty == 0, f"W3: {st.lru_lines_dirty} dirty lines after flush"
+
+    def check_counters(self, s: Any) -> None:
+        self.c.check("lru_lookups", s.lru_hits + s.lru_misses)
+
+    def check_state(self, s: Any) -> None:
+        """L1: capacity is never exceeded; L6: line accounting sums."""
+        assert s.lru_lines_total == self.lru_total, "L1: the cache changed size"
+        assert s.lru_lines_dirty <= s.lru_lines_valid <= s.lru_lines_total, (
+            s.lru_lines_dirty,
+            s.lru_lines_valid,
+            s.lru_lines_total,
+        )
+        assert s.lru_refills <= s.lru_misses
+
+    def view_in_pool(self, req: ModelRequest) -> bool:
+        assert req.pool_offset == NOT_IN_POOL, (
+            f"S1: lru view of {req} claims pool offset {req.pool_offset:#x}"
+        )
+        return False
+
+
+class DirectMode(ModeModel):
+    """No DRAM: every access goes to the SSD; prefetch is not supported."""
+
+    name = "direct"
+    stages = False
+
+    prefetch_error = NotSupported
+
+    def count_write(self, addr: int, length: int, admitted: bool) -> None:
+        super().count_write(addr, length, admitted)
+        self.c.add("bytes_written_ssd", length)
+
+    def bad_call(self, kind: str) -> tuple[str, tuple[Any, ...]]:
+        # prefetch is refused before its arguments here: probe them on the data path
+        direct = {
+            "len0": ("read", (0, 0)),
+            "too_long": ("write", (0, b"\0" * 100)),
+            "beyond": ("write", (self.g.capacity, b"\0" * IO_ALIGN)),
+        }
+        return direct.get(kind) or super().bad_call(kind)
+
+    def check_counters(self, s: Any) -> None:
+        super().check_counters(s)
+        self.c.check("bytes_written_ssd", s.bytes_written_ssd)
+
+
+MODE_MODELS: dict[str, type[ModeModel]] = {m.name: m for m in (PrefetchMode, LruMode, DirectMode)}

@@ -47,10 +47,18 @@ def _bytes(obj: int, version: int) -> bytes:
 
 
 @dataclass
+class _Entry:
+    obj: int
+    holders: int = 0
+    last_use: int = 0
+    stale: bool = False  # out of service, dropped at its last release
+
+
+@dataclass
 class _Live:
     obj: int
     handle: Any
-    hit: bool
+    entry: _Entry | None  # the entry a resident hit holds; None for a slot
     retain: bool
     version: int
     stale: bool = False  # a slot held when a write landed: not retained
@@ -58,18 +66,18 @@ class _Live:
 
 @dataclass
 class _Region:
-    """The model: obj -> [holders, last_use, stale]."""
+    """The model: the entries in use, stale ones included (a stale entry
+    and a serving one of the same object can coexist)."""
 
-    entries: dict[int, list[Any]] = field(default_factory=dict)
+    entries: list[_Entry] = field(default_factory=list)
     tick: int = 0
 
-    def serving(self, obj: int) -> bool:
-        e = self.entries.get(obj)
-        return e is not None and not e[2]
+    def serving(self, obj: int) -> _Entry | None:
+        return next((e for e in self.entries if e.obj == obj and not e.stale), None)
 
-    def touch(self, obj: int) -> None:
+    def touch(self, e: _Entry) -> None:
         self.tick += 1
-        self.entries[obj][1] = self.tick
+        e.last_use = self.tick
 
 
 class ResidentMachine(RuleBasedStateMachine):
@@ -105,12 +113,13 @@ class ResidentMachine(RuleBasedStateMachine):
         self._tmp.cleanup()
 
     def _slots_used(self) -> int:
-        return sum(1 for lv in self.live if not lv.hit)
+        return sum(1 for lv in self.live if lv.entry is None)
 
     @rule(target=handles, obj=st.integers(0, NOBJ - 1), retain=st.booleans())
     def prefetch(self, obj: int, retain: bool) -> Any:
         before = self.dev.stats()
-        want_hit = self.region.serving(obj)
+        ent = self.region.serving(obj)
+        want_hit = ent is not None
         try:
             h = self.dev.prefetch(obj * OBJ, OBJ, noqueue=True, retain=retain)
         except WouldBlock:
@@ -119,14 +128,14 @@ class ResidentMachine(RuleBasedStateMachine):
             return None
         view = bytes(h.wait(1.0))
         d = self.dev.stats() - before
-        if want_hit:
+        if ent is not None:
             assert (d.resident_hits, d.bytes_read_ssd) == (1, 0), f"R5: {obj} resident, {d}"
-            self.region.entries[obj][0] += 1
-            self.region.touch(obj)
+            ent.holders += 1
+            self.region.touch(ent)
         else:
             assert d.resident_hits == 0, f"R5: {obj} is not resident, yet a hit"
         assert view == _bytes(obj, self.version[obj]), f"R2: bytes of {obj}"
-        lv = _Live(obj, h, want_hit, retain, self.version[obj])
+        lv = _Live(obj, h, ent, retain, self.version[obj])
         self.live.append(lv)
         return lv
 
@@ -137,24 +146,25 @@ class ResidentMachine(RuleBasedStateMachine):
         self.live.remove(lv)
         lv.handle.release()
         reg = self.region
-        if lv.hit:
-            e = reg.entries[lv.obj]
-            e[0] -= 1
-            if e[0] == 0 and e[2]:
-                del reg.entries[lv.obj]
+        if lv.entry is not None:
+            lv.entry.holders -= 1
+            if lv.entry.holders == 0 and lv.entry.stale:
+                reg.entries.remove(lv.entry)
             return
         if not lv.retain or lv.stale:
             return
-        if reg.serving(lv.obj):
-            reg.touch(lv.obj)
+        cur = reg.serving(lv.obj)
+        if cur is not None:
+            reg.touch(cur)
             return
         if len(reg.entries) >= ENTRIES:
-            unheld = [(e[1], o) for o, e in reg.entries.items() if e[0] == 0 and not e[2]]
+            unheld = [e for e in reg.entries if e.holders == 0 and not e.stale]
             if not unheld:
                 return  # every entry held: skipped
-            del reg.entries[min(unheld)[1]]
-        reg.entries[lv.obj] = [0, 0, False]
-        reg.touch(lv.obj)
+            reg.entries.remove(min(unheld, key=lambda e: e.last_use))
+        e = _Entry(lv.obj)
+        reg.entries.append(e)
+        reg.touch(e)
 
     @rule(obj=st.integers(0, NOBJ - 1))
     def write(self, obj: int) -> None:
@@ -163,25 +173,28 @@ class ResidentMachine(RuleBasedStateMachine):
             return
         self.version[obj] += 1
         for lv in self.live:
-            if lv.obj == obj and not lv.hit:
+            if lv.obj == obj and lv.entry is None:
                 lv.stale = True
-        e = self.region.entries.get(obj)
-        if e is not None:
-            if e[0] == 0:
-                del self.region.entries[obj]
+        self._out_of_service(obj)
+
+    def _out_of_service(self, obj: int) -> int:
+        """A write or an evict over obj: unheld entries go, held ones go stale."""
+        n = 0
+        for e in list(self.region.entries):
+            if e.obj != obj or e.stale:
+                continue
+            n += 1
+            if e.holders == 0:
+                self.region.entries.remove(e)
             else:
-                e[2] = True
+                e.stale = True
+        return n
 
     @rule(obj=st.integers(0, NOBJ - 1))
     def evict(self, obj: int) -> None:
-        e = self.region.entries.get(obj)
-        want = 1 if e is not None and not e[2] else 0
+        want = sum(1 for e in self.region.entries if e.obj == obj and not e.stale)
         assert self.dev.resident_evict(obj * OBJ, OBJ) == want, "R4: evicted entries"
-        if want and e is not None:
-            if e[0] == 0:
-                del self.region.entries[obj]
-            else:
-                e[2] = True
+        self._out_of_service(obj)
 
     @precondition(lambda self: not self.live)
     @rule()
@@ -193,7 +206,7 @@ class ResidentMachine(RuleBasedStateMachine):
         """R4: resident_entries_used equals the model's entries, stale ones included."""
         st_ = self.dev.stats()
         assert st_.resident_entries_used == len(self.region.entries), (
-            f"R4: {st_.resident_entries_used} used, model {sorted(self.region.entries)}"
+            f"R4: {st_.resident_entries_used} used, model {self.region.entries}"
         )
         assert st_.resident_entries_total == ENTRIES
 

@@ -19,9 +19,15 @@ machine settles after every step (waits until no fill is in flight), so the
 model is exact; rules that race on purpose say so and widen the counters
 they make uncertain.
 
-To run the machine against another front end of the same device (a daemon
-client, say), override :meth:`DeviceMachine.create_device` and
-:meth:`DeviceMachine.view_info`.
+Every step goes through the public device API only (``prefetch``,
+``prefetch_many``, ``release_many``, ``write_many``, ``adopt``, ``view_info``,
+``stats``, ``session``, ... of :class:`chm.Device`), and every expectation
+that differs between modes lives in the mode's model class
+(:mod:`chm.testing.model`: ``PrefetchMode``, ``LruMode``, ``DirectMode``), so
+the same machine runs unchanged against another front end of the device with
+that API, such as the daemon client (``chm.connect(path)``): set
+:attr:`DeviceMachine.device_factory` (or override
+:meth:`DeviceMachine.create_device`).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
@@ -51,12 +57,10 @@ from hypothesis.stateful import (
 )
 
 import chm
-from chm import _lowlevel as _ll
 from chm.errors import (
     Cancelled,
     ChmError,
     InvalidArgument,
-    NotSupported,
     StaleHandle,
     WaitTimeout,
     WouldBlock,
@@ -65,14 +69,16 @@ from chm.stats import Stats
 from chm.testing.model import (
     FILL_ALIGN,
     IO_ALIGN,
-    NOT_IN_POOL,
+    MODE_MODELS,
     Counters,
     Geometry,
     ModelRequest,
-    StagingModel,
+    ModeModel,
+    SessionModel,
     fill_range,
     initial_image,
     read_backing,
+    widened,
     write_backing,
 )
 
@@ -97,14 +103,12 @@ def raises(exc: type[E], what: str) -> Iterator[None]:
     raise AssertionError(f"{what}: expected {exc.__name__}, nothing was raised")
 
 
-def _lines(addr: int, length: int, line: int) -> int:
-    return (addr + length - 1) // line - addr // line + 1
+DeviceFactory = Callable[[list[str], str, str, dict[str, Any]], Any]
 
 
-def _widened(addr: int, length: int, capacity: int) -> int:
-    """Bytes a miss reads from the SSD: the range widened to 4 KiB sectors."""
-    a, b = fill_range(addr, length, capacity)
-    return b - a
+def open_embedded(targets: list[str], backend: str, mode: str, options: dict[str, Any]) -> Any:
+    """The default device factory: an embedded :class:`chm.Device`."""
+    return chm.Device.open(targets=targets, backend=backend, mode=mode, **options)
 
 
 # ---------------------------------------------------------------- strategies
@@ -180,9 +184,15 @@ class DeviceMachine(RuleBasedStateMachine):
     mode: ClassVar[str] = "prefetch"
     geometry: ClassVar[Geometry] = Geometry()
     tmp_parent: ClassVar[str | None] = None
+    # (targets, backend, mode, options) -> a device with chm.Device's API
+    device_factory: ClassVar[DeviceFactory] = staticmethod(open_embedded)
+    # at most this many sessions besides the device's own (0: no session rules)
+    max_sessions: ClassVar[int] = 2
 
     handles = Bundle("handles")
     dead = Bundle("dead")
+    sessions = Bundle("sessions")
+    session_handles = Bundle("session_handles")
 
     _strategy_cache: ClassVar[dict[Geometry, dict[str, st.SearchStrategy[Any]]]] = {}
 
@@ -195,16 +205,14 @@ class DeviceMachine(RuleBasedStateMachine):
         self.paths = [os.path.join(self.tmpdir, f"target{i}.img") for i in range(g.targets)]
         self.image = bytearray()
         self.data = self.backend in DATA_BACKENDS
-        slots = g.slots if self.mode != "direct" else 0
-        queue = g.refill_queue if self.mode != "direct" else 0
-        self.staging = StagingModel(slots, queue)
         self.c = Counters()
+        self.model: ModeModel = MODE_MODELS[self.mode](g, self.c)
+        self.staging = self.model.staging
         self.dead_tokens: list[int] = []
         self.window_bytes = -1
-        self.wbuf_bytes = 0
-        self.lru_total = 0
         self.nwrites = 0
         self.seed = 0
+        self.open_sessions: list[SessionModel] = []
 
     @property
     def strategies(self) -> dict[str, st.SearchStrategy[Any]]:
@@ -224,19 +232,11 @@ class DeviceMachine(RuleBasedStateMachine):
         self.image = initial_image(g.capacity, seed)
         if self.data:
             write_backing(g, self.paths, self.image)
-        self.dev = self.create_device(self.paths, g.device_options(self.mode))
+        self.dev = self.create_device(self.paths, self.model.device_options())
         st0 = self.dev.stats()
         note(f"open {self.backend}/{self.mode} seed={seed}: {self.dev.config!r}")
-        assert st0.slots_total == self.staging.slots_total, st0.slots_total
-        assert st0.queue_cap == self.staging.queue_cap, st0.queue_cap
-        if self.mode == "prefetch":
-            assert st0.window_bytes == g.window_bytes, (st0.window_bytes, g.window_bytes)
-            assert st0.wbuf_bytes == g.wbuf, (st0.wbuf_bytes, g.wbuf)
-        if self.mode == "lru":
-            assert st0.lru_lines_total == g.lru_dram // g.lru_line, st0.lru_lines_total
+        self.model.check_open(st0)
         self.window_bytes = st0.window_bytes
-        self.wbuf_bytes = st0.wbuf_bytes
-        self.lru_total = st0.lru_lines_total
 
     def teardown(self) -> None:
         try:
@@ -260,7 +260,8 @@ class DeviceMachine(RuleBasedStateMachine):
     # ---- helpers
 
     @property
-    def d(self) -> chm.Device:
+    def d(self) -> Any:
+        """The device under test (a :class:`chm.Device` or anything with its API)."""
         assert self.dev is not None
         return self.dev
 
@@ -268,7 +269,7 @@ class DeviceMachine(RuleBasedStateMachine):
         """Waits until no fill is in flight; the model describes that state."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while True:
-            s = self.d.stats()
+            s: Stats = self.d.stats()
             if s.slots_filling == 0:
                 return s
             if time.monotonic() > deadline:
@@ -291,20 +292,19 @@ class DeviceMachine(RuleBasedStateMachine):
         else:
             self.c.add("prefetch_completed")
         self.c.add("completed+cancelled")
-        if self.mode == "prefetch":
-            self.c.add("bytes_read_ssd", req.fill[1] - req.fill[0])
-        elif self.mode == "lru":
-            # the hint is filled by one read through the cache
-            self.c.add("read_hits+read_misses")
-            self.c.add("bytes_from_dram", req.length)
-            self.c.add("lru_lookups", _lines(req.addr, req.length, self.geometry.lru_line))
-            req.lru_image = bytes(self.image[req.addr : req.end])
+        self.model.fill_started(req, self.image)
 
-    def _issue(self, obj: tuple[int, int], *, noqueue: bool = False) -> ModelRequest | None:
+    def _issue(
+        self, obj: tuple[int, int], *, noqueue: bool = False, sess: SessionModel | None = None
+    ) -> ModelRequest | None:
         addr, length = obj
         outcome = self.staging.predict_issue(noqueue)
+        if sess is not None and len(sess.reqs) >= sess.quota:
+            outcome = "reject"  # its quota is in use
         try:
-            h = self.d.prefetch(addr, length, noqueue=noqueue)
+            h = (sess.session if sess is not None else self.d).prefetch(
+                addr, length, noqueue=noqueue
+            )
         except WouldBlock:
             assert outcome == "reject", (
                 f"S8: prefetch [{addr:#x}+{length}) got EAGAIN but the model has "
@@ -322,10 +322,13 @@ class DeviceMachine(RuleBasedStateMachine):
         )
         req = ModelRequest(addr, length, fill_range(addr, length, self.geometry.capacity), h)
         self.staging.issue(req, outcome)
+        if sess is not None:
+            req.session = sess
+            sess.reqs.append(req)
         self.c.add("prefetch_issued")
         if outcome == "queue":
             self.c.add("prefetch_queued")
-        event(f"prefetch: {outcome}")
+        event(f"prefetch: {outcome}" + (" (session)" if sess is not None else ""))
         note(f"prefetch [{addr:#x}+{length}) -> {outcome} {req!r}")
         return req
 
@@ -342,6 +345,8 @@ class DeviceMachine(RuleBasedStateMachine):
             self.c.add("prefetch_cancelled")
             self.c.add("completed+cancelled")
         promoted = self.staging.release(req)
+        if req.session is not None:
+            req.session.reqs.remove(req)
         self.dead_tokens.append(req.handle.token)
         event(f"release: {was}" + (" (promotes)" if promoted else ""))
         note(f"release {req!r} (was {was}); promoted {promoted}")
@@ -358,36 +363,9 @@ class DeviceMachine(RuleBasedStateMachine):
         self._settle()
         return req
 
-    def _expect_read(self, addr: int, length: int) -> None:
-        """Counters of one chm_read (prefetch/direct: hit or miss is known)."""
-        if self.mode == "prefetch":
-            outcome = self.staging.read_outcome(addr, length)
-            if outcome == "hit":
-                event("read: hit")
-                self.c.add("read_hits")
-                self.c.add("bytes_from_dram", length)
-            elif outcome == "either":
-                event("read: hit or miss (staleness unknown)")
-                self.c.add("read_hits+read_misses")
-                self.c.add("bytes_from_dram", 0, maybe=length)
-                self.c.add(
-                    "bytes_read_ssd", 0, maybe=_widened(addr, length, self.geometry.capacity)
-                )
-            else:
-                event("read: miss")
-                self.c.add("read_misses")
-                self.c.add("bytes_read_ssd", _widened(addr, length, self.geometry.capacity))
-        elif self.mode == "lru":
-            self.c.add("read_hits+read_misses")
-            self.c.add("bytes_from_dram", length)
-            self.c.add("lru_lookups", _lines(addr, length, self.geometry.lru_line))
-        else:
-            self.c.add("read_misses")
-            self.c.add("bytes_read_ssd", _widened(addr, length, self.geometry.capacity))
-
     def _read(self, addr: int, length: int, what: str) -> bytes:
-        self._expect_read(addr, length)
-        got = self.d.read(addr, length)
+        event(f"read: {self.model.expect_read(addr, length)}")
+        got: bytes = self.d.read(addr, length)
         assert len(got) == length
         if self.data:
             want = bytes(self.image[addr : addr + length])
@@ -410,28 +388,12 @@ class DeviceMachine(RuleBasedStateMachine):
                 self._read(addr, length, "W2: a skipped write changed the device")
             return False
         self.image[addr : addr + length] = data
-        if self.mode == "prefetch":
-            # READY copies are patched (W10); held views are snapshots that
-            # reads now go around (W11)
-            self.staging.mark_stale(addr, length)
+        self.model.wrote(addr, length)
         return True
 
     def _count_write(self, addr: int, length: int, admitted: bool) -> None:
         """Counters of one write (W2: a skip counts only as a skip)."""
-        if self.mode == "prefetch":
-            if length > self.wbuf_bytes:
-                assert not admitted, (
-                    f"W2: a write of {length} bytes was admitted into a {self.wbuf_bytes}-byte "
-                    "write buffer"
-                )
-            self.c.add("wr_admitted" if admitted else "wr_skipped")
-            self.c.add("wr_admitted_bytes" if admitted else "wr_skipped_bytes", length)
-        else:
-            assert admitted, f"{self.mode} mode skipped a write (only prefetch mode may)"
-            if self.mode == "direct":
-                self.c.add("bytes_written_ssd", length)
-            else:
-                self.c.add("lru_lookups", _lines(addr, length, self.geometry.lru_line))
+        self.model.count_write(addr, length, admitted)
 
     def _check_backing(self, what: str) -> None:
         disk = read_backing(self.geometry, self.paths)
@@ -441,25 +403,26 @@ class DeviceMachine(RuleBasedStateMachine):
                 + (_first_diff(bytes(disk), bytes(self.image), 0))
             )
 
-    # ---- hooks (override to run the machine against another device front end)
+    # ---- hooks (to run the machine against another device front end)
 
-    def create_device(self, targets: list[str], options: dict[str, Any]) -> chm.Device:
-        """Opens the device under test over ``targets`` (already laid out)."""
-        return chm.Device.open(targets=targets, backend=self.backend, mode=self.mode, **options)
+    def create_device(self, targets: list[str], options: dict[str, Any]) -> Any:
+        """Opens the device under test over ``targets`` (already laid out),
+        with :attr:`device_factory`."""
+        return type(self).device_factory(targets, self.backend, self.mode, options)
 
     def view_info(self, req: ModelRequest) -> tuple[int, int, int]:
-        """``(dev_addr, length, pool_offset)`` of req's view, asked of the C API
-        again (chm_prefetch_wait on a HELD or READY handle), not the driver's
-        cached memoryview."""
-        info = _ll.prefetch_wait(self.d._p("chm_prefetch_wait"), req.handle.token, 0)
-        return info.dev_addr, info.length, info.pool_offset
+        """``(dev_addr, length, pool_offset)`` of req's view, asked of the
+        device again (``view_info``: a wait that polls on a HELD or READY
+        handle), not the driver's cached memoryview."""
+        info: tuple[int, int, int] = self.d.view_info(req.handle)
+        return info
 
     def _staged(self) -> list[ModelRequest]:
         return [r for r in self.staging.slotted if r.staged]
 
     # ---- rules: issue - wait - release
 
-    @precondition(lambda self: self.mode != "direct")
+    @precondition(lambda self: self.model.stages)
     @rule(target=handles, obj=OBJ)
     def prefetch(self, obj: tuple[int, int]) -> Any:
         req = self._issue(obj)
@@ -470,7 +433,7 @@ class DeviceMachine(RuleBasedStateMachine):
         self._settle()
         return req
 
-    @precondition(lambda self: self.mode != "direct")
+    @precondition(lambda self: self.model.stages)
     @rule(target=handles, obj=OBJ)
     def prefetch_noqueue(self, obj: tuple[int, int]) -> Any:
         req = self._issue(obj, noqueue=True)
@@ -480,7 +443,7 @@ class DeviceMachine(RuleBasedStateMachine):
         self._settle()
         return req
 
-    @precondition(lambda self: self.mode != "direct")
+    @precondition(lambda self: self.model.stages)
     @rule(target=handles, objs=st.lists(OBJ, min_size=1, max_size=6))
     def prefetch_burst(self, objs: list[tuple[int, int]]) -> Any:
         """Several prefetches back to back: fills the window and the queue."""
@@ -517,11 +480,7 @@ class DeviceMachine(RuleBasedStateMachine):
         req.view = mv
         req.pool_offset = pool_offset
         req.state = "held"
-        if self.mode == "prefetch":
-            want = bytes(self.image[req.addr : req.end])
-        else:
-            assert req.lru_image is not None
-            want = req.lru_image
+        want = self.model.expected_view(req, self.image)
         got = mv.tobytes()
         if self.data:
             assert got == want, f"S2: the view of {req} differs from the model " + (
@@ -534,7 +493,7 @@ class DeviceMachine(RuleBasedStateMachine):
     def release(self, req: ModelRequest) -> ModelRequest:
         return self._release_settled(req)
 
-    @precondition(lambda self: self.mode != "direct")
+    @precondition(lambda self: self.model.stages)
     @rule(
         target=handles,
         objs=st.lists(OBJ, min_size=1, max_size=8),
@@ -558,7 +517,8 @@ class DeviceMachine(RuleBasedStateMachine):
                 assert outcome == "reject", f"S8: batch element {i} got EAGAIN, model {outcome}"
                 self.c.add("prefetch_rejected")
                 continue
-            assert isinstance(got, chm.Handle), f"S8: batch element {i}: {got!r}"
+            # a handle of whatever kind the front end issues (chm.Handle here)
+            assert not isinstance(got, BaseException), f"S8: batch element {i}: {got!r}"
             assert outcome != "reject", f"S8: batch element {i} issued, the model rejects it"
             req = ModelRequest(addr, length, fill_range(addr, length, self.geometry.capacity), got)
             self.staging.issue(req, outcome)
@@ -617,7 +577,7 @@ class DeviceMachine(RuleBasedStateMachine):
         with raises(InvalidArgument, f"release of foreign handle {bad:#x}"):
             self.d.adopt(bad).release()
 
-    @precondition(lambda self: self.mode != "direct")
+    @precondition(lambda self: self.model.stages)
     @rule(obj=OBJ)
     def prefetch_release_at_once(self, obj: tuple[int, int]) -> None:
         """Races release against the fill (the fill_done_orphan path)."""
@@ -630,11 +590,93 @@ class DeviceMachine(RuleBasedStateMachine):
             self._fill_started(req, orphan=True)
         self._settle()
 
-    @precondition(lambda self: self.mode == "direct")
+    @precondition(lambda self: self.model.prefetch_error is not None)
     @rule(obj=OBJ)
     def prefetch_unsupported(self, obj: tuple[int, int]) -> None:
-        with raises(NotSupported, "prefetch in direct mode"):
+        err = self.model.prefetch_error
+        assert err is not None
+        with raises(err, f"prefetch in {self.mode} mode"):
             self.d.prefetch(*obj)
+
+    # ---- rules: sessions (a second scope of handles, with a quota)
+
+    @precondition(lambda self: self.model.stages and len(self.open_sessions) < self.max_sessions)
+    @rule(target=sessions, quota=st.integers(1, 3))
+    def open_session(self, quota: int) -> SessionModel:
+        sm = SessionModel(self.d.session(quota=quota), quota)
+        self.open_sessions.append(sm)
+        note(f"open {sm!r}")
+        return sm
+
+    @rule(target=session_handles, sm=sessions, obj=OBJ)
+    def session_prefetch(self, sm: SessionModel, obj: tuple[int, int]) -> Any:
+        """S8 in a session: a prefetch takes a free slot while the session
+        holds fewer than its quota, else WouldBlock. (noqueue, so the refill
+        queue, served round-robin across sessions, holds only the device's
+        own session's requests and stays the model's FIFO.)"""
+        req = self._issue(obj, noqueue=True, sess=sm)
+        if req is None:
+            return multiple()
+        self._fill_started(req)
+        self._settle()
+        return req
+
+    @rule(req=session_handles)
+    def session_wait(self, req: ModelRequest) -> None:
+        if req.state == "released":  # its session was closed
+            with raises(StaleHandle, f"S9: wait on {req} of a closed session"):
+                req.handle.wait(0)
+            return
+        self.wait(req)
+
+    @rule(req=consumes(session_handles), target=dead)
+    def session_release(self, req: ModelRequest) -> ModelRequest:
+        if req.state == "released":  # released by closing its session
+            req.handle.release()  # a no-op, as a second release is
+            return req
+        return self._release_settled(req)
+
+    @rule(req=session_handles)
+    def session_foreign_handle(self, req: ModelRequest) -> None:
+        """A session's handle is refused by the device's own session and by
+        any other session (InvalidArgument), and keeps its slot."""
+        if req.state == "released":
+            return
+        others = [sm.session for sm in self.open_sessions if sm is not req.session]
+        for scope in [self.d, *others]:
+            (got,) = scope.release_many([req.handle])
+            assert isinstance(got, InvalidArgument), (
+                f"release of {req} through {scope!r} (not its session) gave {got!r}"
+            )
+        assert not req.handle.released
+        self._settle()
+
+    @rule(req=handles, sm=sessions)
+    def session_refuses_device_handle(self, req: ModelRequest, sm: SessionModel) -> None:
+        """A handle of the device's own session is refused by a session."""
+        (got,) = sm.session.release_many([req.handle])
+        assert isinstance(got, InvalidArgument), f"{sm!r} released {req}: {got!r}"
+
+    @rule(sm=consumes(sessions), target=dead)
+    def close_session(self, sm: SessionModel) -> Any:
+        """Closing a session releases every handle it holds (their slots go
+        to the queue's head, S7) and ends their views; its handles are
+        stale afterwards (S9)."""
+        reqs = list(sm.reqs)
+        sm.session.close()
+        self.open_sessions.remove(sm)
+        promoted: list[ModelRequest] = []
+        for req in reqs:
+            promoted += self._release(req, done=True)
+        for p in promoted:
+            self._fill_started(p)
+        self._settle()
+        for req in reqs:
+            assert req.handle.released, f"S3: {req} not released by closing {sm!r}"
+            with raises(StaleHandle, f"S9: wait on {req} after its session closed"):
+                req.handle.wait(0)
+        note(f"close {sm!r}: released {reqs}, promoted {promoted}")
+        return multiple(*reqs)
 
     # ---- rules: data path
 
@@ -642,10 +684,10 @@ class DeviceMachine(RuleBasedStateMachine):
     def read(self, rng: tuple[int, int]) -> None:
         """W1, W7 / L4: reads return the newest written (or original) bytes,
         whatever the write buffer or the cache lines are doing."""
-        self._read(*rng, "L4" if self.mode == "lru" else "W1, W7")
+        self._read(*rng, "W1, W7 / L4")
 
     @precondition(
-        lambda self: self.mode == "prefetch" and any(r.staged for r in self.staging.slotted)
+        lambda self: self.model.write_buffer and any(r.staged for r in self.staging.slotted)
     )
     @rule(data=st.data())
     def read_staged(self, data: st.DataObject) -> None:
@@ -675,7 +717,35 @@ class DeviceMachine(RuleBasedStateMachine):
         for addr, length in rngs:
             self._write(addr, length, "burst write")
 
-    @precondition(lambda self: self.mode != "direct" and bool(self.staging.slotted))
+    @rule(rngs=st.lists(WRITE, min_size=1, max_size=6), bad=st.integers(-1, 5))
+    def write_batch(self, rngs: list[tuple[int, int]], bad: int) -> None:
+        """W2 per element: one write_many call gives every object, in order,
+        what write() would have (admitted or skipped, W2); an element at a
+        misaligned address (``bad``) alone is refused with InvalidArgument."""
+        addrs = [a + IO_ALIGN // 2 if i == bad else a for i, (a, _) in enumerate(rngs)]
+        datas = [self._payload(n) for _, n in rngs]
+        out = self.d.write_many(addrs, datas)
+        assert len(out) == len(rngs)
+        skipped = []
+        for i, (addr, data, got) in enumerate(zip(addrs, datas, out, strict=True)):
+            if i == bad:
+                assert isinstance(got, InvalidArgument), f"batch element {i} at {addr:#x}: {got!r}"
+                continue
+            assert isinstance(got, bool), f"batch element {i}: {got!r}"
+            self._count_write(addr, len(data), got)
+            if got:
+                self.image[addr : addr + len(data)] = data
+                self.model.wrote(addr, len(data))
+            else:
+                skipped.append((addr, len(data)))
+        event(f"write batch: {sum(1 for g in out if g is True)} of {len(out)} admitted")
+        note(f"write_many {[(hex(a), len(d)) for a, d in zip(addrs, datas, strict=True)]} -> {out}")
+        if self.data:
+            self._settle()
+            for addr, length in skipped:
+                self._read(addr, length, "W2: a skipped batch write changed the device")
+
+    @precondition(lambda self: self.model.stages and bool(self.staging.slotted))
     @rule(data=st.data())
     def write_over_staged(self, data: st.DataObject) -> None:
         """A write overlapping a staged object (patched into its copy)."""
@@ -686,7 +756,7 @@ class DeviceMachine(RuleBasedStateMachine):
         b = data.draw(st.integers(a, min(hi, a + 40)), label="last sector")
         self._write(a * IO_ALIGN, (b - a + 1) * IO_ALIGN, f"write over {req!r}")
 
-    @precondition(lambda self: self.mode == "prefetch" and self.staging.free > 0)
+    @precondition(lambda self: self.model.write_buffer and self.staging.free > 0)
     @rule(target=handles, obj=OBJ, data=st.data())
     def write_during_fill(self, obj: tuple[int, int], data: st.DataObject) -> ModelRequest:
         """Races a write against a fill of the same range: the staged copy
@@ -702,7 +772,7 @@ class DeviceMachine(RuleBasedStateMachine):
         self.wait(req)  # held now; the view must match the model
         return req
 
-    @precondition(lambda self: self.mode == "prefetch" and self.staging.free > 0)
+    @precondition(lambda self: self.model.write_buffer and self.staging.free > 0)
     @rule(obj=OBJ)
     def read_during_fill(self, obj: tuple[int, int]) -> None:
         """Races a read against a fill: a hit or a miss, same bytes."""
@@ -711,7 +781,7 @@ class DeviceMachine(RuleBasedStateMachine):
         addr, length = req.addr, req.length
         self.c.add("read_hits+read_misses")  # one read, a hit or a miss
         self.c.add("bytes_from_dram", 0, maybe=length)
-        self.c.add("bytes_read_ssd", 0, maybe=_widened(addr, length, self.geometry.capacity))
+        self.c.add("bytes_read_ssd", 0, maybe=widened(addr, length, self.geometry.capacity))
         got = self.d.read(addr, length)
         if self.data:
             want = bytes(self.image[addr : addr + length])
@@ -724,7 +794,7 @@ class DeviceMachine(RuleBasedStateMachine):
     # ---- rules: a second thread
 
     @precondition(
-        lambda self: self.mode != "direct" and (bool(self.staging.held) or self.staging.free > 0)
+        lambda self: self.model.stages and (bool(self.staging.held) or self.staging.free > 0)
     )
     @rule(data=st.data(), writes=st.integers(2, 24), fresh=st.booleans())
     def concurrent_writer(self, data: st.DataObject, writes: int, fresh: bool) -> None:
@@ -795,7 +865,7 @@ class DeviceMachine(RuleBasedStateMachine):
                 req = issued
                 self._fill_started(req)
                 self._settle()
-                if self.mode == "prefetch":
+                if self.model.view_from_wait:
                     before = newest[0]  # wait hands out every write admitted so far
                 phase[0] = 1
                 mv = req.handle.wait(SETTLE_TIMEOUT_S)
@@ -848,12 +918,11 @@ class DeviceMachine(RuleBasedStateMachine):
         note(f"concurrent writer over [{wa:#x}, {wb:#x}): {log}; {scans} scans of {req!r}")
         if admitted:
             self.image[wa:wb] = payload(admitted[-1], wb - wa)
-            if self.mode == "prefetch":
-                self.staging.mark_stale(wa, wb - wa)
-                if fresh:
-                    after = any(ok and p0 == 2 for _, ok, p0, _ in log)
-                    unsure = any(ok and p0 < 2 and p1 > 0 for _, ok, p0, p1 in log)
-                    req.stale = True if after else (None if unsure else False)
+            self.model.wrote(wa, wb - wa)
+            if fresh and self.model.view_from_wait:
+                after = any(ok and p0 == 2 for _, ok, p0, _ in log)
+                unsure = any(ok and p0 < 2 and p1 > 0 for _, ok, p0, p1 in log)
+                req.stale = True if after else (None if unsure else False)
         self._read(wa, wb - wa, "W10: read-your-writes after a concurrent writer")
 
     @rule()
@@ -862,15 +931,9 @@ class DeviceMachine(RuleBasedStateMachine):
         the backing files; the write buffer then drains (W6)."""
         self.d.flush(FLUSH_TIMEOUT_S)
         note("flush")
-        s = self.d.stats()
-        if self.mode == "prefetch":
-            assert s.wr_flushed_bytes == s.wr_admitted_bytes, (
-                f"W3: flush returned with {s.wr_admitted_bytes - s.wr_flushed_bytes} admitted "
-                "bytes not flushed"
-            )
+        self.model.check_flushed(self.d.stats())
+        if self.model.write_buffer:
             self._wait_drained()
-        elif self.mode == "lru":
-            assert s.lru_lines_dirty == 0, f"W3: {s.lru_lines_dirty} dirty lines after flush"
         if self.data:
             self._check_backing("W3: after flush")
 
@@ -887,29 +950,16 @@ class DeviceMachine(RuleBasedStateMachine):
                 )
             time.sleep(0.001)
 
-    @rule(kind=st.sampled_from(["len0", "too_long", "beyond", "unaligned_write", "read_beyond"]))
+    @rule(
+        kind=st.sampled_from(
+            ["len0", "too_long", "beyond", "unaligned_write", "unaligned_len", "read_beyond"]
+        )
+    )
     def bad_argument(self, kind: str) -> None:
-        g = self.geometry
-        with raises(InvalidArgument, f"bad argument {kind}"):
-            if kind == "len0":
-                if self.mode == "direct":
-                    self.d.read(0, 0)
-                else:
-                    self.d.prefetch(0, 0)
-            elif kind == "too_long":
-                if self.mode == "direct":
-                    self.d.write(0, b"\0" * 100)
-                else:
-                    self.d.prefetch(0, g.slot_size + 1)
-            elif kind == "beyond":
-                if self.mode == "direct":
-                    self.d.write(g.capacity, b"\0" * IO_ALIGN)
-                else:
-                    self.d.prefetch(g.capacity - 100, 101)
-            elif kind == "unaligned_write":
-                self.d.write(IO_ALIGN // 2, b"\0" * IO_ALIGN)
-            else:
-                self.d.read(g.capacity - 10, 11)
+        """A call the mode's model says is a bad argument raises InvalidArgument."""
+        method, args = self.model.bad_call(kind)
+        with raises(InvalidArgument, f"bad argument {kind}: {method}{args!r:.60}"):
+            getattr(self.d, method)(*args)
 
     # ---- invariants
 
@@ -974,12 +1024,8 @@ class DeviceMachine(RuleBasedStateMachine):
                     f"S1: held view of {req} changed "
                     + (_first_diff(got, bytes(req.snapshot), req.addr))
                 )
-            if self.mode == "lru":
-                # lru-mode views are host copies: no pool memory to share
-                assert req.pool_offset == NOT_IN_POOL, (
-                    f"S1: lru view of {req} claims pool offset {req.pool_offset:#x}"
-                )
-                continue
+            if not self.model.view_in_pool(req):
+                continue  # lru-mode views are host copies: no pool memory to share
             spans.append((req.pool_offset, req.pool_offset + req.length, req))
         spans.sort(key=lambda t: t[0])
         for (_, end, r1), (start, _, r2) in itertools.pairwise(spans):
@@ -989,7 +1035,7 @@ class DeviceMachine(RuleBasedStateMachine):
     def inv_S2_held_views_match_model(self) -> None:
         """S2: a held view shows the object's bytes (prefetch mode: until a
         write lands over it, W11; lru mode: a host copy made at the fill)."""
-        if self.dev is None or not self.data or self.mode != "prefetch":
+        if self.dev is None or not self.data or not self.model.view_from_wait:
             return
         for req in self.staging.held:
             assert req.snapshot is not None
@@ -1017,7 +1063,6 @@ class DeviceMachine(RuleBasedStateMachine):
         derived = {
             "completed+cancelled": s.prefetch_completed + s.prefetch_cancelled,
             "read_hits+read_misses": s.read_hits + s.read_misses,
-            "lru_lookups": s.lru_hits + s.lru_misses,
         }
         for name in (
             "prefetch_issued",
@@ -1049,41 +1094,16 @@ class DeviceMachine(RuleBasedStateMachine):
             f"reads: hits {s.read_hits} + misses {s.read_misses}, model {hits} + {misses} "
             f"+ {either} either way"
         )
-        if self.mode == "lru":
-            self.c.check("lru_lookups", derived["lru_lookups"])
-        else:
-            self.c.check("bytes_read_ssd", s.bytes_read_ssd)
-        if self.mode == "direct":
-            self.c.check("bytes_written_ssd", s.bytes_written_ssd)
+        self.model.check_counters(s)
 
     @invariant()
-    def inv_W6_wbuf_space(self) -> None:
-        """W6: write-buffer space accounting sums; flushing never runs ahead."""
-        if self.dev is None or self.mode != "prefetch":
+    def inv_W6_L1_L6_mode_state(self) -> None:
+        """W6 (prefetch: write-buffer space sums, flushing never runs ahead),
+        L1, L6 (lru: capacity never exceeded, line accounting sums): the
+        mode model's checks of one stats snapshot."""
+        if self.dev is None:
             return
-        s = self.d.stats()
-        assert s.wbuf_bytes == self.wbuf_bytes
-        assert 0 <= s.wbuf_used_bytes <= s.wbuf_bytes, (s.wbuf_used_bytes, s.wbuf_bytes)
-        assert s.wr_flushed_bytes <= s.bytes_written_ssd <= s.wr_admitted_bytes, (
-            s.wr_flushed_bytes,
-            s.bytes_written_ssd,
-            s.wr_admitted_bytes,
-        )
-
-    @invariant()
-    def inv_L1_L6_lru_lines(self) -> None:
-        """L1: capacity is never exceeded; L6: line accounting sums
-        (dirty <= valid <= total, total constant)."""
-        if self.dev is None or self.mode != "lru":
-            return
-        s = self.d.stats()
-        assert s.lru_lines_total == self.lru_total, "L1: the cache changed size"
-        assert s.lru_lines_dirty <= s.lru_lines_valid <= s.lru_lines_total, (
-            s.lru_lines_dirty,
-            s.lru_lines_valid,
-            s.lru_lines_total,
-        )
-        assert s.lru_refills <= s.lru_misses
+        self.model.check_state(self.d.stats())
 
 
 def _first_diff(got: bytes, want: bytes, base: int) -> str:
@@ -1106,13 +1126,22 @@ def device_machine(
     *,
     name: str | None = None,
     tmp_parent: str | None = None,
+    device_factory: DeviceFactory | None = None,
+    max_sessions: int | None = None,
 ) -> type[DeviceMachine]:
-    """A :class:`DeviceMachine` subclass for one backend, mode and geometry."""
+    """A :class:`DeviceMachine` subclass for one backend, mode and geometry;
+    ``device_factory`` opens the device under test (default: an embedded
+    :class:`chm.Device`), ``max_sessions`` bounds the sessions it opens
+    besides the device's own (0 for a front end without ``session()``)."""
     attrs: dict[str, Any] = {
         "backend": backend,
         "mode": mode,
         "geometry": geometry or Geometry(),
         "tmp_parent": tmp_parent,
     }
+    if device_factory is not None:
+        attrs["device_factory"] = staticmethod(device_factory)
+    if max_sessions is not None:
+        attrs["max_sessions"] = max_sessions
     cls_name = name or f"{backend.capitalize()}{mode.capitalize()}Machine"
     return type(cls_name, (DeviceMachine,), attrs)

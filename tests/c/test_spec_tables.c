@@ -94,6 +94,10 @@ static const struct named fault_kinds[] = {
         N(CHM_FAULT_NONE),       N(CHM_FAULT_EIO_READ), N(CHM_FAULT_EIO_WRITE),
         N(CHM_FAULT_SHORT_READ), N(CHM_FAULT_SLOW),
 };
+static const struct named enum_kinds[] = {
+        N(CHM_ENUM_BACKEND), N(CHM_ENUM_MODE),  N(CHM_ENUM_POOL),
+        N(CHM_ENUM_CLOCK),   N(CHM_ENUM_FAULT),
+};
 
 /* The error vocabulary of include/chm.h. */
 static const struct named errors[] = {
@@ -124,7 +128,8 @@ static const struct enum_desc enums[] = {
         ENUM(chm_backend_kind, backend_kinds),    ENUM(chm_mode, modes),
         ENUM(chm_pool_kind, pool_kinds),          ENUM(chm_clock_kind, clock_kinds),
         ENUM(chm_prefetch_flags, prefetch_flags), ENUM(chm_fault_kind, fault_kinds),
-        ENUM(chm_state_kind, state_kinds),        ENUM(chm_res_state, res_states),
+        ENUM(chm_state_kind, state_kinds),        ENUM(chm_enum_kind, enum_kinds),
+        ENUM(chm_res_state, res_states),
 };
 
 struct table_desc {

@@ -25,9 +25,18 @@ import numpy as np
 import pytest
 
 import chm
-from chm.errors import StaleHandle
+from chm._robuf import ReadOnlyBuffer
+from chm.errors import ChmError, StaleHandle
 from chm.kv import PutStatus, Store
+from chm.remote import RemoteHandle
 from chm_emu.serve_proc import DaemonProcess
+
+
+def _handles(out: list[RemoteHandle | ChmError]) -> list[RemoteHandle]:
+    """The handles of a prefetch_many that issued every element."""
+    assert all(isinstance(h, RemoteHandle) for h in out), out
+    return [h for h in out if isinstance(h, RemoteHandle)]
+
 
 BLOCK = 256 << 10
 
@@ -55,13 +64,18 @@ def test_socket_mode_and_zero_copy_reads(daemon: DaemonProcess) -> None:
         data = _block(1, 64 << 10).tobytes()
         assert dev.write(1 << 20, data) is True
         dev.flush()
-        hs = dev.prefetch_many([(1 << 20, len(data)), ((1 << 20) + 4096, 100)])
+        hs = _handles(dev.prefetch_many([1 << 20, (1 << 20) + 4096], [len(data), 100]))
         views = dev.wait_many(hs)
         assert views[0].readonly
         assert bytes(views[0]) == data
         assert bytes(views[1]) == data[4096:4196]
         # the view is the client's read-only mapping of the pool: same memory
-        assert views[0].obj is dev._pool
+        pool = np.frombuffer(dev._pool, np.uint8).ctypes.data
+        at = np.frombuffer(views[0], np.uint8).ctypes.data
+        assert pool <= at < pool + dev.welcome["pool_bytes"]
+        assert isinstance(views[0].obj, ReadOnlyBuffer)
+        with pytest.raises(ValueError):  # no writable export, whoever asks
+            np.frombuffer(memoryview(views[0].obj), np.uint8).setflags(write=True)
         dev.release_many(hs)
         assert all(h.released for h in hs)
         assert dev.read((1 << 20) + 7, 9) == data[7:16]
@@ -99,7 +113,7 @@ def test_foreign_handle_refused(daemon: DaemonProcess) -> None:
 
 def test_disconnect_releases_handles_and_pins(daemon: DaemonProcess) -> None:
     a = chm.connect(daemon.socket)
-    hs = a.prefetch_many([(i << 20, 4096) for i in range(8)])
+    hs = _handles(a.prefetch_many([i << 20 for i in range(8)], [4096] * 8))
     a.wait_many(hs)
     with chm.connect(daemon.socket) as b:
         assert b.daemon_stats()["held"]["handles"] == 8

@@ -22,9 +22,17 @@ from pathlib import Path
 import pytest
 
 import chm
-from chm.remote import DaemonGone
+from chm.errors import ChmError
+from chm.remote import DaemonGone, RemoteHandle
 from chm_emu.serve_crash import crash_round, serve_args
 from chm_emu.serve_proc import DaemonProcess
+
+
+def _handles(out: list[RemoteHandle | ChmError]) -> list[RemoteHandle]:
+    """The handles of a prefetch_many that issued every element."""
+    assert all(isinstance(h, RemoteHandle) for h in out), out
+    return [h for h in out if isinstance(h, RemoteHandle)]
+
 
 ROUNDS = int(os.environ.get("CHM_DAEMON_CRASH_ROUNDS", "2"))
 
@@ -57,7 +65,7 @@ h.wait()  # queued behind the slots another client holds: blocks
 def test_client_killed_mid_wait(daemon: DaemonProcess) -> None:
     with chm.connect(daemon.socket) as a:
         n = a.stats().slots_total
-        hs = a.prefetch_many([(i << 20, 4096) for i in range(n)])
+        hs = _handles(a.prefetch_many([i << 20 for i in range(n)], [4096] * n))
         a.wait_many(hs)
         p = subprocess.Popen(
             [sys.executable, "-c", _BLOCKED_WAITER, daemon.socket, str(n << 20)],
@@ -81,7 +89,7 @@ def test_daemon_killed_during_wait(daemon: DaemonProcess) -> None:
     a = chm.connect(daemon.socket)
     b = chm.connect(daemon.socket)
     n = a.stats().slots_total
-    hs = a.prefetch_many([(i << 20, 4096) for i in range(n)])
+    hs = _handles(a.prefetch_many([i << 20 for i in range(n)], [4096] * n))
     a.wait_many(hs)
     h = b.prefetch(n << 20, 4096)
     got: list[BaseException] = []

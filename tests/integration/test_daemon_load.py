@@ -24,6 +24,7 @@ SECONDS = float(os.environ.get("CHM_DAEMON_LOAD_SECONDS", "4"))
 
 _CLIENT = """
 import json, random, sys, time, numpy as np, chm
+from chm.remote import RemoteHandle
 sock, seed, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 rng = random.Random(seed)
 BLK = 64 << 10
@@ -51,10 +52,12 @@ while time.monotonic() < end:
             ops["loaded"] += n
             ops["wrong"] += sum(not np.array_equal(outs[j], block(base + j)) for j in range(n))
         elif r < 0.8:
-            try:
-                hs = dev.prefetch_many([(rng.randrange(0, 200) << 20, 4096) for _ in range(4)])
-            except chm.errors.WouldBlock:
+            out = dev.prefetch_many([rng.randrange(0, 200) << 20 for _ in range(4)], [4096] * 4)
+            hs = [h for h in out if isinstance(h, RemoteHandle)]
+            if len(hs) < len(out):
+                assert all(isinstance(e, chm.errors.WouldBlock) for e in out if e not in hs)
                 ops["busy"] += 1
+                dev.release_many(hs)
                 continue
             try:
                 dev.wait_many(hs, timeout=2.0)

@@ -17,8 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import chm
+from chm.errors import ChmError
+from chm.remote import RemoteHandle
 from chm.remote.protocol import MAX_FRAME, VERSION, Op, decode, encode
 from chm_emu.serve_proc import DaemonProcess
+
+
+def _handles(out: list[RemoteHandle | ChmError]) -> list[RemoteHandle]:
+    """The handles of a prefetch_many that issued every element."""
+    assert all(isinstance(h, RemoteHandle) for h in out), out
+    return [h for h in out if isinstance(h, RemoteHandle)]
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +173,9 @@ def test_request_while_waiting_closes(daemon: DaemonProcess) -> None:
     """A second request sent before the answer to a blocked WAIT is out of order."""
     with chm.connect(daemon.socket) as holder:
         n = holder.stats().slots_total
-        hs = holder.prefetch_many([(i << 20, 4096) for i in range(min(n, 64))])
+        hs = _handles(
+            holder.prefetch_many([i << 20 for i in range(min(n, 64))], [4096] * min(n, 64))
+        )
         holder.wait_many(hs)
         s = _raw(daemon.socket)
         _hello(s)

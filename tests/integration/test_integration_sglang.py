@@ -106,3 +106,50 @@ def test_bad_configuration_and_calls_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="non-empty str"):
         b.exists(b"bytes")  # type: ignore[arg-type]
     b.close()
+
+
+_SET_THEN_DIE = """
+import os, sys, time, torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+extra = {"backend_name": "chm", "module_path": "chm.integrations.sglang",
+         "class_name": "ChmHiCacheStorage", "capacity": "64M", "dram": "2M", "wbuf": "1M",
+         "slot_size": "64K", "path": sys.argv[1], "flush_interval_s": 0.2}
+cfg = HiCacheStorageConfig(
+    tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+    is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+    model_name="test/qwen", extra_config=extra)
+b = StorageBackendFactory.create_backend("dynamic", cfg, None)
+pages = [torch.full((32768,), i + 1, dtype=torch.bfloat16) for i in range(6)]
+assert b.batch_set([f"{i:064x}" for i in range(6)], pages)
+print("set", flush=True)
+time.sleep(float(sys.argv[2]))
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_set_pages_are_durable_within_the_flush_interval(tmp_path: Path) -> None:
+    """batch_set returns, nobody flushes (HiCache has no such call), the
+    process is killed -9 a second later: a restarted backend finds every page."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-c", _SET_THEN_DIE, str(tmp_path / "kv"), "1.0"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert p.returncode == -9 and p.stdout.strip() == "set", p.stderr[-2000:]
+    b = backend(tmp_path / "kv")
+    keys = [f"{i:064x}" for i in range(6)]
+    assert b.store.stats().recovered_entries == 6 and b.batch_exists(keys) == 6
+    outs = [torch.empty(32768, dtype=torch.bfloat16) for _ in keys]
+    assert all(g is not None for g in b.batch_get(keys, outs))
+    assert all(bool((o == i + 1).all()) for i, o in enumerate(outs))
+    b.close()
+
+
+def test_bad_flush_interval_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="flush_interval"):
+        backend(tmp_path / "kv", flush_interval_s=-1)
+    with pytest.raises(InvalidArgument, match="flush_interval_s='x' is no number"):
+        backend(tmp_path / "kv", flush_interval_s="x")

@@ -85,7 +85,7 @@ def rdev(make_device: Callable[..., chm.Device]) -> chm.Device:
 def test_retained_object_is_served_from_dram(rdev: chm.Device) -> None:
     for i in range(6):
         assert rdev.write(i * BLK, _pattern(i * BLK, BLK, 1))
-    rdev.flush()
+        rdev.flush()  # the 1 MiB write buffer holds a few blocks at a time
     s0 = rdev.stats()
     assert s0.resident_entries_total == 4
     with rdev.prefetch(0, BLK, retain=True) as h:

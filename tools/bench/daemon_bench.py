@@ -52,7 +52,8 @@ sys.stdout.write("ready\\n"); sys.stdout.flush()
 sys.stdin.readline()
 t0 = time.perf_counter()
 for i in range(first, first + count, window):
-    hs = dev.prefetch_many([(j * obj, obj) for j in range(i, min(i + window, first + count))])
+    js = range(i, min(i + window, first + count))
+    hs = dev.prefetch_many([j * obj for j in js], [obj] * len(js))
     for v in dev.wait_many(hs, 30.0):
         dst[:] = np.frombuffer(v, np.uint8)
     dev.release_many(hs)
@@ -103,27 +104,37 @@ def _remote_pass(dev: chm.remote.RemoteDevice, n: int, dst: np.ndarray[Any, Any]
     """The same window, moved WINDOW objects per round trip: wait the oldest
     WINDOW, copy them out of the shared pool, release them, issue the next."""
     t0 = time.perf_counter()
-    hs = dev.prefetch_many([(j * OBJ, OBJ) for j in range(min(2 * WINDOW, n))])
+    first = [j * OBJ for j in range(min(2 * WINDOW, n))]
+    hs = _issued(dev.prefetch_many(first, [OBJ] * len(first)))
     nxt = len(hs)
     while hs:
         group, hs = hs[:WINDOW], hs[WINDOW:]
         for v in dev.wait_many(group, 30.0):
             dst[:] = np.frombuffer(v, np.uint8)
         dev.release_many(group)
-        more = [(j * OBJ, OBJ) for j in range(nxt, min(nxt + WINDOW, n))]
+        more = [j * OBJ for j in range(nxt, min(nxt + WINDOW, n))]
         nxt += len(more)
         if more:
-            hs += dev.prefetch_many(more)
+            hs += _issued(dev.prefetch_many(more, [OBJ] * len(more)))
     return n * OBJ / (time.perf_counter() - t0)
+
+
+def _issued(out: list[Any]) -> list[Any]:
+    """The handles of a batch that must issue every element (else its error)."""
+    for h in out:
+        if isinstance(h, Exception):
+            raise h
+    return out
 
 
 def _rtt(dev: Any, iters: int, batched: bool) -> list[float]:
     out = []
     ranges = [(j * OBJ, 4096) for j in range(32)]
+    addrs, lens = [a for a, _ in ranges], [n for _, n in ranges]
     for _ in range(iters):
         t0 = time.perf_counter()
         if batched:
-            hs = dev.prefetch_many(ranges)
+            hs = _issued(dev.prefetch_many(addrs, lens))
             dev.wait_many(hs, 30.0)
             dev.release_many(hs)
         else:

@@ -1,0 +1,37 @@
+/* errdetail.c - the per-thread error detail: one line saying why the most
+ * recent failing call of this thread failed, tagged with its error code.
+ *
+ * Thread-local storage, so no lock and no sharing: a detail set by one
+ * thread is never seen by another. Set only at failure sites in caller
+ * threads (validation, refusals); completion threads set none. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "chm.h"
+#include "errdetail.h"
+
+static __thread char detail[CHM_ERRMSG_MAX];
+static __thread int detail_err; /* the -errno detail was set with; 0: none */
+
+void chm_detail_clear(void)
+{
+	detail_err = 0;
+	detail[0] = 0;
+}
+
+int chm_detail(int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	detail_err = err;
+	return err;
+}
+
+const char *chm_last_error_detail(int err)
+{
+	if (err == 0 || err != detail_err)
+		return "";
+	return detail;
+}
