@@ -352,6 +352,11 @@ static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len,
 	return 0;
 }
 
+int chm_prefetch_check(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags)
+{
+	return prefetch_args(dev, addr, len, flags);
+}
+
 int chm_prefetch_object(chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags, chm_handle *h)
 {
 	chm_detail_clear();
@@ -438,76 +443,6 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 	int32_t rc;
 	chm_prefetch_release_many(dev, 1, &h, &rc);
 	return rc;
-}
-
-/* ---- sessions (the table is session.c's, their requests staging's) ---- */
-
-int chm_session_open(chm_dev *dev, uint32_t quota, chm_session *out)
-{
-	if (!dev || !out || quota == 0)
-		return -EINVAL;
-	int rc = chm_enter(dev);
-	if (rc)
-		return rc;
-	/* no window: no handle to scope */
-	rc = dev->mode->staging ? chm_sess_open(dev, quota, out) : -EOPNOTSUPP;
-	chm_leave(dev);
-	return rc;
-}
-
-int chm_session_close(chm_dev *dev, chm_session s)
-{
-	if (!dev || s == CHM_SESSION_DEFAULT || !dev->mode->staging)
-		return -EINVAL; /* never opened: direct mode has none */
-	return chm_staging_session_close(dev, s);
-}
-
-int chm_session_prefetch(chm_dev *dev, chm_session s, uint32_t n, const uint64_t *addrs,
-                         const uint64_t *lens, uint32_t flags, chm_handle *handles,
-                         int32_t *results)
-{
-	if (!dev || !addrs || !lens || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
-	if (!dev->mode->staging && s != CHM_SESSION_DEFAULT)
-		return -EINVAL;
-	int rc = chm_enter(dev);
-	int ok = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		results[i] = rc ? rc : prefetch_args(dev, addrs[i], lens[i], flags);
-		ok += results[i] == 0;
-	}
-	if (rc)
-		return 0;
-	/* the session is checked even when no element is valid */
-	if (dev->mode->staging)
-		ok = chm_staging_prefetch(dev, s, n, addrs, lens, flags, handles, results);
-	chm_leave(dev);
-	return ok;
-}
-
-int chm_session_wait(chm_dev *dev, chm_session s, chm_handle h, uint64_t timeout_ns,
-                     struct chm_view *view)
-{
-	if (!dev || !view)
-		return -EINVAL;
-	int rc = chm_enter(dev);
-	if (rc)
-		return rc;
-	rc = dev->mode->staging ? chm_staging_wait(dev, s, h, timeout_ns, view) : -EINVAL;
-	chm_leave(dev);
-	return rc;
-}
-
-int chm_session_release(chm_dev *dev, chm_session s, uint32_t n, const chm_handle *handles,
-                        int32_t *results)
-{
-	if (!dev || !handles || !results || n > CHM_BATCH_MAX)
-		return -EINVAL;
-	if (dev->mode->staging) /* release works while closing too */
-		return chm_staging_release(dev, s, n, handles, results);
-	if (s != CHM_SESSION_DEFAULT)
-		return -EINVAL;
-	return chm_prefetch_release_many(dev, n, handles, results);
 }
 
 int chm_resident_evict(chm_dev *dev, uint64_t addr, uint64_t len)

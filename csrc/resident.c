@@ -53,7 +53,7 @@ static void res_set(struct chm_dev *dev, struct chm_res_entry *e, int to)
 
 uint32_t chm_resident_count(const struct chm_config *cfg, uint64_t stride)
 {
-	if (cfg->mode != CHM_MODE_PREFETCH || !stride)
+	if (!stride)
 		return 0;
 	uint64_t n = cfg->resident_bytes / stride;
 	return n > (1u << 20) ? (1u << 20) : (uint32_t)n;

@@ -14,7 +14,8 @@
 struct chm_dev;
 struct chm_slot;
 
-/* Slots of the region for cfg (resident_bytes / slot stride). */
+/* Entries of the region for cfg (resident_bytes / slot stride); prefetch
+ * mode asks (config.c refuses resident_bytes in the other modes). */
 uint32_t chm_resident_count(const struct chm_config *cfg, uint64_t stride);
 /* Sets up the region's entries over mem (count * stride bytes). Returns 0
  * or -ENOMEM; with count 0 there is no region and every hook is a no-op. */

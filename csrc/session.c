@@ -21,12 +21,10 @@
  * session to the ring's end, so with k sessions queued a request waits for
  * at most k - 1 grants to others per grant of its own session.
  *
- * Layering: the table and its queues sit below the staging window, which
- * calls them; nothing here calls up. The public chm_session_* calls are in
- * device.c (check, enter, dispatch) and closing a session's requests is the
- * staging window's (chm_staging_session_close). Locking: everything runs
- * under dev->lock, which chm_sess_open takes itself. A mode without a
- * staging window (direct) has no session table.
+ * Locking: everything here runs under dev->lock. The public calls are
+ * session_api.c's (they sit above the staging window and device.c, which
+ * call down into this file). A mode without a staging window (direct) has
+ * no sessions.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -41,11 +39,10 @@
 #define SESS_TAG_SHIFT 48
 #define SESS_GEN_SHIFT 16
 #define SESS_IDX_MASK 0xffffu
-#define SESS_GEN_LAST UINT32_MAX
 
 _Static_assert(CHM_SESSION_MAX < SESS_IDX_MASK, "session index fits 16 bits");
 
-static chm_session sess_token(const struct chm_dev *dev, uint32_t idx)
+chm_session chm_sess_token(const struct chm_dev *dev, uint32_t idx)
 {
 	return ((uint64_t)dev->tag << SESS_TAG_SHIFT) |
 	       ((uint64_t)dev->sess[idx].gen << SESS_GEN_SHIFT) | idx;
@@ -207,40 +204,4 @@ struct chm_req *chm_sess_dequeue(struct chm_dev *dev)
 	if (ss->q_head)
 		rr_append(dev, si);
 	return r;
-}
-
-/* ---- open and close of a record ---- */
-
-int chm_sess_open(struct chm_dev *dev, uint32_t quota, chm_session *out)
-{
-	pthread_mutex_lock(&dev->lock);
-	int rc = 0;
-	if (!dev->sess_free) {
-		rc = chm_detail(-ENOSPC, "session_open: every session is open");
-	} else {
-		uint32_t si = dev->sess_free - 1;
-		struct chm_sess *ss = &dev->sess[si];
-		dev->sess_free = ss->rr_next;
-		ss->rr_next = 0;
-		ss->open = true;
-		ss->quota = quota;
-		ss->used = 0;
-		ss->q_head = ss->q_tail = 0;
-		ss->in_rr = false;
-		*out = sess_token(dev, si);
-	}
-	pthread_mutex_unlock(&dev->lock);
-	return rc;
-}
-
-void chm_sess_free(struct chm_dev *dev, uint32_t si)
-{
-	struct chm_sess *ss = &dev->sess[si];
-	ss->open = false;
-	ss->quota = 0;
-	if (ss->gen != SESS_GEN_LAST) { /* else retired: never on the free list again */
-		ss->gen++;
-		ss->rr_next = dev->sess_free;
-		dev->sess_free = si + 1;
-	}
 }

@@ -29,6 +29,10 @@ struct chm_sess {
 /* Allocates the session table with the default session open (staging
  * init). Returns 0 or -ENOMEM. */
 int chm_sess_init(struct chm_dev *dev);
+/* The token of session record idx (its current generation). */
+chm_session chm_sess_token(const struct chm_dev *dev, uint32_t idx);
+/* A record whose generation reaches this retires (session_api.c's close). */
+#define SESS_GEN_LAST UINT32_MAX
 void chm_sess_fini(struct chm_dev *dev);
 /* The session index of token s (0 for CHM_SESSION_DEFAULT), -EINVAL
  * (foreign or malformed) or -ESTALE (closed). Lock held. */
@@ -47,11 +51,8 @@ void chm_sess_enqueue(struct chm_dev *dev, struct chm_req *r);
 void chm_sess_unqueue(struct chm_dev *dev, struct chm_req *r);
 struct chm_req *chm_sess_dequeue(struct chm_dev *dev);
 
-/* Takes a free record for a session of quota (takes dev->lock): 0 and its
- * token in *out, or -ENOSPC. */
-int chm_sess_open(struct chm_dev *dev, uint32_t quota, chm_session *out);
-/* Marks record si closed and frees it for a later session (a new
- * generation), its requests already released. Lock held. */
-void chm_sess_free(struct chm_dev *dev, uint32_t si);
+/* device.c's per-element prefetch check (range, flags, mode), which the
+ * session calls share. No lock needed. */
+int chm_prefetch_check(const struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_t flags);
 
 #endif /* CHM_SESSION_H */

@@ -776,8 +776,6 @@ out_unlock:
 	return rc;
 }
 
-static void release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start);
-
 /* One release in session si (lock held). */
 static int release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32_t *start)
 {
@@ -786,11 +784,11 @@ static int release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32
 	 * after shutdown freed the request table */
 	int rc = dev->shut ? -ECANCELED : handle_lookup_in(dev, si, h, &r);
 	if (!rc)
-		release_req(dev, r, start);
+		chm_staging_release_req(dev, r, start);
 	return rc;
 }
 
-static void release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
+void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 {
 	dev->st.prefetch_released++;
 	if (r->state == CHM_REQ_QUEUED) {
@@ -843,42 +841,6 @@ int chm_staging_release(struct chm_dev *dev, chm_session sess, uint32_t n,
 	if (start)
 		chm_staging_submit(dev, start);
 	return ok;
-}
-
-int chm_staging_session_close(struct chm_dev *dev, chm_session sess)
-{
-	uint32_t start = 0, si;
-	pthread_mutex_lock(&dev->lock);
-	/* like release, close works while the device is closing, but not after
-	 * shutdown freed the tables */
-	int rc = dev->shut ? -ECANCELED : chm_sess_lookup(dev, sess, &si);
-	if (!rc && si == 0)
-		rc = -EINVAL; /* the default session is never closed */
-	if (rc)
-		goto out_unlock;
-	/* queued requests first, so the slots freed next do not start fills
-	 * for requests of this session that are about to be released */
-	for (int pass = 0; pass < 2; pass++) {
-		for (uint32_t i = 0; i < dev->nreqs; i++) {
-			struct chm_req *r = &dev->reqs[i];
-			if (r->state == CHM_REQ_FREE || r->sess != si ||
-			    (pass == 0) != (r->state == CHM_REQ_QUEUED))
-				continue;
-			release_req(dev, r, &start);
-			rc++;
-		}
-	}
-	/* fills it released and still in flight free their slot on completion
-	 * without charging a later session of this record */
-	for (uint32_t i = 0; i < dev->nslots; i++)
-		if (dev->slots[i].sess == (int32_t)si)
-			chm_sess_uncharge(dev, &dev->slots[i]);
-	chm_sess_free(dev, si);
-out_unlock:
-	pthread_mutex_unlock(&dev->lock);
-	if (start)
-		chm_staging_submit(dev, start);
-	return rc;
 }
 
 void chm_staging_stats(struct chm_dev *dev, struct chm_stats *out)

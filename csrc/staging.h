@@ -30,10 +30,10 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
                      struct chm_view *view);
 int chm_staging_release(struct chm_dev *dev, chm_session sess, uint32_t n,
                         const chm_handle *handles, int32_t *results);
-/* chm_session_close: releases every request of session sess as
- * chm_prefetch_release would and frees the session. Takes dev->lock. Returns
- * the number released, -ESTALE, -EINVAL or -ECANCELED (after shutdown). */
-int chm_staging_session_close(struct chm_dev *dev, chm_session sess);
+/* Releases live request r as chm_prefetch_release does (session close).
+ * Fills it starts are chained on *start. Lock held. */
+struct chm_req;
+void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start);
 
 /* Copies [addr,addr+len) from a READY/HELD slot covering it that is not
  * stale or behind; true on hit. Called with the lock held; the slot is
