@@ -15,6 +15,7 @@
 #include "errdetail.h"
 #include "gate.h"
 #include "mode.h"
+#include "resident.h"
 #include "session.h"
 #include "staging.h"
 #include "targets.h"
@@ -339,7 +340,7 @@ static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len,
 {
 	if (len == 0)
 		return chm_detail(-EINVAL, "prefetch: len is 0");
-	if (flags & ~(uint32_t)CHM_PF_NOQUEUE)
+	if (flags & ~(uint32_t)(CHM_PF_NOQUEUE | CHM_PF_RETAIN))
 		return chm_detail(-EINVAL, "prefetch: unknown flags %#x", flags);
 	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
 		return chm_detail(-EINVAL,
@@ -442,6 +443,20 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 		return chm_detail(-EINVAL, "release: NULL dev");
 	int32_t rc;
 	chm_prefetch_release_many(dev, 1, &h, &rc);
+	return rc;
+}
+
+int chm_resident_evict(chm_dev *dev, uint64_t addr, uint64_t len)
+{
+	if (!dev || len == 0 || addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
+		return -EINVAL;
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&dev->lock);
+	rc = chm_resident_evict_range(dev, addr, len);
+	pthread_mutex_unlock(&dev->lock);
+	chm_leave(dev);
 	return rc;
 }
 

@@ -17,6 +17,7 @@
 #include "iomap.h"
 #include "mode.h"
 #include "mode_direct.h"
+#include "resident.h"
 #include "staging.h"
 #include "wbuf.h"
 
@@ -95,6 +96,7 @@ static void prefetch_stats(struct chm_dev *dev, struct chm_stats *out)
 {
 	chm_staging_stats(dev, out);
 	chm_wbuf_stats(dev, out);
+	chm_resident_stats(dev, out);
 }
 
 static int prefetch_init(struct chm_dev *dev)
@@ -102,14 +104,22 @@ static int prefetch_init(struct chm_dev *dev)
 	int rc = chm_wbuf_init(dev);
 	if (rc)
 		return rc;
-	/* the window is the front of the pool, the log its last wbuf_bytes */
+	/* the window is the front of the pool, the resident region right
+	 * after it, the log the pool's last wbuf_bytes */
 	rc = chm_staging_init(dev, dev->pool.base);
 	if (rc)
 		goto err_staging;
+	rc = chm_resident_init(dev,
+	                       (char *)dev->pool.base + (uint64_t)dev->nslots * dev->slot_stride,
+	                       chm_resident_count(&dev->cfg, dev->slot_stride));
+	if (rc)
+		goto err_resident;
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
 		dev->clock_hook = chm_wbuf_vt_advance; /* the flusher runs on the clock */
 	return 0;
 
+err_resident:
+	chm_staging_fini(dev);
 err_staging:
 	chm_wbuf_fini(dev);
 	return rc;
@@ -120,6 +130,12 @@ static void prefetch_stop(struct chm_dev *dev)
 	chm_wbuf_fini(dev);
 }
 
+static void prefetch_fini(struct chm_dev *dev)
+{
+	chm_resident_fini(dev);
+	chm_staging_fini(dev);
+}
+
 const struct chm_mode_ops chm_mode_prefetch_ops = {
         .name = "prefetch",
         .uses_pool = true,
@@ -127,7 +143,7 @@ const struct chm_mode_ops chm_mode_prefetch_ops = {
         .init = prefetch_init,
         .cancel = chm_staging_cancel_all,
         .stop = prefetch_stop,
-        .fini = chm_staging_fini,
+        .fini = prefetch_fini,
         .read = prefetch_read,
         .write = prefetch_write,
         .flush = prefetch_flush,

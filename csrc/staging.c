@@ -37,6 +37,7 @@
 #include "errdetail.h"
 #include "iomap.h"
 #include "mode.h"
+#include "resident.h"
 #include "session.h"
 #include "staging.h"
 #include "states.h"
@@ -560,6 +561,7 @@ void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_
 		mine = s->catch_next;
 		slot_unpin(dev, s, start);
 	}
+	chm_resident_patch(dev, addr, len);
 }
 
 /* ---- the API ---- */
@@ -569,6 +571,27 @@ void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_
 static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint64_t len,
                            uint32_t flags, chm_handle *h, uint32_t *start)
 {
+	/* a resident hit needs a request record, not a slot or a queue place */
+	int32_t ei = chm_resident_hit(dev, addr, len);
+	if (ei >= 0) {
+		struct chm_req *r = req_alloc(dev);
+		if (!r) {
+			chm_resident_unhold(dev, ei);
+			dev->st.prefetch_rejected++;
+			return dev->reqs_live ? -EAGAIN : -ENOSPC;
+		}
+		r->addr = addr;
+		r->len = len;
+		r->sess = (uint16_t)si;
+		r->flags = 0;
+		r->issue_ns = chm_now_ns(dev);
+		r->state = CHM_REQ_RESIDENT;
+		r->slot = ei;
+		dev->st.prefetch_issued++;
+		dev->st.prefetch_completed++;
+		*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
+		return 0;
+	}
 	bool full = !dev->slot_free_head &&
 	            ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue);
 	int rc = full ? chm_detail(-EAGAIN, "prefetch: %s",
@@ -593,6 +616,7 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 	r->addr = addr;
 	r->len = len;
 	r->sess = (uint16_t)si;
+	r->flags = (flags & CHM_PF_RETAIN) ? CHM_REQF_RETAIN : 0;
 	r->issue_ns = chm_now_ns(dev);
 	dev->st.prefetch_issued++;
 	if (dev->slot_free_head) {
@@ -676,6 +700,15 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 		rc = handle_lookup_in(dev, si, h, &r);
 		if (rc)
 			goto out_unlock;
+		if (r->state == CHM_REQ_RESIDENT) {
+			if (!(r->flags & CHM_REQF_PAID)) { /* staged already: the link only */
+				r->flags |= CHM_REQF_PAID;
+				if (dev->timing.enabled)
+					chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev),
+					                              r->len));
+			}
+			break;
+		}
 		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
 		if (s && s->state == CHM_SLOT_FAILED) {
 			rc = chm_detail(-EIO,
@@ -723,8 +756,12 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 	rc = handle_lookup_in(dev, si, h, &r);
 	if (rc)
 		goto out_unlock;
-	struct chm_slot *s = &dev->slots[r->slot];
-	view->data = s->buf + (r->addr - s->fill_start);
+	if (r->state == CHM_REQ_RESIDENT) {
+		view->data = chm_resident_data(dev, r->slot, r->addr);
+	} else {
+		struct chm_slot *s = &dev->slots[r->slot];
+		view->data = s->buf + (r->addr - s->fill_start);
+	}
 	view->len = r->len;
 	view->dev_addr = r->addr;
 	/* lru-mode views are host copies, outside the pool */
@@ -756,18 +793,25 @@ void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *s
 	if (r->state == CHM_REQ_QUEUED) {
 		chm_sess_unqueue(dev, r);
 		dev->st.prefetch_cancelled++;
+	} else if (r->state == CHM_REQ_RESIDENT) {
+		chm_resident_unhold(dev, r->slot);
 	} else {
 		struct chm_slot *s = &dev->slots[r->slot];
 		if (s->state == CHM_SLOT_FILLING) {
 			s->req = -1; /* orphan: freed by fill_io_done */
 			dev->st.prefetch_cancelled++;
 		} else if (s->pins) {
+			if (r->flags & CHM_REQF_RETAIN)
+				chm_resident_retain(dev, s); /* refused: pinned */
 			/* hits still copy from it: the last unpin frees it */
 			staged_unlink(dev, s);
 			slot_set(dev, s, CHM_SLOT_DRAINING); /* release_pinned */
 			chm_sess_uncharge(dev, s);
 			s->req = -1;
 		} else {
+			if ((r->flags & CHM_REQF_RETAIN) &&
+			    (s->state == CHM_SLOT_READY || s->state == CHM_SLOT_HELD))
+				chm_resident_retain(dev, s);
 			slot_free(dev, s, start);
 		}
 	}

@@ -34,7 +34,7 @@ LAYERS: list[list[str]] = [
     ["config"],
     ["backend_uring", "backend_pread", "backend_ghost"],
     ["iomap"],
-    ["wbuf", "lru_index", "session"],
+    ["wbuf", "lru_index", "session", "resident"],
     ["staging"],
     ["mode_direct", "lru"],
     ["mode_prefetch"],
