@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 
 struct timespec chm_ns_to_timespec(uint64_t ns)
@@ -45,7 +46,7 @@ void chm_sleep_ns(uint64_t ns)
 uint64_t chm_now_ns(struct chm_dev *dev)
 {
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
-		return dev->vclock_ns;
+		return chm_ctr_get(&dev->vclock_ns); /* chm_stats reads it unlocked */
 	return chm_mono_ns() - dev->t0_ns;
 }
 
@@ -53,15 +54,15 @@ void chm_pace(struct chm_dev *dev, uint64_t done_ns)
 {
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
 		if (dev->vclock_ns < done_ns)
-			dev->vclock_ns = done_ns;
+			chm_ctr_set(&dev->vclock_ns, done_ns);
 		return;
 	}
 	if (!dev->timing.enabled)
 		return;
 	uint64_t now = chm_now_ns(dev);
 	if (now > done_ns) {
-		dev->st.pacing_late++;
-		dev->st.pacing_late_ns += now - done_ns;
+		chm_ctr_add(&dev->st.pacing_late, 1);
+		chm_ctr_add(&dev->st.pacing_late_ns, now - done_ns);
 		return;
 	}
 	pthread_mutex_unlock(&dev->lock);

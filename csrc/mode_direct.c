@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "iomap.h"
 #include "mode.h"
@@ -86,7 +87,7 @@ int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 static int direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
 	pthread_mutex_lock(&dev->lock);
-	dev->st.read_misses++;
+	chm_ctr_add(&dev->st.read_misses, 1);
 	pthread_mutex_unlock(&dev->lock);
 	return chm_direct_read(dev, addr, buf, len);
 }

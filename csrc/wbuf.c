@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "iomap.h"
 #include "states.h"
@@ -51,6 +52,7 @@ struct chm_wbuf {
 	char *base;
 	uint64_t size;
 	uint64_t head_off, tail_off, used; /* log bytes */
+	uint64_t *st_used; /* &dev->st.wbuf_used_bytes: used, for lock-free readers */
 	struct wb_entry *ents;
 	uint32_t cap, head, count; /* entry ring */
 	uint64_t next_seq;         /* seq of the next reservation */
@@ -104,6 +106,7 @@ static void reclaim(struct chm_wbuf *w)
 	}
 	if (!w->count)
 		w->head_off = w->tail_off = w->used = 0;
+	chm_ctr_set(w->st_used, w->used);
 }
 
 /* Reserves len contiguous log bytes; false when they are not there. */
@@ -147,8 +150,8 @@ int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64
 		reclaim(w);
 		if (!log_alloc(w, len, &off, &pad)) {
 			/* the skip: a distinct outcome, nothing changed */
-			dev->st.wr_skipped++;
-			dev->st.wr_skipped_bytes += len;
+			chm_ctr_add(&dev->st.wr_skipped, 1);
+			chm_ctr_add(&dev->st.wr_skipped_bytes, len);
 			pthread_mutex_unlock(&dev->lock);
 			return CHM_WRITE_SKIPPED;
 		}
@@ -164,6 +167,7 @@ int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64
 	e->copying = true;
 	w->count++;
 	w->used += len + pad;
+	chm_ctr_set(w->st_used, w->used);
 	w->tail_off = off + len;
 	pthread_mutex_unlock(&dev->lock);
 
@@ -180,8 +184,8 @@ void chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e)
 	ent_set(e, CHM_WB_ADMITTED);
 	if (e->seq > w->admitted_max)
 		w->admitted_max = e->seq;
-	dev->st.wr_admitted++;
-	dev->st.wr_admitted_bytes += e->len;
+	chm_ctr_add(&dev->st.wr_admitted, 1);
+	chm_ctr_add(&dev->st.wr_admitted_bytes, e->len);
 	pthread_cond_signal(&w->cond);
 }
 
@@ -256,7 +260,7 @@ void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok)
 	w->inflight[tok->epoch % EPOCHS]--;
 	w->reads_inflight--;
 	if (w->flushing || w->batch_mark != tok->batch_mark)
-		dev->st.read_wait_flush_ns += chm_mono_ns() - tok->begin_ns;
+		chm_ctr_add(&dev->st.read_wait_flush_ns, chm_mono_ns() - tok->begin_ns);
 	if (w->reads_inflight == 0 && w->count)
 		pthread_cond_signal(&w->cond);
 }
@@ -365,8 +369,8 @@ static void *flusher_main(void *arg)
 		if (rc) {
 			w->error_gen++;
 		} else {
-			dev->st.wr_flushed_bytes += bytes;
-			dev->st.flush_batches++;
+			chm_ctr_add(&dev->st.wr_flushed_bytes, bytes);
+			chm_ctr_add(&dev->st.flush_batches, 1);
 			/* a new epoch; never reuse a counter slot still in use */
 			if (w->inflight[(w->epoch + 1) % EPOCHS] == 0)
 				w->epoch++;
@@ -425,9 +429,10 @@ int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 
 void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out)
 {
-	struct chm_wbuf *w = dev->wbuf;
-	out->wbuf_bytes = w ? w->size : 0;
-	out->wbuf_used_bytes = w ? w->used : 0;
+	/* wbuf_bytes and wbuf_used_bytes are kept in dev->st (copied by
+	 * chm_stats): nothing to read here, and dev->wbuf is not touched */
+	(void)dev;
+	(void)out;
 }
 
 int chm_wbuf_init(struct chm_dev *dev)
@@ -439,6 +444,8 @@ int chm_wbuf_init(struct chm_dev *dev)
 	w->base = (char *)dev->pool.base + off;
 	w->size = dev->cfg.wbuf_bytes > dev->pool.bytes - off ? dev->pool.bytes - off
 	                                                      : dev->cfg.wbuf_bytes;
+	w->st_used = &dev->st.wbuf_used_bytes;
+	chm_ctr_set(&dev->st.wbuf_bytes, w->size);
 	uint64_t cap = w->size / 4096;
 	w->cap = cap < 64 ? 64 : cap > (1u << 20) ? (1u << 20) : (uint32_t)cap;
 	w->ents = calloc(w->cap, sizeof(*w->ents));
