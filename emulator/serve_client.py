@@ -24,11 +24,12 @@ import numpy as np
 
 from chm import _lowlevel as _ll
 from chm.errors import ChmError
-from chm.kv import KEY_DTYPE
+from chm.kv import KEY_DTYPE, MAX_META
 from chm.remote.protocol import (
     MAX_BATCH,
     MAX_FRAME,
     VERSION,
+    VERSIONS,
     Op,
     ProtocolError,
     decode,
@@ -90,6 +91,7 @@ class Client:
         self.sock = sock
         self.cid = cid
         self.seq = 0
+        self.version = 0  # the protocol version of its HELLO
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         self.pid, self.uid, self.gid = struct.unpack("3i", creds)
         self.area: mmap.mmap | None = None
@@ -173,11 +175,13 @@ class Client:
             raise ProtocolError(f"the first message must be HELLO with seq 0, not {op.name}/{seq}")
         if not isinstance(body, dict) or "version" not in body:
             raise ProtocolError("HELLO body must be a map with 'version'")
-        if body["version"] != VERSION:
+        v = body["version"]
+        if type(v) is not int or v not in VERSIONS:
             raise ProtocolError(
                 f"protocol version {body['version']!r} is not supported; this daemon speaks "
-                f"version {VERSION}"
+                f"versions {', '.join(map(str, VERSIONS))}"
             )
+        self.version = int(body["version"])
         d = self.d
         self.area_fd = os.memfd_create(
             f"chm-area-{self.cid}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
@@ -302,13 +306,33 @@ class Client:
 
     def _kv_put(self, body: Any) -> Any:
         st = self._store()
-        items = _list(body, "KV_PUT", 4)
+        items = _list(body, "KV_PUT")
+        for e in items:  # [hi, lo, area_offset, len] or, version 2, with metadata
+            if not isinstance(e, list) or len(e) not in (4, 5) or (len(e) == 5 and (
+                self.version < 2 or not isinstance(e[4], bytes) or len(e[4]) > MAX_META
+            )):  # fmt: skip
+                raise ProtocolError(
+                    f"KV_PUT: every element is [key_hi, key_lo, area_offset, len] or "
+                    f"(version 2) the same with metadata of at most {MAX_META} bytes"
+                )
         ks = _keys(items, "KV_PUT key")
         srcs = [self._area(e[2], e[3], "KV_PUT") for e in items]
+        meta = [e[4] if len(e) == 5 else None for e in items]
         try:
-            return [int(s) for s in st.put(ks, srcs)]
+            return [int(s) for s in st.put(ks, srcs, meta)]
         except ChmError as exc:
             return -(exc.errno or errno.EIO)
+
+    def _kv_entries(self, body: Any) -> Any:
+        if self.version < 2:
+            raise ProtocolError("KV_ENTRIES is a version 2 request")
+        ents = self._store().entries(_keys(_list(body, "KV_ENTRIES", 2), "key"))
+        return [
+            None
+            if e is None
+            else [e["addr"], e["length"], e["checksum"], e["epoch"], e["state"], e["meta"]]
+            for e in ents
+        ]
 
     def _kv_lookup(self, body: Any) -> Any:
         st = self._store()
@@ -397,4 +421,5 @@ _HANDLERS = {
     Op.KV_PREFIX_LEN: Client._kv_prefix_len,
     Op.KV_REMOVE: Client._kv_remove,
     Op.KV_FLUSH: Client._kv_flush,
+    Op.KV_ENTRIES: Client._kv_entries,
 }

@@ -117,7 +117,7 @@ class StoreStats:
         return asdict(self)
 
 
-def _metas(meta: Sequence[bytes | None] | None, n: int) -> list[bytes]:
+def check_meta(meta: Sequence[bytes | None] | None, n: int) -> list[bytes]:
     """put()'s per-key metadata, checked: bytes-like of at most MAX_META bytes."""
     if meta is None:
         return [b""] * n
@@ -491,7 +491,12 @@ class Store:
         return ok
 
     def info(self, key: Any) -> dict[str, Any] | None:
-        """The index entry of one engine key (see :meth:`entries`) or None."""
+        """The index entry of one key (see :meth:`entries`) or None: an engine
+        key, or a ``KEY_DTYPE`` array of one digest."""
+        if isinstance(key, np.ndarray):
+            if key.size != 1:
+                raise InvalidArgument(None, f"info: one key, not an array of {key.size}")
+            return self.entries(key)[0]
         return self.entries([key])[0]
 
     def entries(self, keys: Any) -> list[dict[str, Any] | None]:
@@ -540,7 +545,7 @@ class Store:
         ks = self._keys(keys)
         if len(srcs) != ks.size:
             raise InvalidArgument(None, f"put: {ks.size} keys but {len(srcs)} sources")
-        metas = _metas(meta, ks.size)
+        metas = check_meta(meta, ks.size)
         bufs = []
         for j, s in enumerate(srcs):
             b = as_src(s, f"source {j}")

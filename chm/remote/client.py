@@ -38,7 +38,7 @@ from chm.device import timeout_ns
 from chm.errors import Cancelled, ChmError, InvalidArgument, ViewInUse
 from chm.kv.buffers import as_dst, as_src
 from chm.kv.keys import Namespace
-from chm.kv.store import PutStatus
+from chm.kv.store import MAX_META, PutStatus, check_meta
 from chm.remote.protocol import (
     MAX_BATCH,
     MAX_FRAME,
@@ -54,6 +54,8 @@ from chm.stats import Stats
 __all__ = ["DaemonGone", "RemoteDevice", "RemoteHandle", "RemoteStore", "connect"]
 
 _hash = xxhash.xxh3_64_intdigest
+_WIRE_BUDGET = MAX_FRAME - 8192  # bytes of metadata a request or an answer may carry
+_ENTRY_NAMES = ("addr", "length", "checksum", "epoch", "state", "meta")
 _WAIT_SLICE = 20_000_000  # ns: a load hands staged blocks back at least this often
 
 
@@ -552,10 +554,11 @@ def _pairs(ks: np.ndarray[Any, Any]) -> list[list[int]]:
 
 
 class RemoteStore:
-    """The daemon's KV store: contains, prefix_len, put, get, load_prefix,
-    remove, flush, stats. Loads are zero-copy out of the shared pool into the
-    caller's buffers, checksum-verified here; one round trip each for lookup,
-    wait and release per batch of up to MAX_BATCH keys."""
+    """The daemon's KV store: contains, prefix_len, put (with metadata),
+    get, load_prefix, entries, meta, remove, flush, stats. Loads are
+    zero-copy out of the shared pool into the caller's buffers,
+    checksum-verified here; one round trip each for lookup, wait and release
+    per batch of up to MAX_BATCH keys."""
 
     def __init__(self, dev: RemoteDevice, namespace: Namespace) -> None:
         self.device = dev
@@ -582,29 +585,58 @@ class RemoteStore:
                 break
         return n
 
-    def put(self, keys: Any, srcs: Sequence[Any]) -> list[PutStatus]:
+    def put(
+        self, keys: Any, srcs: Sequence[Any], meta: Sequence[bytes | None] | None = None
+    ) -> list[PutStatus]:
+        """As ``Store.put``: a status per key; ``meta`` a small bytes field per
+        key kept with its entry (see ``Store.put``)."""
         ks = self._ks(keys)
         if len(srcs) != ks.size:
             raise InvalidArgument(None, f"put: {ks.size} keys but {len(srcs)} sources")
+        metas = check_meta(meta, ks.size)
         bufs = [as_src(s, f"source {j}") for j, s in enumerate(srcs)]
         dev = self.device
         out: list[PutStatus] = []
-        batch: list[list[int]] = []
-        used = 0
+        batch: list[list[Any]] = []
+        used = wire = 0
         for j, b in enumerate(bufs):
             if b.size > dev.area_bytes:
                 raise InvalidArgument(None, f"source {j}: larger than the shared area")
-            if used + b.size > dev.area_bytes or len(batch) == MAX_BATCH:
+            m = metas[j]
+            if (
+                used + b.size > dev.area_bytes
+                or len(batch) == MAX_BATCH
+                or wire + len(m) + 64 > _WIRE_BUDGET
+            ):
                 out += self._put(batch)
-                batch, used = [], 0
+                batch, used, wire = [], 0, 0
             dev._area_np[used : used + b.size] = b
-            batch.append([int(ks[j]["hi"]), int(ks[j]["lo"]), used, int(b.size)])
+            e: list[Any] = [int(ks[j]["hi"]), int(ks[j]["lo"]), used, int(b.size)]
+            if m:
+                e.append(m)
+            batch.append(e)
             used += -(-b.size // 4096) * 4096
+            wire += len(m) + 64
         if batch:
             out += self._put(batch)
         return out
 
-    def _put(self, batch: list[list[int]]) -> list[PutStatus]:
+    def entries(self, keys: Any) -> list[dict[str, Any] | None]:
+        """As ``Store.entries``: per key its index entry (``addr``,
+        ``length``, ``checksum``, ``epoch``, ``state``, ``meta``) or None."""
+        ks = self._ks(keys)
+        out: list[dict[str, Any] | None] = []
+        step = _WIRE_BUDGET // (MAX_META + 96)  # an answer always fits a packet
+        for i in range(0, ks.size, step):
+            for e in self.device._call(Op.KV_ENTRIES, _pairs(ks[i : i + step])):
+                out.append(None if e is None else dict(zip(_ENTRY_NAMES, e, strict=True)))
+        return out
+
+    def meta(self, keys: Any) -> list[bytes | None]:
+        """As ``Store.meta``: per key its metadata (b"" when none), None when absent."""
+        return [None if e is None else e["meta"] for e in self.entries(keys)]
+
+    def _put(self, batch: list[list[Any]]) -> list[PutStatus]:
         res = self.device._call(Op.KV_PUT, batch)
         if isinstance(res, int):
             _raise(res, "put")

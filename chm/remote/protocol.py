@@ -23,6 +23,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_FRAME",
     "VERSION",
+    "VERSIONS",
     "Op",
     "ProtocolError",
     "config_options",
@@ -32,7 +33,8 @@ __all__ = [
     "send_fds",
 ]
 
-VERSION = 1
+VERSION = 2  # 2: KV_PUT metadata, KV_ENTRIES
+VERSIONS = (1, 2)  # what a daemon accepts in HELLO (a version 1 client sends neither)
 MAX_FRAME = 64 * 1024  # bytes in one packet, either way
 MAX_BATCH = 256  # elements in one batched request
 
@@ -54,6 +56,7 @@ class Op(enum.IntEnum):
     KV_FLUSH = 13
     KV_REMOVE = 14
     KV_PREFIX_LEN = 15
+    KV_ENTRIES = 16
 
 
 class ProtocolError(Exception):

@@ -471,8 +471,11 @@ class DeviceMachine(RuleBasedStateMachine):
                 f"S10: a second wait on held {req} returned another view: {info}"
             )
             return
-        # READY after settling: the view must be there at once
-        mv = req.handle.wait(0)
+        # READY after settling: staged, though a slot a write landed on during
+        # its fill may still be catching up with the write buffer (S18, with
+        # the device lock dropped), which wait lets finish: a bounded wait,
+        # not a poll
+        mv = req.handle.wait(SETTLE_TIMEOUT_S)
         dev_addr, length, pool_offset = self.view_info(req)
         assert len(mv) == length == req.length and dev_addr == req.addr, (
             f"S2: the view of {req} is [{dev_addr:#x}+{length}), {len(mv)} bytes"

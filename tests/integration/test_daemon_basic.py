@@ -260,3 +260,70 @@ def test_file_pool_shared_read_only(tmp_path: Path) -> None:
         dev.flush()
         with dev.prefetch(2 << 20, 8192) as h:
             assert bytes(h.wait()) == data
+
+
+def test_kv_metadata_through_the_daemon_survives_a_restart(tmp_path: Path) -> None:
+    meta = [b'{"shape": [2, 8, 256, 64]}', None, bytes(range(256)) * 4]
+    with DaemonProcess(serve_args(tmp_path), tmp_path / "chm.sock") as d:
+        with chm.connect(d.socket) as dev:
+            kv = dev.kv()
+            assert (
+                kv.put([b"m0", b"m1", b"m2"], [_block(i) for i in range(3)], meta)
+                == [PutStatus.STORED] * 3
+            )
+            kv.flush()
+            assert kv.meta([b"m0", b"m1", b"m2", b"absent"]) == [meta[0], b"", meta[2], None]
+            # more metadata than one packet holds is split over several requests
+            big = [bytes([i]) * 1024 for i in range(120)]
+            keys = [b"big%d" % i for i in range(120)]
+            assert (
+                kv.put(keys, [_block(i, 4096) for i in range(120)], big) == [PutStatus.STORED] * 120
+            )
+            kv.flush()
+            ents = kv.entries(keys)
+            assert [e["meta"] for e in ents if e is not None] == big
+            with pytest.raises(chm.errors.InvalidArgument, match="at most 1024"):
+                kv.put([b"x"], [_block(9)], [bytes(1025)])
+        assert d.stop() == 0
+    with (
+        DaemonProcess(serve_args(tmp_path), tmp_path / "chm.sock") as d,
+        chm.connect(d.socket) as dev,
+    ):
+        assert dev.kv().meta([b"m0", b"m2", b"big7"]) == [meta[0], meta[2], bytes([7]) * 1024]
+
+
+def test_version_1_clients_are_served_without_the_version_2_requests(
+    daemon: DaemonProcess,
+) -> None:
+    import socket
+
+    from chm.remote.protocol import Op, decode, encode, recv_fds
+
+    def hello(version: int) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(daemon.socket)
+        s.send(encode(Op.HELLO, 0, {"version": version}))
+        data, fds = recv_fds(s, 2)
+        for fd in fds:
+            os.close(fd)
+        assert decode(data)[0] == Op.HELLO
+        return s
+
+    s = hello(1)
+    s.send(encode(Op.KV_CONTAINS, 1, [[1, 2]]))
+    assert decode(s.recv(65536))[2] == [False]
+    s.send(encode(Op.KV_ENTRIES, 2, [[1, 2]]))
+    op, _, body = decode(s.recv(65536))
+    assert op == Op.ERROR and "version 2 request" in body["message"]
+    s.close()
+    s = hello(1)
+    s.send(encode(Op.KV_PUT, 1, [[1, 2, 0, 4096, b"meta"]]))
+    op, _, body = decode(s.recv(65536))
+    assert op == Op.ERROR and "KV_PUT" in body["message"]
+    s.close()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(daemon.socket)
+    s.send(encode(Op.HELLO, 0, {"version": True}))  # not a version, though True == 1
+    op, _, body = decode(s.recv(65536))
+    assert op == Op.ERROR and "not supported" in body["message"]
+    s.close()

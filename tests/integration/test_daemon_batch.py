@@ -46,7 +46,11 @@ def _open(kind: str, tmp: Path, name: str) -> Iterator[Any]:
     lines = ["[device]", f'targets = ["{img}"]', 'backend = "pread"', "create = true"]
     lines += [f"{k} = {_toml(v)}" for k, v in GEOMETRY.items()]
     cfg.write_text("\n".join(lines) + "\n")
-    with DaemonProcess(["--config", str(cfg), "--no-kv"], tmp / f"{name}.sock") as p:
+    # the one client may hold every request entry, as the embedded device's
+    # caller does (the daemon's default client quota is half of them)
+    quota = str(GEOMETRY["slots"] + GEOMETRY["refill_queue"])
+    args = ["--config", str(cfg), "--no-kv", "--client-quota", quota]
+    with DaemonProcess(args, tmp / f"{name}.sock") as p:
         r = chm.connect(p.socket)
         try:
             yield r

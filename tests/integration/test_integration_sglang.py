@@ -153,3 +153,66 @@ def test_bad_flush_interval_is_refused(tmp_path: Path) -> None:
         backend(tmp_path / "kv", flush_interval_s=-1)
     with pytest.raises(InvalidArgument, match="flush_interval_s='x' is no number"):
         backend(tmp_path / "kv", flush_interval_s="x")
+
+
+class FakeMHAHostPool:
+    """A fake of SGLang's ``MHATokenToKVPoolHost`` in the ``page_first``
+    layout: SGLang's real host pools cannot be imported on this machine (the
+    package is installed without its engine dependencies, torchvision and
+    CUDA kernels among them), so this stands in for the two members the
+    zero-copy interface uses, ``page_size`` and ``get_page_buffer_meta``,
+    computed as the real one computes them (K and V of a page, each
+    ``layers x page_size x heads x head_dim`` elements, V after all of K)."""
+
+    layout = "page_first"
+
+    def __init__(self, pages: int, page_size: int = 16, layers: int = 4, hd: int = 256) -> None:
+        self.page_size, self.size, self.layers, self.hd = page_size, pages * page_size, layers, hd
+        self.kv_buffer = torch.zeros((2, self.size, layers, hd), dtype=torch.bfloat16)
+
+    def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
+        assert len(indices) % self.page_size == 0
+        item = self.kv_buffer.element_size()
+        v_offset = self.size * self.layers * self.hd * item
+        ptrs = []
+        for i in range(0, len(indices), self.page_size):
+            k = self.kv_buffer.data_ptr() + int(indices[i]) * self.layers * self.hd * item
+            ptrs += [k, k + v_offset]
+        n = self.layers * self.page_size * self.hd * item
+        return ptrs, [n] * len(ptrs)
+
+    def page(self, p: int) -> torch.Tensor:
+        s = slice(p * self.page_size, (p + 1) * self.page_size)
+        return self.kv_buffer[:, s].clone()
+
+
+def test_zero_copy_interface_v1(tmp_path: Path) -> None:
+    b = backend(tmp_path / "kv", interface_v1=1)
+    pool = FakeMHAHostPool(pages=8)
+    b.register_mem_pool_host(pool)
+    assert b._parts == 2  # K and V of each page
+    g = torch.Generator().manual_seed(3)
+    pool.kv_buffer.view(torch.int16).random_(-32768, 32767, generator=g)
+    want = [pool.page(p) for p in range(8)]
+    keys = [f"{i:064x}" for i in range(4)]
+    idx = torch.arange(4 * pool.page_size)  # pages 0..3
+    assert b.batch_set_v1(keys, idx) == [True] * 4
+    b.store.flush()
+    assert b.batch_exists([*keys, "absent"]) == 4 and b.exists(keys[2])
+    pool.kv_buffer.zero_()
+    # load them into pages 4..7 of the pool, in place
+    dst = torch.arange(4 * pool.page_size, 8 * pool.page_size)
+    assert b.batch_get_v1([*keys[:3], "absent"], dst) == [True, True, True, False]
+    for i in range(3):
+        assert torch.equal(pool.page(4 + i).view(torch.int16), want[i].view(torch.int16))
+    assert not pool.page(7).any() and not pool.page(0).any()
+    with pytest.raises(InvalidArgument, match="host indices for 2 pages"):
+        b.batch_get_v1(keys[:2], torch.arange(pool.page_size))
+    b.close()
+
+
+def test_zero_copy_before_registration_is_refused(tmp_path: Path) -> None:
+    b = backend(tmp_path / "kv", interface_v1=1)
+    with pytest.raises(InvalidArgument, match="before register_mem_pool_host"):
+        b.batch_set_v1(["a"], torch.arange(16))
+    b.close()

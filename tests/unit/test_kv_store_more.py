@@ -131,6 +131,9 @@ def test_entries_by_digest_and_by_engine_key(open_store: Callable[..., Store]) -
     assert (a["length"], a["meta"], a["state"]) == (256 << 10, b"meta-a", PENDING)
     assert (b["length"], b["meta"]) == (4096, b"")
     assert st.info(b"a") == a
+    assert st.info(digests[:1]) == a  # a digest, not hashed again
+    with pytest.raises(InvalidArgument, match="one key"):
+        st.info(digests)
     # a digest array is not hashed again: engine keys and digests agree
     assert st.entries([b"a"]) == [a]
     assert st.entries(Namespace(model="other").keys([b"a"])) == [None]
