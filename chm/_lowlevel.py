@@ -602,6 +602,45 @@ def write_object(dev: CData, addr: int, data: Any, flags: int = 0) -> int:
     return _check(rc, "chm_write_object", f"addr={addr:#x}, len={n}, flags={flags:#x}")
 
 
+def write_length(dev: CData, addr: int, length: int) -> int:
+    """chm_write_object() with no payload (buf NULL; the ghost backend only)."""
+    what = f"addr={addr!r}, len={length!r}"
+    _refuse_bools("chm_write_object", what, ("addr", addr), ("len", length))
+    try:
+        rc = lib.chm_write_object(dev, addr, ffi.NULL, length, 0)
+    except OverflowError as exc:
+        raise _arg_error("chm_write_object", what, exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_write_object", what, exc) from None
+    return _check(rc, "chm_write_object", f"addr={addr:#x}, buf=NULL, len={length}")
+
+
+def clock_ns(dev: CData) -> int:
+    """chm_clock_ns(): the device clock, without a stats snapshot."""
+    out = _clock_out()
+    _check(lib.chm_clock_ns(dev, out), "chm_clock_ns")
+    return int(out[0])
+
+
+def _clock_out() -> CData:
+    out = getattr(_tls, "clock", None)
+    if out is None:
+        out = _tls.clock = ffi.new("uint64_t *")
+    return out
+
+
+def advance_clock(dev: CData, t_ns: int) -> None:
+    """chm_advance_clock(): raises the virtual clock to t_ns."""
+    _refuse_bools("chm_advance_clock", f"t_ns={t_ns!r}", ("t_ns", t_ns))
+    try:
+        rc = lib.chm_advance_clock(dev, t_ns)
+    except OverflowError as exc:
+        raise _arg_error("chm_advance_clock", f"t_ns={t_ns}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_advance_clock", f"t_ns={t_ns!r}", exc) from None
+    _check(rc, "chm_advance_clock", f"t_ns={t_ns}")
+
+
 def flush(dev: CData, timeout_ns: int) -> None:
     """chm_flush(): durability barrier."""
     try:

@@ -201,7 +201,10 @@ class Config:
 
     def update(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Config:
         """Sets several options; returns self."""
-        pairs = items.items() if isinstance(items, Mapping) else items
+        pairs = list(items.items() if isinstance(items, Mapping) else items)
+        # object_size first: it sizes slot_size and wbuf from their defaults,
+        # so sizes given beside it win whatever their order
+        pairs.sort(key=lambda kv: kv[0] != "object_size")
         for key, value in pairs:
             self.set(key, value)
         return self

@@ -1141,6 +1141,42 @@ class Device:
         rc = _ll.write_object(self._p("chm_write_object"), addr, data, 0)
         return rc != _ll.WRITE_SKIPPED
 
+    def write_length(self, addr: int, length: int) -> bool:
+        """Offers ``length`` bytes at ``addr`` with no payload; True if admitted.
+
+        The ghost backend only (no data moves there, so the write costs the
+        model's time and O(1) host time whatever its size); InvalidArgument on
+        a backend that moves data.
+
+        Alignment: ``addr`` and ``length`` must be multiples of 512 bytes
+        (``CHM_IO_ALIGN``), as for :meth:`write`; otherwise InvalidArgument.
+        """
+        if self._config.backend != "ghost":
+            raise InvalidArgument(
+                None,
+                f"write_length(addr={addr}, len={length}): a write without a payload "
+                f"needs the ghost backend, not {self._config.backend!r}",
+                call="chm_write_object",
+            )
+        rc = _ll.write_length(self._p("chm_write_object"), addr, length)
+        return rc != _ll.WRITE_SKIPPED
+
+    def clock_ns(self) -> int:
+        """The device clock in ns (simulated in virtual time, else since open).
+
+        A lock-free read: much cheaper than ``stats().clock_now_ns``.
+        """
+        return _ll.clock_ns(self._p("chm_clock_ns"))
+
+    def advance_clock(self, t_ns: int) -> None:
+        """Virtual time: moves the simulated clock forward to ``t_ns``.
+
+        A time in the past changes nothing. The write buffer's flusher runs up
+        to the new time, so idle gaps drain it. Unsupported (NotSupported) with
+        ``clock="real"``.
+        """
+        _ll.advance_clock(self._p("chm_advance_clock"), t_ns)
+
     def flush(self, timeout: float | None = None) -> None:
         """Waits until every admitted write is durable (WaitTimeout after ``timeout``)."""
         _ll.flush(self._p("chm_flush"), timeout_ns(timeout))

@@ -3,6 +3,11 @@
  * Every io completes inline, inside submit(), with its full length (0 for a
  * sync); the core's timing model decides when it "happened". Injected faults
  * still apply; a SLOW fault only moves io->model_done_ns.
+ *
+ * chm_ghost_pieces() is the same without an io or a buffer: the core's
+ * payload-less paths (writes with no data, virtual-time flushes, reads that
+ * copy nothing) use it so that faults still reach them, at O(pieces) cost
+ * whatever the object's size.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -65,3 +70,26 @@ const struct chm_backend_ops chm_backend_ghost_ops = {
         .submit = ghost_submit,
         .shutdown = ghost_shutdown,
 };
+
+int chm_ghost_pieces(struct chm_dev *dev, int op, uint64_t len, uint64_t piece, uint64_t *delay_ns)
+{
+	int err = 0;
+
+	*delay_ns = 0;
+	if (!piece)
+		piece = len;
+	while (len) {
+		uint64_t n = len < piece ? len : piece;
+		struct chm_io io = {.op = op, .len = (uint32_t)n, .res = (int32_t)n};
+		uint64_t d = chm_fault_apply(dev, &io);
+
+		if (d > *delay_ns)
+			*delay_ns = d;
+		if (!err && io.res < 0)
+			err = io.res;
+		else if (!err && (uint64_t)io.res != n)
+			err = -EIO;
+		len -= n;
+	}
+	return err;
+}

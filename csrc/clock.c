@@ -2,7 +2,10 @@
  *
  * The device clock is CLOCK_MONOTONIC ns since open (clock=real) or a
  * virtual clock that only moves when a caller is paced to a modeled
- * completion (clock=virtual). Pacing in real time sleeps until the modeled
+ * completion or advances it (clock=virtual). The virtual clock is one
+ * counter read and raised with atomics, so reading it takes no lock; a
+ * raise under dev->lock runs the device's clock hook (the mode's work at
+ * simulated times, e.g. the write buffer's flusher). Pacing in real time sleeps until the modeled
  * completion; an emulator can only slow the host down, so a completion the
  * host already missed is counted as late instead (pacing_late). The one
  * ns -> timespec conversion of the core lives here. Calls nothing above it.
@@ -43,18 +46,34 @@ void chm_sleep_ns(uint64_t ns)
 		;
 }
 
+uint64_t chm_vclock_now(const struct chm_dev *dev)
+{
+	return __atomic_load_n(&dev->vclock_ns, __ATOMIC_ACQUIRE);
+}
+
+uint64_t chm_vclock_raise(struct chm_dev *dev, uint64_t t)
+{
+	uint64_t cur = __atomic_load_n(&dev->vclock_ns, __ATOMIC_ACQUIRE);
+	/* max() by compare-and-swap: a concurrent raise to a later time wins */
+	while (cur < t && !__atomic_compare_exchange_n(&dev->vclock_ns, &cur, t, true,
+	                                               __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		;
+	return cur < t ? t : cur;
+}
+
 uint64_t chm_now_ns(struct chm_dev *dev)
 {
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
-		return chm_ctr_get(&dev->vclock_ns); /* chm_stats reads it unlocked */
+		return chm_vclock_now(dev);
 	return chm_mono_ns() - dev->t0_ns;
 }
 
 void chm_pace(struct chm_dev *dev, uint64_t done_ns)
 {
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
-		if (dev->vclock_ns < done_ns)
-			chm_ctr_set(&dev->vclock_ns, done_ns);
+		chm_vclock_raise(dev, done_ns);
+		if (dev->clock_hook) /* what the mode did meanwhile (the flusher) */
+			dev->clock_hook(dev);
 		return;
 	}
 	if (!dev->timing.enabled)

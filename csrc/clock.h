@@ -13,6 +13,11 @@ uint64_t chm_mono_ns(void);
 /* Device clock: virtual time or monotonic ns since open. Lock held or not. */
 uint64_t chm_now_ns(struct chm_dev *dev);
 
+/* The virtual clock: read, and raise to t (never lowered; returns the clock
+ * after). Lock held or not; lock-free. Raising does not run the hook. */
+uint64_t chm_vclock_now(const struct chm_dev *dev);
+uint64_t chm_vclock_raise(struct chm_dev *dev, uint64_t t);
+
 /* Paces the caller to the modeled completion time done_ns: advances the
  * virtual clock, or sleeps (lock held; it is dropped while sleeping) until
  * the monotonic device clock reaches it. Counts host lateness. */

@@ -86,6 +86,10 @@ static const struct opt opts[] = {
          chm_clock_names},
         {"flush_high_water_pct", OPT_UINT, F(flush_high_water_pct), "75",
          "write-buffer fill (percent) at which flushing is forced despite reads", NULL},
+        {"object_size", OPT_SIZE, F(object_bytes), "0",
+         "size of the objects written and prefetched (e.g. a KV block); raises slot_size and "
+         "wbuf (two objects) from their defaults to fit; 0: not given",
+         NULL},
         {"timing", OPT_PRESET, 0, 0, "none",
          "timing preset: none, gen5-tlc-200g, fpga-cxlhm (sets the ssd_/dram_/link_ fields)", NULL},
         {"ssd_read_lat_ns", OPT_UINT, T(ssd_read_lat_ns), "0", "SSD read latency per I/O, ns",
@@ -363,6 +367,18 @@ int chm_config_init(struct chm_config *cfg)
 	return 0;
 }
 
+/* object_size given: slot_size and wbuf still at their defaults grow to
+ * hold one object and two objects (one flushing, one arriving). */
+static void size_for_objects(struct chm_config *cfg)
+{
+	struct chm_config d;
+	chm_config_init(&d);
+	if (cfg->slot_bytes == d.slot_bytes && cfg->object_bytes > cfg->slot_bytes)
+		cfg->slot_bytes = cfg->object_bytes;
+	if (cfg->wbuf_bytes == d.wbuf_bytes && 2 * cfg->object_bytes > cfg->wbuf_bytes)
+		cfg->wbuf_bytes = 2 * cfg->object_bytes;
+}
+
 int chm_config_set(struct chm_config *cfg, const char *key, const char *value, char *err,
                    size_t errlen)
 {
@@ -370,8 +386,12 @@ int chm_config_set(struct chm_config *cfg, const char *key, const char *value, c
 	if (!cfg || !key || !value)
 		return fail(err, errlen, "config_set: NULL argument");
 	for (unsigned i = 0; i < NOPTS; i++)
-		if (!strcmp(opts[i].name, key))
-			return opt_set(cfg, &opts[i], value, err, errlen);
+		if (!strcmp(opts[i].name, key)) {
+			int rc = opt_set(cfg, &opts[i], value, err, errlen);
+			if (!rc && cfg->object_bytes && !strcmp(key, "object_size"))
+				size_for_objects(cfg);
+			return rc;
+		}
 	fail(err, errlen, "unknown option '%.64s'", key);
 	return chm_detail(-ENOENT, "unknown option '%.64s'", key);
 }
@@ -557,6 +577,19 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 		return fail(err, errlen, "refill_queue: %u is not below 2^23", cfg->refill_queue);
 	if (cfg->mode == CHM_MODE_DIRECT)
 		return 0;
+	if (cfg->object_bytes && cfg->object_bytes > cfg->slot_bytes)
+		return fail(err, errlen,
+		            "object_size: %llu-byte objects do not fit slot_size %llu (every "
+		            "prefetch of one would be refused); raise slot_size",
+		            (unsigned long long)cfg->object_bytes,
+		            (unsigned long long)cfg->slot_bytes);
+	if (cfg->mode == CHM_MODE_PREFETCH && cfg->object_bytes &&
+	    cfg->object_bytes > cfg->wbuf_bytes)
+		return fail(err, errlen,
+		            "object_size: %llu-byte objects do not fit wbuf %llu (every write "
+		            "of one would be refused); raise wbuf",
+		            (unsigned long long)cfg->object_bytes,
+		            (unsigned long long)cfg->wbuf_bytes);
 	if (cfg->dram_bytes == 0)
 		return fail(err, errlen, "dram: 0 bytes (use mode=direct for no DRAM)");
 	if (cfg->mode == CHM_MODE_LRU) {

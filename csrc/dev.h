@@ -100,17 +100,32 @@ void chm_pool_destroy(struct chm_pool *pool);
  * Timing model (timing.c). Pure functions over a state.
  */
 struct chm_timing_state {
+	pthread_mutex_t lock;      /* the model's own lock: guards the fields below,
+	                            * never held while taking dev->lock */
 	struct chm_timing p;       /* parameters */
 	bool enabled;              /* derived: any parameter non-zero */
 	uint64_t chan_free_ns[64]; /* per-channel busy-until on the device clock */
-	uint64_t link_free_ns;     /* link busy-until */
+	uint64_t link_free_ns;     /* device->host link direction busy-until */
+	uint64_t link_in_free_ns;  /* host->device link direction busy-until */
 	uint64_t ssd_read_free_ns, ssd_write_free_ns; /* bandwidth pipes */
 };
+/* The functions below take ts->lock themselves: callers may hold dev->lock
+ * or not. */
 void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p);
 /* Returns when an SSD transfer of len bytes submitted at now_ns completes. */
 uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len);
+/* Returns when an SSD transfer of a whole object of len bytes, split into
+ * pieces of at most piece bytes all submitted at now_ns, completes (the
+ * latest piece). The one SSD cost of an object in every mode. */
+uint64_t chm_timing_ssd_object(struct chm_timing_state *ts, int write, uint64_t now_ns,
+                               uint64_t len, uint64_t piece);
 /* Returns when a DRAM->host transfer of len bytes started at now_ns completes. */
 uint64_t chm_timing_host(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len);
+/* Returns when a host->DRAM transfer of len bytes started at now_ns completes
+ * (the link's other direction: a write does not hold up reads' transfers). */
+uint64_t chm_timing_host_in(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len);
+/* When the SSD read pipe is busy until (read pressure, virtual flusher). */
+uint64_t chm_timing_read_busy_until(struct chm_timing_state *ts);
 
 /* Write-buffer read token (see chm_wbuf_read_begin). */
 struct chm_read_tok {
@@ -229,8 +244,12 @@ struct chm_dev {
 
 	/* timing */
 	struct chm_timing_state timing;
-	uint64_t vclock_ns; /* CHM_CLOCK_VIRTUAL device clock */
-	uint64_t t0_ns;     /* CLOCK_MONOTONIC at open */
+	uint64_t vclock_ns; /* CHM_CLOCK_VIRTUAL device clock (atomics, clock.c) */
+	/* virtual time: run by the clock whenever it moves, lock held (the
+	 * mode's work at simulated times: the write buffer's flusher); NULL
+	 * for none. A hook, so the clock never calls up into a mode. */
+	void (*clock_hook)(struct chm_dev *dev);
+	uint64_t t0_ns; /* CLOCK_MONOTONIC at open */
 
 	struct chm_faults faults;
 	struct chm_stats st; /* counters (pool/slot fields filled on copy) */
@@ -242,6 +261,19 @@ struct chm_dev {
 
 /* Config (config.c) */
 int chm_config_derive(struct chm_config *cfg); /* fills 0 = derive fields */
+
+/* True when writes carry no payload and lines, the write buffer and bounce
+ * buffers hold no data: the ghost backend. */
+static inline bool chm_nodata(const struct chm_dev *dev)
+{
+	return dev->cfg.backend == CHM_BACKEND_GHOST;
+}
+
+/* Ghost I/O without a buffer (backend_ghost.c): len bytes in pieces of at
+ * most piece bytes, op CHM_IO_READ or CHM_IO_WRITE, with the injected faults
+ * a ghost submit would apply to each piece. *delay_ns gets the largest
+ * fault delay. Returns 0 or the first piece's -errno (-EIO for short). */
+int chm_ghost_pieces(struct chm_dev *dev, int op, uint64_t len, uint64_t piece, uint64_t *delay_ns);
 
 static inline int chm_io_check(const struct chm_dev *dev, const struct chm_io *io)
 {

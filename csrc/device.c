@@ -277,8 +277,9 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len, uint32_t flags)
 {
 	chm_detail_clear();
-	if (!dev || !buf)
-		return chm_detail(-EINVAL, "write: NULL %s", !dev ? "dev" : "buf");
+	if (!dev || (!buf && !chm_nodata(dev)))
+		return chm_detail(-EINVAL, "write: NULL %s",
+		                  !dev ? "dev" : "buf (only the ghost backend takes no payload)");
 	if (flags)
 		return chm_detail(-EINVAL, "write: unknown flags %#x (none are defined)", flags);
 	int rc = check_range(dev, "write", addr, len);
@@ -465,5 +466,35 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	out->backend = dev->cfg.backend;
 	out->mode = dev->cfg.mode;
 	dev->mode->stats(dev, out);
+	return 0;
+}
+
+/* ---- the device clock ---- */
+
+int chm_clock_ns(chm_dev *dev, uint64_t *now_ns)
+{
+	chm_detail_clear();
+	if (!dev || !now_ns)
+		return chm_detail(-EINVAL, "clock_ns: NULL %s", !dev ? "dev" : "now_ns");
+	*now_ns = chm_now_ns(dev); /* lock-free in both clocks */
+	return 0;
+}
+
+int chm_advance_clock(chm_dev *dev, uint64_t t_ns)
+{
+	chm_detail_clear();
+	if (!dev)
+		return chm_detail(-EINVAL, "advance_clock: NULL dev");
+	if (dev->cfg.clock != CHM_CLOCK_VIRTUAL)
+		return chm_detail(-EOPNOTSUPP,
+		                  "advance_clock: clock=real follows the wall clock; only "
+		                  "clock=virtual can be advanced");
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&dev->lock);
+	chm_pace(dev, t_ns); /* raises the clock and runs the hook (the flusher) */
+	pthread_mutex_unlock(&dev->lock);
+	chm_leave(dev);
 	return 0;
 }

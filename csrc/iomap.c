@@ -139,8 +139,8 @@ out:
 	return err;
 }
 
-int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
-                    uint64_t *done_ns)
+int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
+                    uint64_t model_ns, uint64_t *done_ns)
 {
 	const uint64_t round_max = 32ull << 20;
 	unsigned max = chm_map_max_ios(&dev->cfg, len < round_max ? len : round_max);
@@ -152,7 +152,7 @@ int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 		return -ENOMEM;
 	}
 	char *p = buf;
-	uint64_t moved, done, latest = 0;
+	uint64_t moved, done, latest = model_ns;
 	int rc = 0;
 	while (len && !rc) {
 		uint64_t round = len < round_max ? len : round_max;
@@ -161,12 +161,8 @@ int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 			rc = n;
 			break;
 		}
-		pthread_mutex_lock(&dev->lock);
-		uint64_t now = chm_now_ns(dev);
 		for (int i = 0; i < n; i++)
-			ios[i].model_done_ns =
-			        chm_timing_ssd(&dev->timing, op == CHM_IO_WRITE, now, ios[i].len);
-		pthread_mutex_unlock(&dev->lock);
+			ios[i].model_done_ns = model_ns;
 		rc = chm_ios_run(dev, ios, ptrs, (unsigned)n, &moved, &done);
 		pthread_mutex_lock(&dev->lock);
 		if (op == CHM_IO_READ)
@@ -184,6 +180,15 @@ int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 	if (done_ns)
 		*done_ns = latest;
 	return rc;
+}
+
+int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
+                    uint64_t *done_ns)
+{
+	/* the whole transfer, once, as one object (fw_spec/cost.yaml) */
+	uint64_t model = chm_timing_ssd_object(&dev->timing, op == CHM_IO_WRITE, chm_now_ns(dev),
+	                                       len, dev->cfg.max_io);
+	return chm_ssd_rw_data(dev, op, addr, buf, len, model, done_ns);
 }
 
 /* fdatasync every target through the backend. */

@@ -27,11 +27,16 @@ int chm_ios_run(struct chm_dev *dev, struct chm_io *ios, struct chm_io **ptrs, u
                 uint64_t *bytes, uint64_t *done_ns);
 
 /* Synchronous SSD transfer through the backend (blocks the caller). buf must
- * be CHM_IO_ALIGN-aligned, addr/len too. Each I/O is charged to the timing
- * model at submission; *done_ns (may be NULL) gets the latest modeled
- * completion, fault delays included. Returns 0 or -errno. */
+ * be CHM_IO_ALIGN-aligned, addr/len too. The transfer is charged to the
+ * timing model once, as one object, at submission; *done_ns (may be NULL)
+ * gets the latest modeled completion, fault delays included. Returns 0 or
+ * -errno. */
 int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
                     uint64_t *done_ns);
+/* The same transfer with the model charged by the caller: each I/O carries
+ * model_ns as its modeled completion (fault delays added on top). */
+int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
+                    uint64_t model_ns, uint64_t *done_ns);
 
 /* fdatasync of every target through the backend (blocks). */
 int chm_ssd_sync_all(struct chm_dev *dev);

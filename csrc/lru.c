@@ -39,6 +39,15 @@
  * alone, first come first served). Each read, and each prefetch hint fill
  * made of one, is then all old or all new bytes of any write.
  *
+ * No payload (ghost backend): lines, bounce buffers and hint views hold no
+ * bytes; nothing is copied into or out of them, so the cache costs no host
+ * memory beyond its line table, and a write may come without a buffer.
+ *
+ * Cost (fw_spec/cost.yaml): a read pays its missing lines' SSD reads
+ * (behind any dirty victims' write-backs), then the host link once for the
+ * whole access; a write pays the host->DRAM link; a prefetch hint's fill
+ * pays the SSD but not the link (its wait does, once).
+ *
  * In virtual time (clock=virtual) there is no write-back thread: the
  * write-back runs inline at the end of each write and flush, charging the
  * timing model without pacing the caller, so that a trace replays the same
@@ -207,6 +216,11 @@ struct access {
 	struct chm_io **ptrs;
 	char *bounce; /* fills behind dirty victims */
 	unsigned bounce_lines;
+	bool write;        /* a write (wbuf may be NULL: no payload) */
+	bool nodata;       /* ghost: lines hold no bytes, nothing is copied */
+	bool hint;         /* a prefetch hint's fill: no link, and in virtual
+	                    * time no pacing (done_max records the model) */
+	uint64_t done_max; /* latest modeled completion of the access's I/O */
 	bool all_hit;
 	int write_retries;
 };
@@ -215,11 +229,12 @@ struct access {
 static void access_hit(struct chm_lru *c, struct access *a, struct lru_line *l, uint64_t off,
                        uint64_t cnt, uint64_t buf_off)
 {
-	if (a->wbuf) {
-		memcpy(line_buf(c, l) + off, a->wbuf + buf_off, cnt);
+	if (a->write) {
+		if (!a->nodata)
+			memcpy(line_buf(c, l) + off, a->wbuf + buf_off, cnt);
 		if (l->state == CHM_LINE_CLEAN)
 			chm_lru_index_dirty(&c->ix, l);
-	} else {
+	} else if (!a->nodata) {
 		memcpy(a->rbuf + buf_off, line_buf(c, l) + off, cnt);
 	}
 	chm_lru_index_touch(&c->ix, l);
@@ -236,7 +251,7 @@ static void access_hit(struct chm_lru *c, struct access *a, struct lru_line *l, 
 static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur, bool *grow)
 {
 	struct chm_lru *c = dev->lru;
-	bool write = a->wbuf != NULL;
+	bool write = a->write;
 	uint64_t end = a->addr + a->len;
 	unsigned n = 0, nbounce = 0;
 
@@ -268,7 +283,7 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 		}
 		bool fetch = !(write && off == 0 && cnt == ll);
 		bool dirty = v->state == CHM_LINE_DIRTY;
-		if (dirty && fetch && nbounce == a->bounce_lines) {
+		if (dirty && fetch && !a->nodata && nbounce == a->bounce_lines) {
 			*grow = true;
 			break;
 		}
@@ -284,7 +299,8 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 			chm_lru_index_bind(&c->ix, v, la);
 			if (!fetch) {
 				/* whole-line write, clean or free victim: no I/O */
-				memcpy(line_buf(c, v), a->wbuf + (*cur - a->addr), cnt);
+				if (!a->nodata)
+					memcpy(line_buf(c, v), a->wbuf + (*cur - a->addr), cnt);
 				chm_lru_index_dirty(&c->ix, v);
 				*cur += cnt;
 				continue;
@@ -308,8 +324,9 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 			chm_ctr_add(&c->dev->st.lru_dirty_evictions, 1);
 			f->pnext = c->pending;
 			c->pending = f;
-			if (fetch)
-				f->dst = a->bounce + (uint64_t)nbounce++ * c->ix.line;
+			if (fetch) /* no payload: the ghost fill lands nowhere */
+				f->dst = a->nodata ? line_buf(c, v)
+				                   : a->bounce + (uint64_t)nbounce++ * c->ix.line;
 		} else {
 			f->dst = line_buf(c, v);
 		}
@@ -324,7 +341,7 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 {
 	struct chm_lru *c = dev->lru;
 	struct lru_line *v = f->line;
-	bool write = a->wbuf != NULL;
+	bool write = a->write;
 
 	if (f->fetch && !f->rd_err)
 		chm_ctr_add(&dev->st.bytes_read_ssd, f->len);
@@ -339,7 +356,8 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 				return 1;
 			if (f->rd_err)
 				return f->rd_err;
-			memcpy(a->rbuf + f->buf_off, f->dst + f->off, f->cnt); /* uncached */
+			if (!a->nodata) /* uncached */
+				memcpy(a->rbuf + f->buf_off, f->dst + f->off, f->cnt);
 			return 0;
 		}
 		chm_lru_index_set(&c->ix, v, CHM_LINE_CLEAN);
@@ -363,9 +381,10 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 	if (f->fetch)
 		chm_lru_index_set(&c->ix, v, CHM_LINE_CLEAN);
 	if (write) {
-		memcpy(line_buf(c, v) + f->off, a->wbuf + f->buf_off, f->cnt);
+		if (!a->nodata)
+			memcpy(line_buf(c, v) + f->off, a->wbuf + f->buf_off, f->cnt);
 		chm_lru_index_dirty(&c->ix, v);
-	} else {
+	} else if (!a->nodata) {
 		memcpy(a->rbuf + f->buf_off, line_buf(c, v) + f->off, f->cnt);
 	}
 	return 0;
@@ -407,20 +426,23 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 
 	uint64_t t0 = chm_mono_ns();
 	chm_ios_run(dev, a->ios, a->ptrs, k, NULL, NULL);
-	uint64_t stalled = nwb_total && a->rbuf ? chm_mono_ns() - t0 : 0;
+	uint64_t stalled = nwb_total && !a->write ? chm_mono_ns() - t0 : 0;
 	for (unsigned i = 0; i < n; i++) {
 		struct lru_fill *f = &a->fills[i];
 		f->wb_err = f->dirty_victim ? ios_err(a->ios, f->wb0, f->nwb) : 0;
 		f->rd_err = f->fetch ? ios_err(a->ios, f->rd0, f->nrd) : 0;
 		/* the line is busy and its old image is on the SSD now */
-		if (f->dirty_victim && f->fetch && !f->wb_err && !f->rd_err)
+		if (f->dirty_victim && f->fetch && !f->wb_err && !f->rd_err && !a->nodata)
 			memcpy(line_buf(c, f->line), f->dst, f->len);
 	}
 
 	pthread_mutex_lock(&dev->lock);
 	/* a read that had to push dirty victims out first waited behind them */
 	chm_ctr_add(&dev->st.read_wait_flush_ns, stalled);
-	chm_pace(dev, done);
+	if (done > a->done_max)
+		a->done_max = done;
+	if (!(a->hint && dev->cfg.clock == CHM_CLOCK_VIRTUAL))
+		chm_pace(dev, done);
 	for (unsigned i = 0; i < n; i++) {
 		struct lru_fill *f = &a->fills[i];
 		int r = settle(dev, a, f);
@@ -480,10 +502,17 @@ static void range_leave(struct chm_dev *dev, struct lru_range *r)
 }
 
 static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const char *wbuf,
-                        uint64_t len)
+                        uint64_t len, bool write, bool hint, uint64_t *done_ns)
 {
 	struct chm_lru *c = dev->lru;
-	struct access a = {.addr = addr, .len = len, .rbuf = rbuf, .wbuf = wbuf, .all_hit = true};
+	struct access a = {.addr = addr,
+	                   .len = len,
+	                   .rbuf = rbuf,
+	                   .wbuf = wbuf,
+	                   .all_hit = true,
+	                   .write = write,
+	                   .nodata = chm_nodata(dev) || (write && !wbuf),
+	                   .hint = hint};
 	uint64_t nl = ((addr + len - 1) >> c->ix.shift) - (addr >> c->ix.shift) + 1;
 	unsigned bmax = nl < c->batch_lines ? (unsigned)nl : c->batch_lines;
 	size_t nios = (size_t)bmax * 2 * c->ios_per_line;
@@ -498,7 +527,8 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 		goto out_free;
 	}
 
-	struct lru_range range = {.a = addr, .b = addr + len, .write = wbuf != NULL};
+	struct lru_range range = {.a = addr, .b = addr + len, .write = write};
+	a.done_max = chm_now_ns(dev);
 	pthread_mutex_lock(&dev->lock);
 	range_enter(dev, &range);
 	while (cur < addr + len && !rc) {
@@ -528,7 +558,7 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 			}
 		}
 	}
-	if (a.wbuf) {
+	if (a.write) {
 		if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
 			wb_drain_inline(c);
 		else
@@ -542,8 +572,14 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 			chm_ctr_add(&dev->st.bytes_from_dram, len);
 	}
 	range_leave(dev, &range);
-	if (!rc)
+	/* the host link, once per access, after the lines are in (store and
+	 * forward); a hint's fill stays inside the device: its wait pays it */
+	if (!rc && write)
+		chm_pace(dev, chm_timing_host_in(&dev->timing, chm_now_ns(dev), len));
+	else if (!rc && !hint)
 		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
+	if (done_ns)
+		*done_ns = a.done_max;
 	pthread_mutex_unlock(&dev->lock);
 
 out_free:
@@ -558,14 +594,14 @@ int chm_lru_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
 	if (!dev->lru || !len)
 		return -EINVAL;
-	return access_range(dev, addr, buf, NULL, len);
+	return access_range(dev, addr, buf, NULL, len, false, false, NULL);
 }
 
 int chm_lru_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
 {
 	if (!dev->lru || !len || addr % CHM_IO_ALIGN || len % CHM_IO_ALIGN)
 		return -EINVAL;
-	return access_range(dev, addr, NULL, buf, len);
+	return access_range(dev, addr, NULL, buf, len, true, false, NULL);
 }
 
 /* ---- eager write-back ---- */
@@ -848,9 +884,26 @@ static unsigned lru_fill_start(struct chm_dev *dev, struct chm_slot *s)
 	return 1;
 }
 
+/* Fills slot s through the cache (lock not held): the hint's lines come
+ * in from the SSD; the host link is left to the wait. */
+static void fill_slot(struct chm_dev *dev, struct chm_slot *s)
+{
+	uint64_t done = 0;
+	int rc = access_range(dev, s->addr, s->buf + (s->addr - s->fill_start), NULL, s->len, false,
+	                      true, &done);
+	s->ios[0].res = rc < 0 ? rc : (int32_t)s->ios[0].len;
+	s->ios[0].model_done_ns = done;
+	chm_staging_fill_io_done(&s->ios[0]);
+}
+
 static int lru_fill_submit(struct chm_dev *dev, struct chm_slot *s)
 {
 	struct chm_lru *c = dev->lru;
+	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
+		/* inline, in call order, so a replay is the same every run */
+		fill_slot(dev, s);
+		return 0;
+	}
 	pthread_mutex_lock(&dev->lock);
 	c->lq[(c->lq_head + c->lq_len) % dev->nslots] = (uint32_t)(s - dev->slots);
 	c->lq_len++;
@@ -879,9 +932,7 @@ static void *filler_main(void *arg)
 		c->lq_head = (c->lq_head + 1) % dev->nslots;
 		c->lq_len--;
 		pthread_mutex_unlock(&dev->lock);
-		int rc = chm_lru_read(dev, s->addr, s->buf + (s->addr - s->fill_start), s->len);
-		s->ios[0].res = rc < 0 ? rc : (int32_t)s->ios[0].len;
-		chm_staging_fill_io_done(&s->ios[0]);
+		fill_slot(dev, s);
 		pthread_mutex_lock(&dev->lock);
 	}
 	pthread_mutex_unlock(&dev->lock);

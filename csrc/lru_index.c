@@ -37,10 +37,18 @@ void chm_lru_index_set(struct chm_lru_index *x, struct lru_line *l, int to)
 
 /* ---- hash table ---- */
 
+/* Runs of 64 consecutive lines (an object's) share one hashed group and sit
+ * in consecutive buckets, so a large access walks the table sequentially
+ * instead of missing the cache at every line; groups are spread by a
+ * multiplicative hash. */
+#define HGROUP_BITS 6u
+
 static inline uint32_t hslot(const struct chm_lru_index *x, uint64_t addr)
 {
-	uint64_t k = (addr >> x->shift) * 0x9e3779b97f4a7c15ull;
-	return (uint32_t)(k >> (64 - x->hbits));
+	uint64_t b = addr >> x->shift;
+	uint64_t g = (b >> HGROUP_BITS) * 0x9e3779b97f4a7c15ull;
+	uint64_t mask = (1ull << x->hbits) - 1;
+	return (uint32_t)(((g >> (64 - x->hbits)) + (b & ((1u << HGROUP_BITS) - 1))) & mask);
 }
 
 struct lru_line *chm_lru_index_lookup(struct chm_lru_index *x, uint64_t addr)

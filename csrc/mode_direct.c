@@ -4,7 +4,10 @@
  * buffer, with the write-buffer overlay on top when the device has one.
  * No device lock is held for I/O or copies (the overlay is copied from the
  * pinned log with the lock dropped); dev->lock is taken only for the
- * write-buffer read bookkeeping and for pacing. Calls only downwards
+ * write-buffer read bookkeeping and for pacing. Cost (fw_spec/cost.yaml):
+ * a read pays the SSD read of the widened range as one object, then the
+ * link; a write the link, then the SSD write. On ghost nothing is copied.
+ * Calls only downwards
  * (write buffer, iomap, clock).
  */
 #include <errno.h>
@@ -45,14 +48,46 @@ static void overlay_unlocked(struct chm_dev *dev, uint64_t addr, char *out, uint
 	chm_wbuf_unpin_log(dev);
 }
 
+/* A miss without a payload (ghost): the SSD read of the whole widened
+ * range as one object, then the link; the faults a ghost read would see; no
+ * copy. */
+static int read_nodata(struct chm_dev *dev, uint64_t addr, uint64_t len)
+{
+	uint64_t a0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN);
+	uint64_t a1 = CHM_ALIGN_UP(addr + len, CHM_FILL_ALIGN);
+	uint64_t delay, done;
+	if (a1 > dev->cfg.capacity)
+		a1 = dev->cfg.capacity;
+	done = chm_timing_ssd_object(&dev->timing, 0, chm_now_ns(dev), a1 - a0, dev->cfg.max_io);
+	int rc = chm_ghost_pieces(dev, CHM_IO_READ, a1 - a0, dev->cfg.max_io, &delay);
+	pthread_mutex_lock(&dev->lock);
+	if (!rc) {
+		chm_ctr_add(&dev->st.bytes_read_ssd, a1 - a0);
+		chm_pace(dev, chm_timing_host(&dev->timing, done + delay, len));
+	}
+	pthread_mutex_unlock(&dev->lock);
+	return rc;
+}
+
 int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
+	if (chm_nodata(dev))
+		return read_nodata(dev, addr, len);
 	uint64_t bounce_len = CHUNK_MAX + 2 * CHM_FILL_ALIGN;
 	char *out = buf;
 	void *bounce;
 	if (posix_memalign(&bounce, CHM_FILL_ALIGN, bounce_len))
 		return -ENOMEM;
 	int rc = 0;
+	/* the model: the whole widened range as one object at the start, then
+	 * the link after it (store and forward), whatever the copy's chunks */
+	uint64_t r0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN);
+	uint64_t r1 = CHM_ALIGN_UP(addr + len, CHM_FILL_ALIGN);
+	if (r1 > dev->cfg.capacity)
+		r1 = dev->cfg.capacity;
+	uint64_t total = len;
+	uint64_t model =
+	        chm_timing_ssd_object(&dev->timing, 0, chm_now_ns(dev), r1 - r0, dev->cfg.max_io);
 	while (len) {
 		uint64_t n = len < CHUNK_MAX ? len : CHUNK_MAX;
 		uint64_t a0 = CHM_ALIGN_DOWN(addr, CHM_FILL_ALIGN);
@@ -64,23 +99,27 @@ int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 		pthread_mutex_lock(&dev->lock);
 		chm_wbuf_read_begin(dev, &tok);
 		pthread_mutex_unlock(&dev->lock);
-		rc = chm_ssd_rw_sync(dev, CHM_IO_READ, a0, bounce, a1 - a0, &done);
+		rc = chm_ssd_rw_data(dev, CHM_IO_READ, a0, bounce, a1 - a0, model, &done);
 		if (!rc) /* the caller's buffer: no lock needed for the bulk copy */
 			memcpy(out, (char *)bounce + (addr - a0), n);
 		pthread_mutex_lock(&dev->lock);
 		chm_wbuf_read_end(dev, &tok);
-		if (!rc) {
+		if (!rc)
 			overlay_unlocked(dev, addr, out, n);
-			chm_pace(dev, done);
-		}
 		pthread_mutex_unlock(&dev->lock);
 		if (rc)
 			break;
+		model = done > model ? done : model; /* a fault's delay shows */
 		addr += n;
 		out += n;
 		len -= n;
 	}
 	free(bounce);
+	if (!rc) {
+		pthread_mutex_lock(&dev->lock);
+		chm_pace(dev, chm_timing_host(&dev->timing, model, total));
+		pthread_mutex_unlock(&dev->lock);
+	}
 	return rc;
 }
 
@@ -92,27 +131,41 @@ static int direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t l
 	return chm_direct_read(dev, addr, buf, len);
 }
 
-/* Write-through of an aligned range. */
+/* Write-through of an aligned range: the host->device link, then the SSD
+ * write of the whole object (store and forward), blocking. */
 static int direct_write(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len)
 {
+	uint64_t in_done = chm_timing_host_in(&dev->timing, chm_now_ns(dev), len);
+	uint64_t model = chm_timing_ssd_object(&dev->timing, 1, in_done, len, dev->cfg.max_io);
+	uint64_t done;
+	int rc = 0;
+	if (chm_nodata(dev)) { /* no payload: nothing to copy or move */
+		uint64_t delay;
+		rc = chm_ghost_pieces(dev, CHM_IO_WRITE, len, dev->cfg.max_io, &delay);
+		pthread_mutex_lock(&dev->lock);
+		if (!rc)
+			chm_ctr_add(&dev->st.bytes_written_ssd, len);
+		chm_pace(dev, model + delay);
+		pthread_mutex_unlock(&dev->lock);
+		return rc;
+	}
 	void *bounce;
 	if (posix_memalign(&bounce, CHM_FILL_ALIGN, CHUNK_MAX))
 		return -ENOMEM;
-	int rc = 0;
 	const char *p = buf;
 	while (len && !rc) {
 		uint64_t n = len < CHUNK_MAX ? len : CHUNK_MAX;
 		memcpy(bounce, p, n);
-		uint64_t done;
-		rc = chm_ssd_rw_sync(dev, CHM_IO_WRITE, addr, bounce, n, &done);
-		pthread_mutex_lock(&dev->lock);
-		chm_pace(dev, done);
-		pthread_mutex_unlock(&dev->lock);
+		rc = chm_ssd_rw_data(dev, CHM_IO_WRITE, addr, bounce, n, model, &done);
+		model = done > model ? done : model;
 		addr += n;
 		p += n;
 		len -= n;
 	}
 	free(bounce);
+	pthread_mutex_lock(&dev->lock);
+	chm_pace(dev, model);
+	pthread_mutex_unlock(&dev->lock);
 	return rc;
 }
 

@@ -27,9 +27,11 @@ static unsigned prefetch_fill_start(struct chm_dev *dev, struct chm_slot *s)
 	int n = chm_map_ios(dev, CHM_IO_READ, s->fill_start, s->fill_len, s->buf, s->ios,
 	                    dev->max_ios);
 	chm_wbuf_read_begin(dev, &s->rtok);
+	/* the SSD read of the widened object, charged once (cost.yaml) */
+	uint64_t ready =
+	        chm_timing_ssd_object(&dev->timing, 0, s->issue_ns, s->fill_len, dev->cfg.max_io);
 	for (int i = 0; i < n; i++)
-		s->ios[i].model_done_ns =
-		        chm_timing_ssd(&dev->timing, 0, s->issue_ns, s->ios[i].len);
+		s->ios[i].model_done_ns = ready;
 	return (unsigned)n;
 }
 
@@ -76,8 +78,9 @@ static int prefetch_write(struct chm_dev *dev, uint64_t addr, const void *buf, u
 		return rc; /* skipped */
 	pthread_mutex_lock(&dev->lock);
 	/* visible to reads, and staged copies marked behind, in one step (W10) */
-	chm_wbuf_admit(dev, e);
+	uint64_t in_done = chm_wbuf_admit(dev, e);
 	chm_staging_patch(dev, addr, len, &start);
+	chm_pace(dev, in_done); /* the host->DRAM transfer (may drop the lock) */
 	pthread_mutex_unlock(&dev->lock);
 	if (start)
 		chm_staging_submit(dev, start);
@@ -104,6 +107,8 @@ static int prefetch_init(struct chm_dev *dev)
 	rc = chm_staging_init(dev, dev->pool.base);
 	if (rc)
 		goto err_staging;
+	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
+		dev->clock_hook = chm_wbuf_vt_advance; /* the flusher runs on the clock */
 	return 0;
 
 err_staging:

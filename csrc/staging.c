@@ -692,8 +692,7 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 		/* behind: the last unpin brings it up to date, then wakes us */
 		if (s && s->state == CHM_SLOT_READY && !s->behind) {
 			if (dev->cfg.clock == CHM_CLOCK_VIRTUAL) {
-				if (dev->vclock_ns < s->ready_ns)
-					chm_ctr_set(&dev->vclock_ns, s->ready_ns);
+				chm_pace(dev, s->ready_ns); /* virtual: never drops the lock */
 				slot_set(dev, s, CHM_SLOT_HELD);
 				host_transfer(dev, s, r->len);
 				break;

@@ -32,11 +32,25 @@
  *   link_free = start + max(ceil(len / dram_bw), ceil(len / link_bw))
  *   done = link_free + link_lat
  *
+ * The link is full duplex: host->DRAM transfers (writes) run the same
+ * formula on their own direction (link_in_free), so they never delay a
+ * read's transfer and the other way round.
+ *
+ * Object. An object of len bytes moved to or from the SSD is split into
+ * pieces of at most `piece` bytes (max_io for whole objects, the line in lru
+ * mode), all submitted at the same now; it is done when its last piece is.
+ * fw_spec/cost.yaml says which of these each command pays in each mode.
+ *
  * A zero bandwidth is unlimited and a zero latency is none. Divisions round
  * up, so rounding never beats a bound; 128-bit intermediates and saturating
  * sums keep terabyte transfers exact.
+ *
+ * Locking: the state has its own mutex (ts->lock), taken inside each call,
+ * so charging the model never needs the device lock and never waits behind
+ * a copy. It is a leaf lock: nothing else is taken while it is held.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "dev.h"
@@ -83,6 +97,9 @@ static unsigned channels(const struct chm_timing_state *ts)
 void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p)
 {
 	memset(ts, 0, sizeof(*ts));
+	/* a statically initialised mutex needs no destroy: the state can be
+	 * dropped with its device (or the stack frame of a test) */
+	ts->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
 	if (p)
 		ts->p = *p;
 	ts->enabled = ts->p.ssd_read_lat_ns || ts->p.ssd_write_lat_ns || ts->p.ssd_read_bw_bps ||
@@ -90,7 +107,8 @@ void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p)
 	              ts->p.link_bw_bps || ts->p.link_lat_ns;
 }
 
-uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len)
+/* One SSD transfer; ts->lock held. */
+static uint64_t ssd_locked(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len)
 {
 	uint64_t lat = write ? ts->p.ssd_write_lat_ns : ts->p.ssd_read_lat_ns;
 	uint64_t bw = write ? ts->p.ssd_write_bw_bps : ts->p.ssd_read_bw_bps;
@@ -111,15 +129,80 @@ uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns,
 	return max_u64(t_chan, t_pipe);
 }
 
-uint64_t chm_timing_host(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len)
+uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len)
 {
-	uint64_t busy;
+	uint64_t done;
 
 	if (!ts->enabled)
 		return now_ns;
+	pthread_mutex_lock(&ts->lock);
+	done = ssd_locked(ts, write, now_ns, len);
+	pthread_mutex_unlock(&ts->lock);
+	return done;
+}
+
+uint64_t chm_timing_ssd_object(struct chm_timing_state *ts, int write, uint64_t now_ns,
+                               uint64_t len, uint64_t piece)
+{
+	uint64_t done = now_ns;
+
+	if (!ts->enabled || !len)
+		return now_ns;
+	if (!piece)
+		piece = len;
+	pthread_mutex_lock(&ts->lock);
+	while (len) {
+		uint64_t n = len < piece ? len : piece;
+		done = max_u64(done, ssd_locked(ts, write, now_ns, n));
+		len -= n;
+	}
+	pthread_mutex_unlock(&ts->lock);
+	return done;
+}
+
+/* One direction of the host link; ts->lock held. */
+static uint64_t host_locked(struct chm_timing_state *ts, uint64_t *free_ns, uint64_t now_ns,
+                            uint64_t len)
+{
+	uint64_t busy;
+
 	busy = max_u64(xfer_ns(len, 1, ts->p.dram_bw_bps), xfer_ns(len, 1, ts->p.link_bw_bps));
-	ts->link_free_ns = sat_add(max_u64(now_ns, ts->link_free_ns), busy);
-	return sat_add(ts->link_free_ns, ts->p.link_lat_ns);
+	*free_ns = sat_add(max_u64(now_ns, *free_ns), busy);
+	return sat_add(*free_ns, ts->p.link_lat_ns);
+}
+
+uint64_t chm_timing_host(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len)
+{
+	uint64_t done;
+
+	if (!ts->enabled)
+		return now_ns;
+	pthread_mutex_lock(&ts->lock);
+	done = host_locked(ts, &ts->link_free_ns, now_ns, len);
+	pthread_mutex_unlock(&ts->lock);
+	return done;
+}
+
+uint64_t chm_timing_host_in(struct chm_timing_state *ts, uint64_t now_ns, uint64_t len)
+{
+	uint64_t done;
+
+	if (!ts->enabled)
+		return now_ns;
+	pthread_mutex_lock(&ts->lock);
+	done = host_locked(ts, &ts->link_in_free_ns, now_ns, len);
+	pthread_mutex_unlock(&ts->lock);
+	return done;
+}
+
+uint64_t chm_timing_read_busy_until(struct chm_timing_state *ts)
+{
+	uint64_t t;
+
+	pthread_mutex_lock(&ts->lock);
+	t = ts->ssd_read_free_ns;
+	pthread_mutex_unlock(&ts->lock);
+	return t;
 }
 
 /*

@@ -18,6 +18,23 @@
  * completes. Reads therefore register in the current epoch; a batch that
  * becomes durable is stamped with the epoch, the epoch advances, and an entry
  * is reclaimed only once no read from its epoch or earlier is in flight.
+ *
+ * Cost (fw_spec/cost.yaml): an admitted write pays the host->DRAM link
+ * (the caller is paced to it); a skip pays nothing; a batch pays the SSD
+ * write of each entry, in the background.
+ *
+ * Virtual time (clock=virtual): there is no flusher thread. The flusher is
+ * a process on the simulated clock, run by chm_wbuf_vt_advance() whenever
+ * the clock moves (pacing, chm_advance_clock, a write): a batch starts once
+ * the previous one is done, its first entry has arrived and (unless the log
+ * is above the high-water mark or a barrier waits) the modeled SSD read
+ * pipe is idle; it is charged to the timing model at that start and becomes
+ * durable when the model completes it. So the buffer fills when modeled
+ * writes outpace the modeled SSD, idle time drains it, and the same calls
+ * give the same skips and times on every run.
+ *
+ * No payload (ghost backend): nothing is copied into the log, the overlay
+ * has nothing to lay over, and a write costs O(1) whatever its size.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -27,6 +44,7 @@
 #include "clock.h"
 #include "counters.h"
 #include "dev.h"
+#include "errdetail.h"
 #include "iomap.h"
 #include "states.h"
 #include "wbuf.h"
@@ -44,8 +62,9 @@ struct wb_entry {
 	uint64_t pad; /* log bytes skipped before off (wrap) */
 	uint64_t seq;
 	uint64_t durable_epoch;
-	int state;    /* enum chm_wbuf_state */
-	bool copying; /* space reserved, data not yet copied in */
+	uint64_t adm_ns; /* device clock when the data was in the buffer */
+	int state;       /* enum chm_wbuf_state */
+	bool copying;    /* space reserved, data not yet copied in */
 };
 
 struct chm_wbuf {
@@ -68,7 +87,16 @@ struct chm_wbuf {
 	uint64_t durable_model_ns; /* modeled time of the last durable batch */
 	pthread_cond_t cond;       /* wakes the flusher */
 	pthread_t thread;
+	bool thread_started;
 	bool stop;
+	/* virtual time: the flusher as a process on the simulated clock */
+	bool vt;
+	uint64_t vt_free_ns; /* the flusher can start its next batch from here */
+	uint64_t vt_done_ns; /* the batch in flight completes (flushing) */
+	uint32_t vt_n;       /* entries of that batch */
+	bool vt_running;     /* inside the virtual flusher (no re-entry) */
+	int vt_err;          /* -errno of the batch in flight, at its completion */
+	struct wb_entry *vt_batch[BATCH_ENTRIES];
 };
 
 static struct wb_entry *ent(struct chm_wbuf *w, uint32_t i)
@@ -146,6 +174,16 @@ int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64
 	struct chm_wbuf *w = dev->wbuf;
 	uint64_t off, pad;
 	pthread_mutex_lock(&dev->lock);
+	if (len > w->size) {
+		/* never admissible: a configuration error, not a skip */
+		pthread_mutex_unlock(&dev->lock);
+		return chm_detail(
+		        -EINVAL,
+		        "write: len %llu is larger than the write buffer (wbuf %llu), so it "
+		        "can never be admitted; raise wbuf, or set object_size",
+		        (unsigned long long)len, (unsigned long long)w->size);
+	}
+	chm_wbuf_vt_advance(dev); /* the flushes the model has finished by now */
 	if (!log_alloc(w, len, &off, &pad)) {
 		reclaim(w);
 		if (!log_alloc(w, len, &off, &pad)) {
@@ -172,12 +210,15 @@ int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64
 	pthread_mutex_unlock(&dev->lock);
 
 	/* the entry is reserved and invisible until admitted: copy unlocked */
-	memcpy(w->base + off, buf, len);
+	if (buf && !chm_nodata(dev))
+		memcpy(w->base + off, buf, len);
+	/* the host->DRAM link; e is invisible until admitted, so no lock */
+	e->adm_ns = chm_timing_host_in(&dev->timing, chm_now_ns(dev), len);
 	*out = e;
 	return 0;
 }
 
-void chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e)
+uint64_t chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e)
 {
 	struct chm_wbuf *w = dev->wbuf;
 	e->copying = false;
@@ -187,13 +228,14 @@ void chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e)
 	chm_ctr_add(&dev->st.wr_admitted, 1);
 	chm_ctr_add(&dev->st.wr_admitted_bytes, e->len);
 	pthread_cond_signal(&w->cond);
+	return e->adm_ns;
 }
 
 void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
 	struct chm_wbuf *w = dev->wbuf;
-	if (!w)
-		return;
+	if (!w || chm_nodata(dev))
+		return; /* no payload in the log */
 	for (uint32_t i = 0; i < w->count; i++) {
 		struct wb_entry *e = ent(w, i);
 		if (e->copying)
@@ -210,8 +252,8 @@ int chm_wbuf_overlay_segs(struct chm_dev *dev, uint64_t addr, uint64_t len,
 {
 	struct chm_wbuf *w = dev->wbuf;
 	int n = 0;
-	if (!w)
-		return 0;
+	if (!w || chm_nodata(dev))
+		return 0; /* no payload in the log */
 	for (uint32_t i = 0; i < w->count; i++) {
 		struct wb_entry *e = ent(w, i);
 		if (e->copying)
@@ -302,6 +344,112 @@ static uint32_t pick_batch(struct chm_wbuf *w, uint32_t *first)
 	return n;
 }
 
+/* ---- virtual time ---- */
+
+static bool forced_now(struct chm_dev *dev, struct chm_wbuf *w)
+{
+	return w->barriers || w->used * 100 >= w->size * dev->cfg.flush_high_water_pct;
+}
+
+/* The batch in flight is done in the model: DURABLE (or back to ADMITTED
+ * on an injected error, retried after RETRY_NS of simulated time). */
+static void vt_complete(struct chm_dev *dev, struct chm_wbuf *w, int rc)
+{
+	uint64_t bytes = 0;
+
+	w->flushing = false;
+	w->batch_mark++;
+	for (uint32_t i = 0; i < w->vt_n; i++) {
+		struct wb_entry *e = w->vt_batch[i];
+		bytes += e->len;
+		if (rc) {
+			ent_set(e, CHM_WB_ADMITTED); /* flush_error: retried */
+		} else {
+			ent_set(e, CHM_WB_DURABLE);
+			e->durable_epoch = w->epoch;
+		}
+	}
+	w->vt_n = 0;
+	if (rc) {
+		w->error_gen++;
+		w->vt_free_ns = w->vt_done_ns + RETRY_NS;
+	} else {
+		if (w->vt_done_ns > w->durable_model_ns)
+			w->durable_model_ns = w->vt_done_ns;
+		chm_ctr_add(&dev->st.wr_flushed_bytes, bytes);
+		chm_ctr_add(&dev->st.bytes_written_ssd, bytes);
+		chm_ctr_add(&dev->st.flush_batches, 1);
+		if (w->inflight[(w->epoch + 1) % EPOCHS] == 0)
+			w->epoch++;
+		w->vt_free_ns = w->vt_done_ns;
+	}
+	reclaim(w);
+	pthread_cond_broadcast(&dev->cond);
+}
+
+/*
+ * Runs the virtual flusher up to `now`: completes the batch in flight if
+ * the model is done with it, starts the next when it is due. force treats
+ * every batch as forced (a barrier). Returns the simulated time of its next
+ * event (UINT64_MAX: nothing to do). Lock held.
+ */
+static uint64_t vt_run(struct chm_dev *dev, struct chm_wbuf *w, uint64_t now, bool force, int *err)
+{
+	for (;;) {
+		if (w->flushing) {
+			if (w->vt_done_ns > now)
+				return w->vt_done_ns;
+			vt_complete(dev, w, *err);
+			*err = 0;
+			continue;
+		}
+		reclaim(w);
+		uint32_t first, n = pick_batch(w, &first);
+		if (!n)
+			return UINT64_MAX;
+		struct wb_entry *e0 = ent(w, first);
+		uint64_t start = w->vt_free_ns > e0->adm_ns ? w->vt_free_ns : e0->adm_ns;
+		if (!force && !forced_now(dev, w)) {
+			/* reads first: wait until the modeled read pipe is idle */
+			uint64_t rb = chm_timing_read_busy_until(&dev->timing);
+			if (rb > start)
+				start = rb;
+		}
+		if (start > now)
+			return start;
+		uint64_t done = start;
+		int rc = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			struct wb_entry *e = ent(w, first + i);
+			uint64_t d, delay;
+			ent_set(e, CHM_WB_FLUSHING);
+			w->vt_batch[i] = e;
+			d = chm_timing_ssd_object(&dev->timing, 1, start, e->len, dev->cfg.max_io);
+			int r = chm_ghost_pieces(dev, CHM_IO_WRITE, e->len, dev->cfg.max_io,
+			                         &delay);
+			if (r && !rc)
+				rc = r;
+			d += delay;
+			done = d > done ? d : done;
+		}
+		w->vt_n = n;
+		w->vt_done_ns = done;
+		w->flushing = true;
+		w->batch_mark++;
+		*err = rc;
+	}
+}
+
+void chm_wbuf_vt_advance(struct chm_dev *dev)
+{
+	struct chm_wbuf *w = dev->wbuf;
+	if (!w || !w->vt || w->vt_running)
+		return;
+	w->vt_running = true;
+	vt_run(dev, w, chm_vclock_now(dev), false, &w->vt_err);
+	w->vt_running = false;
+}
+
 static void *flusher_main(void *arg)
 {
 	struct chm_dev *dev = arg;
@@ -384,9 +532,47 @@ static void *flusher_main(void *arg)
 	return NULL;
 }
 
+/* Virtual time: the barrier runs the flusher forced, moving the clock to
+ * each batch's modeled completion, until everything admitted before it is
+ * durable. An injected error ends it with -EIO (the entries stay admitted).
+ * Lock held. */
+static int vt_flush(struct chm_dev *dev, struct chm_wbuf *w)
+{
+	uint64_t target = w->admitted_max, err0 = w->error_gen;
+	int rc = 0;
+
+	w->vt_running = true;
+	w->barriers++;
+	while (durable_upto(w) < target) {
+		uint64_t next = vt_run(dev, w, chm_vclock_now(dev), true, &w->vt_err);
+		if (w->error_gen != err0) {
+			rc = -EIO;
+			break;
+		}
+		if (durable_upto(w) >= target)
+			break;
+		if (next == UINT64_MAX) { /* nothing admitted left: cannot happen */
+			rc = -EIO;
+			break;
+		}
+		chm_vclock_raise(dev, next);
+	}
+	w->barriers--;
+	if (!rc)
+		reclaim(w);
+	w->vt_running = false;
+	return rc;
+}
+
 int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 {
 	struct chm_wbuf *w = dev->wbuf;
+	if (w->vt) {
+		pthread_mutex_lock(&dev->lock);
+		int rc = vt_flush(dev, w);
+		pthread_mutex_unlock(&dev->lock);
+		return rc;
+	}
 	uint64_t start = chm_mono_ns();
 	uint64_t deadline = timeout_ns > UINT64_MAX - start ? UINT64_MAX : start + timeout_ns;
 	int rc = 0;
@@ -457,9 +643,13 @@ int chm_wbuf_init(struct chm_dev *dev)
 	pthread_cond_init(&w->cond, &ca);
 	pthread_condattr_destroy(&ca);
 	dev->wbuf = w;
+	w->vt = dev->cfg.clock == CHM_CLOCK_VIRTUAL;
+	if (w->vt)
+		return 0; /* the flusher runs on the simulated clock, no thread */
 	int rc = pthread_create(&w->thread, NULL, flusher_main, dev);
 	if (rc)
 		goto err_thread;
+	w->thread_started = true;
 	return 0;
 
 err_thread:
@@ -481,16 +671,21 @@ void chm_wbuf_fini(struct chm_dev *dev)
 	 * is spent, so one transient error does not drop the writes behind it */
 	const uint64_t budget = 10ull * 1000000000ull;
 	uint64_t start = chm_mono_ns();
-	for (;;) {
+	for (int tries = 0; w->vt && tries < 8; tries++) /* simulated retries */
+		if (chm_wbuf_flush(dev, UINT64_MAX) != -EIO)
+			break;
+	for (; !w->vt;) {
 		uint64_t spent = chm_mono_ns() - start;
 		if (spent >= budget || chm_wbuf_flush(dev, budget - spent) != -EIO)
 			break;
 	}
 	pthread_mutex_lock(&dev->lock);
+	dev->clock_hook = NULL; /* the virtual flusher goes with the buffer */
 	w->stop = true;
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&dev->lock);
-	pthread_join(w->thread, NULL);
+	if (w->thread_started)
+		pthread_join(w->thread, NULL);
 	/* fills still in flight look at dev->wbuf under the lock */
 	pthread_mutex_lock(&dev->lock);
 	dev->wbuf = NULL;

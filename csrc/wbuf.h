@@ -15,15 +15,23 @@ struct wb_entry;
 int chm_wbuf_init(struct chm_dev *dev);  /* starts the flusher */
 void chm_wbuf_fini(struct chm_dev *dev); /* flushes (best effort), stops */
 /* Reserves log space for [addr, addr+len) and copies buf into it (without
- * the lock); never waits for the SSD. Returns 0 with *e set, or
- * CHM_WRITE_SKIPPED (counted; nothing changed). The object stays invisible
- * to reads and to the flusher until chm_wbuf_admit(e). */
+ * the lock; nothing is copied without a payload, on ghost); never waits for
+ * the SSD. Returns 0 with *e set, CHM_WRITE_SKIPPED (counted; nothing
+ * changed), or -EINVAL for an object larger than the whole buffer. The
+ * object stays invisible to reads and to the flusher until
+ * chm_wbuf_admit(e). */
 int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
                      struct wb_entry **e);
 /* Admits a reserved object (ADMITTED, counted) and wakes the flusher. Lock
- * held: the caller brings staged copies up to date in the same section. */
-void chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e);
+ * held: the caller brings staged copies up to date in the same section.
+ * Returns the modeled time its bytes were in the buffer (the host->DRAM
+ * link done), which the writer is paced to. */
+uint64_t chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e);
 int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns);
+/* Virtual time: runs the flusher up to the device clock (completes the
+ * batches the model has finished by then, starts those due). Lock held;
+ * a no-op in real time. Installed as the device's clock hook. */
+void chm_wbuf_vt_advance(struct chm_dev *dev);
 /* Overlays buffered data on [addr,addr+len) in buf, oldest first. Lock held. */
 void chm_wbuf_overlay(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
 

@@ -138,6 +138,7 @@ struct chm_config {
 	int32_t clock;                 /* enum chm_clock_kind */
 	uint32_t flush_high_water_pct; /* wbuf fill that forces flushing */
 	struct chm_timing timing;      /* zero = no pacing */
+	uint64_t object_bytes;         /* size of the caller's objects; 0 = not given */
 };
 
 /* Description of one configuration option (see chm_config_option()). */
@@ -491,11 +492,15 @@ int chm_read(chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
 
 /* Offers [addr, addr+len) from buf for writing. Never blocks on the SSD: in
  * prefetch mode the object is copied into the write buffer (returns 0,
- * "admitted") or, when the buffer lacks contiguous space (always for an
- * object larger than wbuf_bytes), not written at all (returns
- * CHM_WRITE_SKIPPED). lru mode dirties cache lines; direct mode writes
- * through (blocking). addr and len must be multiples of CHM_IO_ALIGN (or of
- * a block-device target's logical block size, when that is larger).
+ * "admitted") or, when the buffer lacks contiguous space, not written at
+ * all (returns CHM_WRITE_SKIPPED); an object larger than wbuf_bytes can
+ * never be admitted and is -EINVAL (a configuration error, not a skip).
+ * lru mode dirties cache lines; direct mode writes through (blocking).
+ * Every mode pays the host link for the bytes (fw_spec/cost.yaml); the
+ * caller is paced to it. addr and len must be multiples of CHM_IO_ALIGN (or
+ * of a block-device target's logical block size, when that is larger). On
+ * the ghost backend no payload is ever read: buf may be NULL, and the call
+ * costs O(1) host time whatever len is.
  * Returns 0, CHM_WRITE_SKIPPED, -EINVAL, -EIO (direct), -ECANCELED. */
 int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len, uint32_t flags);
 
@@ -512,6 +517,22 @@ int chm_flush(chm_dev *dev, uint64_t timeout_ns);
  * in progress, no fill or flush in flight) they all agree. Returns 0 or
  * -EINVAL. */
 int chm_stats(chm_dev *dev, struct chm_stats *out);
+
+/* ---- the device clock ---- */
+
+/* Reads the device clock into *now_ns: simulated ns (clock=virtual) or
+ * monotonic ns since open (clock=real), as stats' clock_now_ns. Never
+ * blocks and takes no lock, so it costs a load, not a stats snapshot.
+ * Answers after chm_dev_shutdown too. Returns 0 or -EINVAL (NULL). */
+int chm_clock_ns(chm_dev *dev, uint64_t *now_ns);
+
+/* Virtual time only: moves the simulated clock forward to t_ns (never back:
+ * a t_ns in the past leaves it as it is), running the write buffer's
+ * flusher up to it, so a replay can place arrivals at their timestamps and
+ * let idle gaps drain the buffer. Never blocks on I/O; thread-safe. Returns
+ * 0, -EINVAL (NULL dev), -EOPNOTSUPP (clock=real: wall time cannot be
+ * advanced), -ECANCELED (closing). */
+int chm_advance_clock(chm_dev *dev, uint64_t t_ns);
 
 /* ---- fault injection (tests) ---- */
 

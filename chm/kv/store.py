@@ -271,6 +271,8 @@ class Store:
         opts: dict[str, Any] = dict(device_options or {})
         if slot_size is not None:
             opts["slot_size"] = slot_size
+            # the block size: sizes the write buffer for whole blocks too
+            opts.setdefault("object_size", slot_size)
         dev = chm.Device.open(
             targets=[d / "kv.img"],
             capacity=capacity,

@@ -11,9 +11,30 @@ one shared tier on the device: an index of block key -> device address with
 LRU eviction over ``capacity // stride`` block places. Per request the G1
 prefix is found first, then the tier's run from there on; the tier hits are
 loaded from the device and timed on the device's clock (``clock="virtual"``:
-``stats().clock_now_ns``; else wall time), then every block the tier lacks is
+``clock_ns()``; else wall time), then every block the tier lacks is
 written (``write`` may skip it when the write buffer is full: a skipped
-block is not indexed, so a later turn misses it).
+block is not indexed, so a later turn misses it). On the ghost backend the
+writes carry no payload (``write_length``), so a write costs the model's
+time and no host time or memory.
+
+In virtual time the device clock also moves by each request's modeled
+prefill compute between its load and its writes (the new blocks exist only
+once computed; the device is idle meanwhile and its write buffer drains).
+
+``open_loop`` (virtual time only) moves the device clock to each request's
+arrival time before serving it (``advance_clock``), so the trace's gaps are
+idle time in which the write buffer drains; without it requests run back to
+back.
+
+``tier_bytes`` (0: the whole device) bounds the address range the tier
+places blocks in, so one workload can be replayed unchanged on devices of
+different sizes.
+
+``pinned_prefix`` keeps the first that many blocks of every request's prefix
+-- the shared system prompt, which opens every conversation -- in a host
+buffer of the serving node once loaded (:class:`HostPrefixCache`): hits on
+them cost neither the device nor the link. 0 (the paper's design) reloads
+them from the device like any other block.
 
 Blocks on the device may be smaller than the model's (``device_block_bytes``,
 so a real-time run fits a small disk): the load time of the model's bytes is
@@ -39,7 +60,14 @@ from chm.replay.prefill import PrefillModel
 from chm.replay.results import RequestResult
 from chm.workloads.records import Request
 
-__all__ = ["CXLHM_SYSTEMS", "CxlhmReplay", "CxlhmRequest", "DeviceTier", "replay_cxlhm"]
+__all__ = [
+    "CXLHM_SYSTEMS",
+    "CxlhmReplay",
+    "CxlhmRequest",
+    "DeviceTier",
+    "HostPrefixCache",
+    "replay_cxlhm",
+]
 
 CXLHM_SYSTEMS = {"cxlhm-lru": "lru", "cxlhm-prefetch": "prefetch"}
 
@@ -101,12 +129,47 @@ class DeviceTier:
         self._free.append(addr)
 
 
+class HostPrefixCache:
+    """The connector's host buffer holding the first ``blocks`` blocks of a prefix.
+
+    A policy of the serving side, not the device: once a request has loaded
+    (or found in G1) its first ``blocks`` prefix blocks, the buffer keeps
+    them, keyed by block key, and later requests whose prefix starts with the
+    same keys take them from host memory. With one shared system prompt this
+    holds the prompt's blocks once for every conversation; ``blocks=0`` keeps
+    nothing (the paper's design).
+    """
+
+    def __init__(self, blocks: int) -> None:
+        self.blocks = blocks
+        self._keys: set[bytes] = set()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def held(self, keys: tuple[bytes, ...], start: int, run: int) -> int:
+        """How many of ``keys[start:start+run]`` (tier hits) the buffer serves:
+        the leading ones within the first ``blocks`` that it holds."""
+        n = 0
+        end = min(start + run, self.blocks)
+        for i in range(start, end):
+            if keys[i] not in self._keys:
+                break
+            n += 1
+        return n
+
+    def keep(self, loaded: tuple[bytes, ...]) -> None:
+        """Keeps the first ``blocks`` of a prefix the request now has."""
+        self._keys.update(loaded[: self.blocks])
+
+
 @dataclass(frozen=True, slots=True)
 class CxlhmRequest:
     """One request's result plus what the device did for it."""
 
     result: RequestResult
     device_load_bytes: int  # bytes loaded from the device (device-sized blocks)
+    host_prefix_blocks: int  # tier hits served from the host prefix buffer instead
     device_load_s: float  # time of that load on the device's clock
     dram_bytes: int  # of them served from device DRAM
     ssd_bytes: int  # of them read from the SSD
@@ -123,6 +186,7 @@ class CxlhmRequest:
         d = self.result.row()
         d.update(
             device_load_bytes=self.device_load_bytes,
+            host_prefix_blocks=self.host_prefix_blocks,
             device_load_s=self.device_load_s,
             load_bw_Bps=self.load_bw_Bps,
             dram_bytes=self.dram_bytes,
@@ -154,6 +218,9 @@ class CxlhmReplay:
         device_block_bytes: int = 0,
         window_bytes: int = WINDOW_BYTES,
         wait_timeout_s: float = 30.0,
+        open_loop: bool = False,
+        pinned_prefix: int = 0,
+        tier_bytes: int = 0,
     ) -> None:
         if system not in CXLHM_SYSTEMS:
             raise ValueError(
@@ -180,7 +247,23 @@ class CxlhmReplay:
         self._hbm = hbm_kv_bytes or prefill.hbm_kv_bytes()
         self._dev_block = device_block_bytes
         self._virtual = dev.config["clock"] == "virtual"
+        if open_loop and not self._virtual:
+            raise ValueError("open_loop needs a device in virtual time (clock='virtual')")
+        if pinned_prefix < 0:
+            raise ValueError(f"pinned_prefix must be >= 0, got {pinned_prefix}")
+        if tier_bytes < 0 or tier_bytes > int(dev.capacity):
+            raise ValueError(
+                f"tier_bytes must be in 0..{int(dev.capacity)} (the device), got {tier_bytes}"
+            )
+        self.tier_bytes = tier_bytes or int(dev.capacity)
+        self.open_loop = open_loop
+        self.pinned = HostPrefixCache(pinned_prefix)
         self._moves_data = dev.config.backend != "ghost"
+        # a chm.Device reads its clock without a stats snapshot; other devices
+        # (the daemon's client) through stats
+        self._clock_ns = getattr(dev, "clock_ns", None)
+        self._write_length = None if self._moves_data else getattr(dev, "write_length", None)
+        self._advance = getattr(dev, "advance_clock", None) if self._virtual else None
         self._g1: list[LruBlocks] = []
         self._tier: DeviceTier | None = None
         self._block_bytes = 0
@@ -191,6 +274,8 @@ class CxlhmReplay:
 
     def _now_s(self) -> float:
         if self._virtual:
+            if self._clock_ns is not None:
+                return float(self._clock_ns()) / 1e9
             return self.dev.stats().clock_now_ns / 1e9
         return time.perf_counter()
 
@@ -209,7 +294,7 @@ class CxlhmReplay:
                 )
             self._dev_block = db
             stride = -(-db // _ALIGN) * _ALIGN
-            self._tier = DeviceTier(int(self.dev.capacity), stride)
+            self._tier = DeviceTier(self.tier_bytes, stride)
             if self.gpu_cache:
                 self._g1 = [LruBlocks(self._hbm // bb) for _ in range(self.workers)]
             self._payload = np.zeros(db, dtype=np.uint8)
@@ -250,38 +335,51 @@ class CxlhmReplay:
         bb = self._setup(r)
         tier = self._tier
         assert tier is not None and self._payload is not None
+        if self.open_loop:
+            self.dev.advance_clock(int(r.arrival_s * 1e9))  # type: ignore[attr-defined]
         w = (r.session if r.session is not None else r.index) % self.workers
         keys = r.block_keys
         gpu = self._g1[w] if self._g1 else None
         p1 = gpu.prefix_len(keys) if gpu is not None else 0
         p2 = tier.prefix_len(keys, p1)
-        hits = keys[p1 : p1 + p2]
+        # blocks of the pinned prefix already in the host buffer: no load
+        host = self.pinned.held(keys, p1, p2)
+        hits = keys[p1 + host : p1 + p2]
         addrs = [tier.addr(k) for k in hits]
         before = self.dev.stats()
-        t0 = before.clock_now_ns / 1e9 if self._virtual else time.perf_counter()
+        t0 = self._now_s()
         if addrs:
             self._load(addrs)
         t1 = self._now_s()
         mid = self.dev.stats()
+        cached = (p1 + p2) * r.block_tokens
+        compute_s = self.prefill.compute_s(r.input_tokens - cached, cached)
+        if self._advance is not None:
+            # the new blocks exist once the prefill computed them: that time
+            # passes on the device too (scaled like the device's bytes), and
+            # its flusher drains the write buffer meanwhile
+            self._advance(int((t1 + compute_s / self.scale) * 1e9))
         if gpu is not None:
             gpu.access(keys)
+        self.pinned.keep(keys[: p1 + p2])
         for k in keys:
             if k in tier:
                 tier.touch(k)
         offered = skipped = 0
+        wl = self._write_length
         for k in keys:
             if k in tier:
                 continue
             a = tier.place()
             offered += 1
-            if self.dev.write(a, self._payload):
+            ok = wl(a, self._dev_block) if wl is not None else self.dev.write(a, self._payload)
+            if ok:
                 tier.insert(k, a)
             else:
                 tier.unplace(a)
                 skipped += 1
         end = self._now_s()
         device_load_s = t1 - t0 if addrs else 0.0
-        cached = (p1 + p2) * r.block_tokens
         result = RequestResult(
             system=self.system,
             index=r.index,
@@ -297,12 +395,13 @@ class CxlhmReplay:
             gpu_bytes=p1 * bb,
             tier_name=self.system,
             tier_bytes=p2 * bb,
-            compute_s=self.prefill.compute_s(r.input_tokens - cached, cached),
+            compute_s=compute_s,
             load_s=device_load_s * self.scale,
         )
         out = CxlhmRequest(
             result=result,
             device_load_bytes=len(addrs) * self._dev_block,
+            host_prefix_blocks=host,
             device_load_s=device_load_s,
             dram_bytes=mid.bytes_from_dram - before.bytes_from_dram,
             ssd_bytes=mid.bytes_read_ssd - before.bytes_read_ssd,

@@ -5,8 +5,12 @@ The paper's device is 2 TB of SSD behind 64 GB of DRAM, with 16 MB KV blocks
 and block size by the same factor, so every ratio (DRAM / footprint, blocks
 per window, write buffer / block) stays the paper's while the replay's
 memory and time shrink; load times are scaled back by
-:class:`~chm.replay.cxlhm.CxlhmReplay`. At ``scale=1`` an lru-mode ghost
-device fills host memory up to its DRAM size, as its lines hold data.
+:class:`~chm.replay.cxlhm.CxlhmReplay`. A ghost device holds no data (its
+writes carry no payload, its lines no bytes), so ``scale=1`` -- the paper's
+sizes -- needs no more host memory than a scaled run.
+
+Everything runs on the simulated clock, the write buffer's flusher included,
+so two replays of the same requests give the same hits, skips and times.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ class GhostSetup:
         return max(mib, nbytes // self.scale // mib * mib)
 
 
-def open_ghost(setup: GhostSetup, mode: str, block_bytes: int) -> chm.Device:
-    """A ghost device in virtual time for ``mode`` with ``block_bytes`` slots."""
+def open_ghost(setup: GhostSetup, mode: str, block_bytes: int, **options: object) -> chm.Device:
+    """A ghost device in virtual time for ``mode`` with ``block_bytes`` slots
+    (``options``: further device options, e.g. ``lru_line``)."""
     kw: dict[str, object] = dict(
         backend="ghost",
         clock="virtual",
@@ -55,9 +60,11 @@ def open_ghost(setup: GhostSetup, mode: str, block_bytes: int) -> chm.Device:
         dram=setup.sized(setup.dram_bytes),
         mode=mode,
         timing=setup.timing,
+        object_size=block_bytes,
     )
     if mode == "prefetch":
         kw.update(slot_size=block_bytes, wbuf=setup.sized(setup.wbuf_bytes))
+    kw.update(options)
     return chm.Device.open(**kw)  # type: ignore[arg-type]
 
 
@@ -69,11 +76,15 @@ def replay_virtual(
     *,
     workers: int = 1,
     hbm_kv_bytes: int = 0,
+    open_loop: bool = False,
+    pinned_prefix: int = 0,
+    gpu_cache: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> list[CxlhmRequest]:
     """Replays ``requests`` through ``system`` (cxlhm-lru / cxlhm-prefetch) on ghost.
 
-    ``hbm_kv_bytes`` is G1's size per worker (0: from the GPU preset).
+    ``hbm_kv_bytes`` is G1's size per worker (0: from the GPU preset);
+    ``open_loop``, ``pinned_prefix`` and ``gpu_cache`` as in :class:`CxlhmReplay`.
     """
     if not requests:
         raise ValueError("replay_virtual needs at least one request")
@@ -94,6 +105,9 @@ def replay_virtual(
             workers=workers,
             hbm_kv_bytes=hbm_kv_bytes,
             device_block_bytes=block,
+            open_loop=open_loop,
+            pinned_prefix=pinned_prefix,
+            gpu_cache=gpu_cache,
         )
         return replay_cxlhm(requests, rp, progress=progress)
 
@@ -121,12 +135,13 @@ def wbuf_sweep(
     *,
     workers: int = 1,
     hbm_kv_bytes: int = 0,
+    open_loop: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> list[WbufPoint]:
     """Prefetch-mode replays, one per write-buffer size: skips, load bandwidth, hits.
 
-    The ghost device's flusher drains the write buffer in wall time, not on
-    the simulated clock, so the skip counts depend on the host's speed.
+    The flusher runs on the simulated clock, so the skip counts are the same
+    on every run and every host.
     """
     out = []
     for wb in wbuf_sizes:
@@ -138,6 +153,7 @@ def wbuf_sweep(
             s,
             workers=workers,
             hbm_kv_bytes=hbm_kv_bytes,
+            open_loop=open_loop,
             progress=progress,
         )
         b = sum(r.device_load_bytes for r in rs)

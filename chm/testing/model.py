@@ -412,6 +412,11 @@ class ModeModel:
         self.c.add("bytes_read_ssd", widened(addr, length, self.g.capacity))
         return "miss"
 
+    def write_refused(self, length: int) -> bool:
+        """Whether a write of length bytes is refused outright (InvalidArgument):
+        never in this mode."""
+        return False
+
     def count_write(self, addr: int, length: int, admitted: bool) -> None:
         """Counters of one write (W2: only prefetch mode may skip)."""
         assert admitted, f"{self.name} mode skipped a write (only prefetch mode may)"
@@ -479,6 +484,11 @@ class PrefetchMode(ModeModel):
         else:
             super().expect_read(addr, length)
         return outcome
+
+    def write_refused(self, length: int) -> bool:
+        """Larger than the whole write buffer: never admissible, a
+        configuration error (InvalidArgument), not a skip (W2)."""
+        return length > self.wbuf_bytes
 
     def count_write(self, addr: int, length: int, admitted: bool) -> None:
         if length > self.wbuf_bytes:

@@ -151,7 +151,7 @@ def _read_ranges(g: Geometry) -> st.SearchStrategy[tuple[int, int]]:
 
 def _write_ranges(g: Geometry) -> st.SearchStrategy[tuple[int, int]]:
     """512-aligned writes: mostly small, some up to max_write (some larger
-    than the whole write buffer, which must always be skipped)."""
+    than the whole write buffer, which prefetch mode must always refuse)."""
     cap, sec = g.capacity, IO_ALIGN
 
     def place(a: int, n: int) -> tuple[int, int]:
@@ -376,7 +376,22 @@ class DeviceMachine(RuleBasedStateMachine):
 
     def _write(self, addr: int, length: int, what: str = "write") -> bool:
         data = self._payload(length)
-        admitted = self.d.write(addr, data)
+        too_big = self.model.write_refused(length)
+        try:
+            admitted = self.d.write(addr, data)
+        except InvalidArgument:
+            # never admissible: a configuration error, not a skip (W2)
+            assert too_big, f"{what} [{addr:#x}+{length}) refused as too large"
+            event("write: refused, larger than the write buffer")
+            note(f"{what} [{addr:#x}+{length}) -> refused (wbuf {self._wbuf_bytes()})")
+            if self.data:
+                self._settle()
+                self._read(addr, length, "W2: a refused write changed the device")
+            return False
+        assert not too_big, (
+            f"W2: a write of {length} bytes larger than the {self._wbuf_bytes()}-byte write "
+            "buffer was not refused"
+        )
         event("write: admitted" if admitted else "write: skipped")
         note(f"{what} [{addr:#x}+{length}) -> {'admitted' if admitted else 'SKIPPED'}")
         self._count_write(addr, length, admitted)
@@ -390,6 +405,10 @@ class DeviceMachine(RuleBasedStateMachine):
         self.image[addr : addr + length] = data
         self.model.wrote(addr, length)
         return True
+
+    def _wbuf_bytes(self) -> int:
+        """The write buffer's size (prefetch mode; 0 in the other modes)."""
+        return int(getattr(self.model, "wbuf_bytes", 0))
 
     def _count_write(self, addr: int, length: int, admitted: bool) -> None:
         """Counters of one write (W2: a skip counts only as a skip)."""
@@ -731,7 +750,7 @@ class DeviceMachine(RuleBasedStateMachine):
         assert len(out) == len(rngs)
         skipped = []
         for i, (addr, data, got) in enumerate(zip(addrs, datas, out, strict=True)):
-            if i == bad:
+            if i == bad or self.model.write_refused(len(data)):
                 assert isinstance(got, InvalidArgument), f"batch element {i} at {addr:#x}: {got!r}"
                 continue
             assert isinstance(got, bool), f"batch element {i}: {got!r}"
@@ -855,6 +874,8 @@ class DeviceMachine(RuleBasedStateMachine):
         obj = data.draw(OBJ, label="object") if fresh else (req.addr, req.length)
         wa = obj[0] // IO_ALIGN * IO_ALIGN
         wb = min(g.capacity, -(-(obj[0] + obj[1]) // IO_ALIGN) * IO_ALIGN)
+        while wb - wa > IO_ALIGN and self.model.write_refused(wb - wa):
+            wb -= IO_ALIGN  # a write larger than the write buffer is refused
         span = (wa, wb)
         t = threading.Thread(target=writer, args=(wa, wb - wa), daemon=True)
         t.start()

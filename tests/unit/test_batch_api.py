@@ -90,9 +90,10 @@ def test_write_many(dev: chm.Device) -> None:
     res = dev.write_many([0, 8192, 100, 0], [blk, bytes(512), bytes(512), bytes(1 << 20)])
     assert res[0] is True and res[1] is True
     assert isinstance(res[2], InvalidArgument) and "addr=0x64" in str(res[2])
-    assert res[3] is False  # larger than the write buffer: skipped
+    # larger than the write buffer: never admissible, a configuration error
+    assert isinstance(res[3], InvalidArgument)
     s = dev.stats()
-    assert (s.wr_admitted, s.wr_skipped) == (2, 1)
+    assert (s.wr_admitted, s.wr_skipped) == (2, 0)
 
 
 def test_whole_call_refusals(dev: chm.Device) -> None:

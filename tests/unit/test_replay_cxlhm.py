@@ -82,23 +82,74 @@ def test_wrong_mode_and_block_size_are_errors() -> None:
             rp.step(_req(0, "a"))
 
 
-def _reads_only_run(mode: str) -> list[tuple[int, float, int]]:
-    # reads-only after the first turn's writes are flushed: the flusher runs
-    # in wall time on ghost, so a run with writes in flight is not repeatable
-    system = f"cxlhm-{mode}"
-    with _dev(mode) as dev:
-        rp = CxlhmReplay(dev, system, PREFILL, gpu_cache=False, device_block_bytes=MiB)
-        rp.step(_req(0, "abcdefghij"))
-        dev.flush()
-        out = []
-        for t in range(1, 5):
-            r = rp.step(_req(t, "abcdefghij", t))
-            out.append((r.result.tier_hit_blocks, r.device_load_s, r.ssd_bytes))
+def _chat_run(mode: str, wbuf: str = "4M") -> list[tuple[Any, ...]]:
+    # a multi-turn chat with writes in flight and a small write buffer, open
+    # loop: the flusher runs on the simulated clock, so everything repeats
+    from chm.workloads import ChatWorkload, generate_chat
+
+    reqs = generate_chat(
+        ChatWorkload(users=6, turns=4, user_tokens=(512, 2048), think_time_s=0.01, seed=3)
+    )
+    kw: dict[str, Any] = dict(
+        backend="ghost", clock="virtual", capacity="1G", mode=mode, timing="fpga-cxlhm"
+    )
+    kw.update(dram="64M", slot_size="1M", wbuf=wbuf) if mode == "prefetch" else kw.update(
+        dram="16M"
+    )
+    with chm.Device.open(**kw) as dev:
+        rp = CxlhmReplay(
+            dev, f"cxlhm-{mode}", PREFILL, gpu_cache=False, device_block_bytes=MiB, open_loop=True
+        )
+        res = replay_cxlhm(reqs, rp)
+        st = dev.stats()
+    out: list[tuple[Any, ...]] = [
+        (r.result.tier_hit_blocks, r.writes_skipped, r.device_load_s, r.ssd_bytes, r.clock_end_s)
+        for r in res
+    ]
+    out.append((st.wr_skipped, st.flush_batches, st.read_hits, st.lru_refills, st.clock_now_ns))
     return out
 
 
 @pytest.mark.parametrize("mode", ["lru", "prefetch"])
-def test_virtual_time_reads_are_identical_between_runs(mode: str) -> None:
-    a, b = _reads_only_run(mode), _reads_only_run(mode)
+def test_virtual_time_replay_is_identical_between_runs(mode: str) -> None:
+    a, b = _chat_run(mode), _chat_run(mode)
     assert a == b
-    assert all(h == 10 and s > 0 for h, s, _ in a)
+    assert sum(r[0] for r in a[:-1]) > 0  # it reused blocks
+    if mode == "prefetch":
+        assert a[-1][0] > 0 and a[-1][1] > 0  # writes were skipped and flushed
+
+
+def test_a_larger_write_buffer_skips_fewer_writes() -> None:
+    small, big = _chat_run("prefetch", "2M"), _chat_run("prefetch", "32M")
+    assert small[-1][0] > big[-1][0]
+
+
+def test_open_loop_moves_the_clock_to_arrivals_and_needs_virtual_time() -> None:
+    reqs = [Request(0, 0.0, 133, 1, 128, (b"a",)), Request(1, 5.0, 261, 1, 128, (b"a", b"b"))]
+    with _dev("prefetch") as dev:
+        rp = CxlhmReplay(
+            dev, "cxlhm-prefetch", PREFILL, gpu_cache=False, device_block_bytes=MiB, open_loop=True
+        )
+        res = replay_cxlhm(reqs, rp)
+        assert res[1].clock_end_s >= 5.0 > res[0].clock_end_s
+    with (
+        chm.Device.open(backend="ghost", capacity="1G", dram="64M", wbuf="8M", slot_size="1M") as d,
+        pytest.raises(ValueError, match="virtual time"),
+    ):
+        CxlhmReplay(d, "cxlhm-prefetch", PREFILL, open_loop=True)
+
+
+def test_host_prefix_buffer_serves_the_pinned_blocks_by_hand() -> None:
+    # "s" is the shared prompt block. Pinned 1: turn 1 loads s from the
+    # device and keeps it; turn 2 takes s from the host and loads only b.
+    reqs = [_req(0, "sa"), _req(1, "sa", 1), _req(2, "sab", 2)]
+    with _dev("prefetch") as dev:
+        rp = CxlhmReplay(
+            dev, "cxlhm-prefetch", PREFILL, gpu_cache=False, device_block_bytes=MiB, pinned_prefix=1
+        )
+        res = replay_cxlhm(reqs, rp)
+    assert [r.result.tier_hit_blocks for r in res] == [0, 2, 2]
+    assert [r.host_prefix_blocks for r in res] == [0, 0, 1]
+    assert [r.device_load_bytes for r in res] == [0, 2 * MiB, 1 * MiB]
+    with pytest.raises(ValueError, match="pinned_prefix"), _dev("prefetch") as dev:
+        CxlhmReplay(dev, "cxlhm-prefetch", PREFILL, pinned_prefix=-1)
