@@ -13,6 +13,7 @@
 #include <pthread.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "iomap.h"
 #include "mode.h"
@@ -46,7 +47,7 @@ static int prefetch_fill_submit(struct chm_dev *dev, struct chm_slot *s)
 static void prefetch_fill_end(struct chm_dev *dev, struct chm_slot *s)
 {
 	chm_wbuf_read_end(dev, &s->rtok);
-	dev->st.bytes_read_ssd += s->fill_bytes;
+	chm_ctr_add(&dev->st.bytes_read_ssd, s->fill_bytes);
 }
 
 static int prefetch_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
@@ -55,8 +56,8 @@ static int prefetch_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t
 	uint32_t start = 0;
 	pthread_mutex_lock(&dev->lock);
 	if (chm_staging_read_hit(dev, addr, buf, len, &link_bytes, &start)) {
-		dev->st.read_hits++;
-		dev->st.bytes_from_dram += len;
+		chm_ctr_add(&dev->st.read_hits, 1);
+		chm_ctr_add(&dev->st.bytes_from_dram, len);
 		if (link_bytes)
 			chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), link_bytes));
 		pthread_mutex_unlock(&dev->lock);
@@ -64,7 +65,7 @@ static int prefetch_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t
 			chm_staging_submit(dev, start);
 		return 0;
 	}
-	dev->st.read_misses++;
+	chm_ctr_add(&dev->st.read_misses, 1);
 	pthread_mutex_unlock(&dev->lock);
 	return chm_direct_read(dev, addr, buf, len);
 }
@@ -96,7 +97,6 @@ static void prefetch_stats(struct chm_dev *dev, struct chm_stats *out)
 {
 	chm_staging_stats(dev, out);
 	chm_wbuf_stats(dev, out);
-	chm_resident_stats(dev, out);
 }
 
 static int prefetch_init(struct chm_dev *dev)

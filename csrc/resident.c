@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "counters.h"
 #include "dev.h"
 #include "resident.h"
 #include "states.h"
@@ -44,11 +45,15 @@ struct chm_resident {
 
 static void res_set(struct chm_dev *dev, struct chm_res_entry *e, int to)
 {
-	if (e->state == CHM_RES_EMPTY)
+	if (e->state == CHM_RES_EMPTY) {
 		dev->res->used++;
+		chm_ctr32_add(&dev->st.resident_entries_used, 1);
+	}
 	CHM_TRANSITION(chm_res_transitions, e->state, to);
-	if (to == CHM_RES_EMPTY)
+	if (to == CHM_RES_EMPTY) {
 		dev->res->used--;
+		chm_ctr32_add(&dev->st.resident_entries_used, -1);
+	}
 }
 
 uint32_t chm_resident_count(const struct chm_config *cfg, uint64_t stride)
@@ -73,6 +78,7 @@ int chm_resident_init(struct chm_dev *dev, char *mem, uint32_t count)
 		return -ENOMEM;
 	}
 	r->n = count;
+	chm_ctr32_add(&dev->st.resident_entries_total, (int32_t)count); /* read by chm_stats */
 	for (uint32_t i = 0; i < count; i++)
 		r->e[i].buf = mem + (uint64_t)i * dev->slot_stride;
 	dev->res = r;
@@ -111,11 +117,11 @@ int32_t chm_resident_hit(struct chm_dev *dev, uint64_t addr, uint64_t len)
 				res_set(dev, e, CHM_RES_HELD); /* hit */
 			e->holders++;
 			e->last_use = ++r->tick;
-			dev->st.resident_hits++;
+			chm_ctr_add(&dev->st.resident_hits, 1);
 			return (int32_t)i;
 		}
 	}
-	dev->st.resident_misses++;
+	chm_ctr_add(&dev->st.resident_misses, 1);
 	return -1;
 }
 
@@ -148,7 +154,7 @@ static struct chm_res_entry *res_victim(struct chm_dev *dev)
 	}
 	if (lru) {
 		res_set(dev, lru, CHM_RES_EMPTY); /* evict */
-		dev->st.resident_evictions++;
+		chm_ctr_add(&dev->st.resident_evictions, 1);
 	}
 	return lru;
 }
@@ -161,7 +167,7 @@ void chm_resident_retain(struct chm_dev *dev, struct chm_slot *s)
 	/* a held snapshot older than a write, a copy a write could not patch
 	 * yet, or a hit still copying from it: its bytes cannot be kept */
 	if (s->stale || s->behind || s->pins || s->err) {
-		dev->st.resident_skipped++;
+		chm_ctr_add(&dev->st.resident_skipped, 1);
 		return;
 	}
 	for (uint32_t i = 0; i < r->n; i++) {
@@ -174,7 +180,7 @@ void chm_resident_retain(struct chm_dev *dev, struct chm_slot *s)
 	}
 	struct chm_res_entry *e = res_victim(dev);
 	if (!e) {
-		dev->st.resident_skipped++;
+		chm_ctr_add(&dev->st.resident_skipped, 1);
 		return;
 	}
 	char *spare = e->buf;
@@ -185,7 +191,7 @@ void chm_resident_retain(struct chm_dev *dev, struct chm_slot *s)
 	e->holders = 0;
 	e->last_use = ++r->tick;
 	res_set(dev, e, CHM_RES_RESIDENT); /* retain */
-	dev->st.resident_retained++;
+	chm_ctr_add(&dev->st.resident_retained, 1);
 }
 
 void chm_resident_patch(struct chm_dev *dev, uint64_t addr, uint64_t len)
@@ -199,10 +205,10 @@ void chm_resident_patch(struct chm_dev *dev, uint64_t addr, uint64_t len)
 			continue;
 		if (e->state == CHM_RES_RESIDENT) {
 			res_set(dev, e, CHM_RES_EMPTY); /* evict: the next read refills */
-			dev->st.resident_invalidated++;
+			chm_ctr_add(&dev->st.resident_invalidated, 1);
 		} else if (e->state == CHM_RES_HELD) {
 			res_set(dev, e, CHM_RES_STALE); /* write_held */
-			dev->st.resident_invalidated++;
+			chm_ctr_add(&dev->st.resident_invalidated, 1);
 		}
 	}
 }
@@ -217,19 +223,13 @@ int chm_resident_evict_range(struct chm_dev *dev, uint64_t addr, uint64_t len)
 			continue;
 		if (e->state == CHM_RES_RESIDENT) {
 			res_set(dev, e, CHM_RES_EMPTY); /* evict */
-			dev->st.resident_evictions++;
+			chm_ctr_add(&dev->st.resident_evictions, 1);
 			n++;
 		} else if (e->state == CHM_RES_HELD) {
 			res_set(dev, e, CHM_RES_STALE);
-			dev->st.resident_evictions++;
+			chm_ctr_add(&dev->st.resident_evictions, 1);
 			n++;
 		}
 	}
 	return n;
-}
-
-void chm_resident_stats(struct chm_dev *dev, struct chm_stats *out)
-{
-	out->resident_entries_total = dev->res ? dev->res->n : 0;
-	out->resident_entries_used = dev->res ? dev->res->used : 0;
 }

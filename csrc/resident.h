@@ -48,7 +48,4 @@ void chm_resident_patch(struct chm_dev *dev, uint64_t addr, uint64_t len);
  * held. */
 int chm_resident_evict_range(struct chm_dev *dev, uint64_t addr, uint64_t len);
 
-/* Resident fields of *out. Lock held. */
-void chm_resident_stats(struct chm_dev *dev, struct chm_stats *out);
-
 #endif /* CHM_RESIDENT_H */

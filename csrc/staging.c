@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "errdetail.h"
 #include "iomap.h"
@@ -79,9 +80,10 @@ static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out
 
 static void slot_set(struct chm_dev *dev, struct chm_slot *s, int to)
 {
-	dev->slot_count_by_state[s->state]--;
+	/* atomic: chm_staging_stats reads the counts without the lock */
+	chm_ctr32_add(&dev->slot_count_by_state[s->state], -1);
 	CHM_TRANSITION(chm_slot_transitions, s->state, to);
-	dev->slot_count_by_state[to]++;
+	chm_ctr32_add(&dev->slot_count_by_state[to], 1);
 }
 
 static void staged_link(struct chm_dev *dev, struct chm_slot *s)
@@ -309,9 +311,9 @@ static void lat_record(struct chm_dev *dev, uint64_t ns)
 		us >>= 1;
 		b++;
 	}
-	dev->st.refill_lat_hist[b]++;
-	dev->st.refill_lat_count++;
-	dev->st.refill_lat_sum_ns += ns;
+	chm_ctr_add(&dev->st.refill_lat_hist[b], 1);
+	chm_ctr_add(&dev->st.refill_lat_count, 1);
+	chm_ctr_add(&dev->st.refill_lat_sum_ns, ns);
 }
 
 void chm_staging_fill_io_done(struct chm_io *io)
@@ -333,8 +335,8 @@ void chm_staging_fill_io_done(struct chm_io *io)
 		dev->mode->fill_end(dev, s);
 		lat_record(dev, now - s->issue_ns);
 		if (dev->cfg.clock == CHM_CLOCK_REAL && dev->timing.enabled && now > s->ready_ns) {
-			dev->st.pacing_late++;
-			dev->st.pacing_late_ns += now - s->ready_ns;
+			chm_ctr_add(&dev->st.pacing_late, 1);
+			chm_ctr_add(&dev->st.pacing_late_ns, now - s->ready_ns);
 		}
 		if (s->req < 0) {
 			slot_set(dev, s, CHM_SLOT_FREE); /* fill_done_orphan */
@@ -345,11 +347,11 @@ void chm_staging_fill_io_done(struct chm_io *io)
 			queue_kick(dev, &start);
 		} else if (s->err) {
 			slot_set(dev, s, CHM_SLOT_FAILED);
-			dev->st.prefetch_failed++;
+			chm_ctr_add(&dev->st.prefetch_failed, 1);
 		} else {
 			slot_set(dev, s, CHM_SLOT_READY);
 			staged_link(dev, s);
-			dev->st.prefetch_completed++;
+			chm_ctr_add(&dev->st.prefetch_completed, 1);
 			if (chm_wbuf_overlay_segs(dev, s->fill_start, s->fill_len, NULL, 0)) {
 				/* buffered writes over the fill: READY but behind, laid
 				 * over here with the lock dropped around the copies */
@@ -432,7 +434,7 @@ int chm_staging_init(struct chm_dev *dev, char *mem)
 		s->fnext = i + 1 < dev->nslots ? i + 2 : 0;
 	}
 	dev->slot_free_head = dev->nslots ? 1 : 0;
-	dev->slot_count_by_state[CHM_SLOT_FREE] = dev->nslots;
+	chm_ctr32_add(&dev->slot_count_by_state[CHM_SLOT_FREE], (int32_t)dev->nslots);
 	pthread_condattr_t rca;
 	pthread_condattr_init(&rca);
 	pthread_condattr_setclock(&rca, CLOCK_MONOTONIC);
@@ -484,7 +486,7 @@ void chm_staging_cancel_all(struct chm_dev *dev)
 {
 	struct chm_req *r;
 	while ((r = chm_sess_dequeue(dev))) {
-		dev->st.prefetch_cancelled++;
+		chm_ctr_add(&dev->st.prefetch_cancelled, 1);
 		req_free(dev, r);
 	}
 	for (uint32_t i = 0; i < dev->nreqs; i++)
@@ -600,7 +602,7 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 	                                   : "the refill queue is full (refill_queue)")
 	              : chm_sess_admit(dev, si); /* its quota, with its own reason */
 	if (rc) {
-		dev->st.prefetch_rejected++;
+		chm_ctr_add(&dev->st.prefetch_rejected, 1);
 		return rc;
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
@@ -608,7 +610,7 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 	 * free one, -ENOSPC once every record is retired */
 	struct chm_req *r = req_alloc(dev);
 	if (!r) {
-		dev->st.prefetch_rejected++;
+		chm_ctr_add(&dev->st.prefetch_rejected, 1);
 		return chm_detail(
 		        dev->reqs_live ? -EAGAIN : -ENOSPC,
 		        "prefetch: every free request record is retired (reopen the device)");
@@ -618,13 +620,13 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 	r->sess = (uint16_t)si;
 	r->flags = (flags & CHM_PF_RETAIN) ? CHM_REQF_RETAIN : 0;
 	r->issue_ns = chm_now_ns(dev);
-	dev->st.prefetch_issued++;
+	chm_ctr_add(&dev->st.prefetch_issued, 1);
 	if (dev->slot_free_head) {
 		fill_start(dev, r, start);
 	} else {
 		r->state = CHM_REQ_QUEUED;
 		chm_sess_enqueue(dev, r);
-		dev->st.prefetch_queued++;
+		chm_ctr_add(&dev->st.prefetch_queued, 1);
 	}
 	*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
 	return 0;
@@ -789,17 +791,17 @@ static int release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32
 
 void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 {
-	dev->st.prefetch_released++;
+	chm_ctr_add(&dev->st.prefetch_released, 1);
 	if (r->state == CHM_REQ_QUEUED) {
 		chm_sess_unqueue(dev, r);
-		dev->st.prefetch_cancelled++;
+		chm_ctr_add(&dev->st.prefetch_cancelled, 1);
 	} else if (r->state == CHM_REQ_RESIDENT) {
 		chm_resident_unhold(dev, r->slot);
 	} else {
 		struct chm_slot *s = &dev->slots[r->slot];
 		if (s->state == CHM_SLOT_FILLING) {
 			s->req = -1; /* orphan: freed by fill_io_done */
-			dev->st.prefetch_cancelled++;
+			chm_ctr_add(&dev->st.prefetch_cancelled, 1);
 		} else if (s->pins) {
 			if (r->flags & CHM_REQF_RETAIN)
 				chm_resident_retain(dev, s); /* refused: pinned */
@@ -845,13 +847,13 @@ int chm_staging_release(struct chm_dev *dev, chm_session sess, uint32_t n,
 void chm_staging_stats(struct chm_dev *dev, struct chm_stats *out)
 {
 	out->slots_total = dev->nslots;
-	out->slots_free = dev->slot_count_by_state[CHM_SLOT_FREE];
-	out->slots_filling = dev->slot_count_by_state[CHM_SLOT_FILLING];
-	out->slots_ready = dev->slot_count_by_state[CHM_SLOT_READY];
-	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD] +
-	                  dev->slot_count_by_state[CHM_SLOT_DRAINING];
-	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
-	out->queue_len = dev->q_len;
+	const uint32_t *n = dev->slot_count_by_state;
+	out->slots_free = chm_ctr32_get(&n[CHM_SLOT_FREE]);
+	out->slots_filling = chm_ctr32_get(&n[CHM_SLOT_FILLING]);
+	out->slots_ready = chm_ctr32_get(&n[CHM_SLOT_READY]);
+	out->slots_held = chm_ctr32_get(&n[CHM_SLOT_HELD]) + chm_ctr32_get(&n[CHM_SLOT_DRAINING]);
+	out->slots_failed = chm_ctr32_get(&n[CHM_SLOT_FAILED]);
+	out->queue_len = chm_ctr32_get(&dev->q_len);
 	out->queue_cap = dev->cfg.refill_queue;
 	out->slot_bytes = dev->cfg.slot_bytes;
 	out->window_bytes = (uint64_t)dev->nslots * dev->slot_stride;

@@ -541,7 +541,12 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
  * failed; the affected writes are not durable), -ECANCELED. */
 int chm_flush(chm_dev *dev, uint64_t timeout_ns);
 
-/* Copies a consistent snapshot of the counters. Returns 0 or -EINVAL. */
+/* Copies the counters without taking any lock: it never waits behind a
+ * copy, a fill or a flush. Each field is exact (a value it really had), but
+ * the fields are read one after another while the device runs, so they are
+ * not mutually consistent at one instant; once the device is quiet (no call
+ * in progress, no fill or flush in flight) they all agree. Returns 0 or
+ * -EINVAL. */
 int chm_stats(chm_dev *dev, struct chm_stats *out);
 
 /* ---- the device clock ---- */

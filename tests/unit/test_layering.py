@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the mode table's type, then code.
 LAYERS: list[list[str]] = [
     ["chm"],
+    ["counters"],
     ["dev", "states", "mode", "errdetail"],
     ["timing", "pool", "fault", "clock", "targets", "gate", "names"],
     ["config"],
