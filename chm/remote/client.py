@@ -262,7 +262,12 @@ class RemoteDevice:
     # ---- prefetch (batched: one round trip per MAX_BATCH elements)
 
     def prefetch_many(
-        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+        self,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        noqueue: bool = False,
+        retain: bool = False,
     ) -> list[RemoteHandle | ChmError]:
         """Issues one prefetch per ``(addrs[i], lengths[i])``, as
         ``chm.Device.prefetch_many``: never blocks; returns, in order, a
@@ -278,7 +283,7 @@ class RemoteDevice:
         _batch_len(call, n, len(lengths))
         a = _u64s(call, "addrs", addrs)
         ln = _u64s(call, "lens", lengths)
-        flags = _ll.PF_NOQUEUE if noqueue else 0
+        flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
         if self._closed:
             raise Cancelled(None, f"{call}: connection is closed", call=call)
         out: list[RemoteHandle | ChmError] = []
@@ -292,13 +297,16 @@ class RemoteDevice:
                     out.append(_ll.status_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
         return out
 
-    def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> RemoteHandle:
+    def prefetch(
+        self, addr: int, length: int, *, noqueue: bool = False, retain: bool = False
+    ) -> RemoteHandle:
         """Issues a prefetch of ``[addr, addr+length)`` (as ``chm.Device.prefetch``)."""
         call = "chm_prefetch_object"
         args = f"addr={addr!r}, len={length!r}"
         (a,) = _u64s(call, "addr", [addr])
         (n,) = _u64s(call, "len", [length])
-        ((rc, tok),) = self._call(Op.PREFETCH, [[a, n, _ll.PF_NOQUEUE if noqueue else 0]])
+        flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
+        ((rc, tok),) = self._call(Op.PREFETCH, [[a, n, flags]])
         if rc:
             _raise(rc, call, args)
         return RemoteHandle(self, tok)
