@@ -25,9 +25,10 @@ from chm.device import Device, Handle, Session
 from chm.errors import ChmError, NotSupported
 from chm.kv import KEY_DTYPE, Store
 
-__all__ = ["NOQUEUE", "Scope", "Scopes", "default_quota"]
+__all__ = ["NOQUEUE", "RETAIN", "Scope", "Scopes", "default_quota"]
 
-NOQUEUE = 1  # the PREFETCH flag of fw_spec/protocol.md (CHM_PF_NOQUEUE)
+NOQUEUE = 1  # the PREFETCH flags of fw_spec/protocol.md: CHM_PF_NOQUEUE,
+RETAIN = 2  # CHM_PF_RETAIN
 _FOREVER = 2**64 - 1  # a WAIT timeout that never ends
 
 
@@ -73,14 +74,15 @@ class Scope:
 
     def prefetch(self, addr: int, length: int, flags: int) -> tuple[int, int]:
         """(0, token) or (-errno, 0); -EAGAIN also over the quota."""
-        if flags & ~NOQUEUE:
+        if flags & ~(NOQUEUE | RETAIN):
             return -errno.EINVAL, 0  # as the device refuses unknown flags
+        kw = {"noqueue": bool(flags & NOQUEUE), "retain": bool(flags & RETAIN)}
         sess = self._sess
         try:
             if sess is None:
-                h = self._dev.prefetch(addr, length, noqueue=bool(flags & NOQUEUE))
+                h = self._dev.prefetch(addr, length, **kw)
             else:
-                h = sess.prefetch(addr, length, noqueue=bool(flags & NOQUEUE))
+                h = sess.prefetch(addr, length, **kw)
         except ChmError as exc:
             return _rc(exc), 0
         except (TypeError, OverflowError):

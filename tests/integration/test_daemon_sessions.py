@@ -149,8 +149,16 @@ def test_tokens_the_client_does_not_hold(daemon: DaemonProcess) -> None:
         with pytest.raises(StaleHandle):
             a.adopt(h.token).release()
         assert a.daemon_stats()["held"]["handles"] == 0
-        ((rc, tok),) = a._call(Op.PREFETCH, [[0, OBJ, 2]])
+        ((rc, tok),) = a._call(Op.PREFETCH, [[0, OBJ, 4]])
         assert (rc, tok) == (-errno.EINVAL, 0)
         ((rc, tok),) = a._call(Op.PREFETCH, [[0, OBJ, 1]])  # NOQUEUE: a slot is free
         assert rc == 0
         assert a._call(Op.RELEASE, [tok]) == [0]
+
+
+def test_retain_flag_reaches_the_device(daemon: DaemonProcess) -> None:
+    """retain=True passes the scope's flag check (CHM_PF_RETAIN) and is
+    answered as the embedded device answers it."""
+    with chm.connect(daemon.socket) as a:
+        with a.prefetch(0, OBJ, retain=True) as h:
+            assert len(h.wait(5.0)) == OBJ
