@@ -159,6 +159,5 @@ def test_tokens_the_client_does_not_hold(daemon: DaemonProcess) -> None:
 def test_retain_flag_reaches_the_device(daemon: DaemonProcess) -> None:
     """retain=True passes the scope's flag check (CHM_PF_RETAIN) and is
     answered as the embedded device answers it."""
-    with chm.connect(daemon.socket) as a:
-        with a.prefetch(0, OBJ, retain=True) as h:
-            assert len(h.wait(5.0)) == OBJ
+    with chm.connect(daemon.socket) as a, a.prefetch(0, OBJ, retain=True) as h:
+        assert len(h.wait(5.0)) == OBJ
