@@ -1118,9 +1118,10 @@ class Device:
                 self._handles[value] = _ref(h)
             return h
 
-    def view_info(self, handle: Handle) -> tuple[int, int, int]:
+    def view_info(self, handle: Handle, timeout: float | None = 0) -> tuple[int, int, int]:
         """``(dev_addr, length, pool_offset)`` of a staged handle's view, asked
-        of the device again (a wait that polls), not of the cached memoryview.
+        of the device again (a wait of up to ``timeout`` seconds: by default
+        it polls), not of the cached memoryview; no view is made.
         ``pool_offset`` is the view's offset in the DRAM pool (``2**64-1`` for
         lru-mode views, which are host copies). Raises what
         :meth:`Handle.wait` raises (WaitTimeout while not staged).
@@ -1129,11 +1130,12 @@ class Device:
         """
         if handle._dev is not self:
             raise InvalidArgument(None, f"{handle!r} belongs to another device")
+        tns = timeout_ns(timeout)
         sess = handle._sess
         if sess is None:
-            info = _ll.prefetch_wait(self._p("chm_prefetch_wait"), handle.token, 0)
+            info = _ll.prefetch_wait(self._p("chm_prefetch_wait"), handle.token, tns)
         else:
-            info = _ll.session_wait(sess._p("chm_session_wait"), sess._sid, handle.token, 0)
+            info = _ll.session_wait(sess._p("chm_session_wait"), sess._sid, handle.token, tns)
         return info.dev_addr, info.length, info.pool_offset
 
     # -- data path
