@@ -45,6 +45,7 @@ PATH_MAX: int = int(lib.CHM_PATH_MAX)
 HIST_BUCKETS: int = int(lib.CHM_HIST_BUCKETS)
 ERRMSG_MAX: int = int(lib.CHM_ERRMSG_MAX)
 PF_NOQUEUE: int = int(lib.CHM_PF_NOQUEUE)
+PF_RETAIN: int = int(lib.CHM_PF_RETAIN)
 VERSION_TUPLE: tuple[int, int, int] = (
     int(lib.CHM_VERSION_MAJOR),
     int(lib.CHM_VERSION_MINOR),
@@ -106,6 +107,7 @@ def _state_names(kind: int) -> dict[str, int]:
 SLOT_STATES: dict[str, int] = _state_names(lib.CHM_STATE_SLOT)
 WBUF_STATES: dict[str, int] = _state_names(lib.CHM_STATE_WBUF)
 LINE_STATES: dict[str, int] = _state_names(lib.CHM_STATE_LINE)
+RESIDENT_STATES: dict[str, int] = _state_names(lib.CHM_STATE_RESIDENT)
 
 
 def name_of(table: dict[str, int], value: int) -> str | None:
@@ -513,6 +515,22 @@ def _wait(dev: CData, h: int, timeout_ns: int) -> CData:
     if rc < 0:
         _check(rc, "chm_prefetch_wait", f"handle={h:#x}, timeout_ns={timeout_ns}")
     return vp
+
+
+def resident_evict(dev: CData, addr: int, length: int) -> int:
+    """chm_resident_evict(): drops the resident entries over a range; how many."""
+    if addr.__class__ is bool or length.__class__ is bool:
+        what = f"addr={addr!r}, len={length!r}"
+        _refuse_bools("chm_resident_evict", what, ("addr", addr), ("len", length))
+    try:
+        rc = int(lib.chm_resident_evict(dev, addr, length))
+    except OverflowError as exc:
+        raise _arg_error("chm_resident_evict", f"addr={addr}, len={length}", exc) from None
+    except TypeError as exc:
+        raise _type_error("chm_resident_evict", f"addr={addr!r}, len={length!r}", exc) from None
+    if rc < 0:
+        _check(rc, "chm_resident_evict", f"addr={addr:#x}, len={length}")
+    return rc
 
 
 def prefetch_wait(dev: CData, h: int, timeout_ns: int) -> ViewInfo:

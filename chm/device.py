@@ -57,6 +57,13 @@ _prefetch = _ll.prefetch_object
 _wait_buffer = _ll.prefetch_wait_buffer
 _release = _ll.prefetch_release
 _NOQUEUE = _ll.PF_NOQUEUE
+_RETAIN = _ll.PF_RETAIN
+
+
+def _pf_flags(noqueue: bool, retain: bool) -> int:
+    return (_NOQUEUE if noqueue else 0) | (_RETAIN if retain else 0)
+
+
 _ref = weakref.ref
 _QUOTA_ANY = 2**32 - 1  # a session quota that never limits
 
@@ -597,36 +604,48 @@ class Session:
             raise StaleHandle(None, f"{what}: {self!r} is closed", call=what)
         return self._dev._p(what)
 
-    def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Handle:
+    def prefetch(
+        self, addr: int, length: int, *, noqueue: bool = False, retain: bool = False
+    ) -> Handle:
         """:meth:`Device.prefetch` in this session (WouldBlock also over the quota).
 
         Alignment: none, as for :meth:`Device.prefetch`.
         """
         dev = self._dev
         tok = _ll.session_prefetch_one(
-            self._p("chm_session_prefetch"), self._sid, addr, length, _NOQUEUE if noqueue else 0
+            self._p("chm_session_prefetch"), self._sid, addr, length, _pf_flags(noqueue, retain)
         )
         h = Handle(dev, tok, self)
         dev._handles[tok] = _ref(h)
         return h
 
     def prefetch_many(
-        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+        self,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        noqueue: bool = False,
+        retain: bool = False,
     ) -> list[Handle | ChmError]:
         """:meth:`Device.prefetch_many` in this session.
 
         Alignment: none, as for :meth:`Device.prefetch`.
         """
-        return self._dev._prefetch_many(self, addrs, lengths, noqueue)
+        return self._dev._prefetch_many(self, addrs, lengths, _pf_flags(noqueue, retain))
 
     def prefetch_batch(
-        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+        self,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        noqueue: bool = False,
+        retain: bool = False,
     ) -> HandleBatch:
         """:meth:`Device.prefetch_batch` in this session.
 
         Alignment: none, as for :meth:`Device.prefetch`.
         """
-        return self._dev._prefetch_batch(self, addrs, lengths, noqueue)
+        return self._dev._prefetch_batch(self, addrs, lengths, _pf_flags(noqueue, retain))
 
     def release_many(self, handles: Sequence[Handle]) -> list[ChmError | None]:
         """:meth:`Device.release_many` for handles of this session (another
@@ -884,12 +903,18 @@ class Device:
 
     # -- prefetch
 
-    def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Handle:
+    def prefetch(
+        self, addr: int, length: int, *, noqueue: bool = False, retain: bool = False
+    ) -> Handle:
         """Issues a prefetch of ``[addr, addr+length)``; never blocks.
 
         Alignment: none. Any ``addr`` and any ``length`` from 1 to
         ``slot_size`` bytes; the fill is widened to 4096-byte boundaries
-        inside the device.
+        inside the device. With ``retain`` and a resident region (the
+        ``resident`` option), the object stays in device DRAM after release,
+        so a later prefetch it covers is staged at once with no SSD read
+        (``Stats.resident_hits``); which objects to retain is the caller's
+        policy (:mod:`chm.kv.residency`).
 
         Raises InvalidArgument (length 0, larger than a slot, beyond capacity,
         a bool for addr or length), WouldBlock (refill queue full, or no free
@@ -899,12 +924,17 @@ class Device:
         ptr = self._ptr
         if ptr is None:
             raise _closed_error("chm_prefetch_object")
-        h = Handle(self, _prefetch(ptr, addr, length, _NOQUEUE if noqueue else 0))
+        h = Handle(self, _prefetch(ptr, addr, length, _pf_flags(noqueue, retain)))
         self._handles[h.token] = _ref(h)
         return h
 
     def prefetch_many(
-        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+        self,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        noqueue: bool = False,
+        retain: bool = False,
     ) -> list[Handle | ChmError]:
         """Issues one prefetch per ``(addrs[i], lengths[i])`` in one call;
         never blocks. Returns, in order, a Handle for each object issued and,
@@ -917,16 +947,15 @@ class Device:
 
         Alignment: none, as for :meth:`prefetch`.
         """
-        return self._prefetch_many(None, addrs, lengths, noqueue)
+        return self._prefetch_many(None, addrs, lengths, _pf_flags(noqueue, retain))
 
     def _prefetch_many(
         self,
         sess: Session | None,
         addrs: Sequence[int],
         lengths: Sequence[int],
-        noqueue: bool,
+        flags: int,
     ) -> list[Handle | ChmError]:
-        flags = _NOQUEUE if noqueue else 0
         if sess is None:
             call = "chm_prefetch_objects"
             toks, res = _ll.prefetch_objects(self._p(call), addrs, lengths, flags)
@@ -946,7 +975,12 @@ class Device:
         return out
 
     def prefetch_batch(
-        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+        self,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        noqueue: bool = False,
+        retain: bool = False,
     ) -> HandleBatch:
         """Issues one prefetch per ``(addrs[i], lengths[i])`` in one call, as
         :meth:`prefetch_many` does, and returns them as one
@@ -956,14 +990,14 @@ class Device:
 
         Alignment: none, as for :meth:`prefetch`.
         """
-        return self._prefetch_batch(None, addrs, lengths, noqueue)
+        return self._prefetch_batch(None, addrs, lengths, _pf_flags(noqueue, retain))
 
     def _prefetch_batch(
         self,
         sess: Session | None,
         addrs: Sequence[int],
         lengths: Sequence[int],
-        noqueue: bool,
+        flags: int,
     ) -> HandleBatch:
         call = "chm_session_prefetch"
         if sess is None:
@@ -974,7 +1008,7 @@ class Device:
         else:
             ptr = sess._p(call)
             sid = sess._sid
-        hs, res, ok = _ll.prefetch_batch(ptr, sid, addrs, lengths, _NOQUEUE if noqueue else 0)
+        hs, res, ok = _ll.prefetch_batch(ptr, sid, addrs, lengths, flags)
         return HandleBatch(self, sess, hs, res, len(addrs), ok)
 
     def session(self, quota: int | None = None) -> Session:
@@ -1084,9 +1118,10 @@ class Device:
                 self._handles[value] = _ref(h)
             return h
 
-    def view_info(self, handle: Handle) -> tuple[int, int, int]:
+    def view_info(self, handle: Handle, timeout: float | None = 0) -> tuple[int, int, int]:
         """``(dev_addr, length, pool_offset)`` of a staged handle's view, asked
-        of the device again (a wait that polls), not of the cached memoryview.
+        of the device again (a wait of up to ``timeout`` seconds: by default
+        it polls), not of the cached memoryview; no view is made.
         ``pool_offset`` is the view's offset in the DRAM pool (``2**64-1`` for
         lru-mode views, which are host copies). Raises what
         :meth:`Handle.wait` raises (WaitTimeout while not staged).
@@ -1095,11 +1130,12 @@ class Device:
         """
         if handle._dev is not self:
             raise InvalidArgument(None, f"{handle!r} belongs to another device")
+        tns = timeout_ns(timeout)
         sess = handle._sess
         if sess is None:
-            info = _ll.prefetch_wait(self._p("chm_prefetch_wait"), handle.token, 0)
+            info = _ll.prefetch_wait(self._p("chm_prefetch_wait"), handle.token, tns)
         else:
-            info = _ll.session_wait(sess._p("chm_session_wait"), sess._sid, handle.token, 0)
+            info = _ll.session_wait(sess._p("chm_session_wait"), sess._sid, handle.token, tns)
         return info.dev_addr, info.length, info.pool_offset
 
     # -- data path
@@ -1182,6 +1218,13 @@ class Device:
         _ll.flush(self._p("chm_flush"), timeout_ns(timeout))
 
     # -- introspection
+
+    def resident_evict(self, addr: int, length: int) -> int:
+        """Drops the resident entries overlapping ``[addr, addr+length)``
+        (one with a view out when its handles are released); returns how
+        many. 0 on a device without a resident region. Raises
+        InvalidArgument (length 0, beyond capacity), Cancelled (closed)."""
+        return _ll.resident_evict(self._p("chm_resident_evict"), addr, length)
 
     def stats(self) -> Stats:
         """A consistent snapshot of the device counters."""

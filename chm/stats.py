@@ -82,6 +82,15 @@ class Stats:
     lru_lines_total: int = 0
     lru_lines_valid: int = 0
     lru_lines_dirty: int = 0
+    # resident region
+    resident_hits: int = 0
+    resident_misses: int = 0
+    resident_retained: int = 0
+    resident_evictions: int = 0
+    resident_skipped: int = 0
+    resident_invalidated: int = 0
+    resident_entries_total: int = 0
+    resident_entries_used: int = 0
     # timing
     clock_now_ns: int = 0
     pacing_late: int = 0
@@ -231,6 +240,8 @@ _GAUGES = frozenset(
         "lru_lines_total",
         "lru_lines_valid",
         "lru_lines_dirty",
+        "resident_entries_total",
+        "resident_entries_used",
         "clock_now_ns",
         "pool_bytes",
         "pool_kind",

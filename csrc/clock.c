@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 
 struct timespec chm_ns_to_timespec(uint64_t ns)
@@ -79,8 +80,8 @@ void chm_pace(struct chm_dev *dev, uint64_t done_ns)
 		return;
 	uint64_t now = chm_now_ns(dev);
 	if (now > done_ns) {
-		dev->st.pacing_late++;
-		dev->st.pacing_late_ns += now - done_ns;
+		chm_ctr_add(&dev->st.pacing_late, 1);
+		chm_ctr_add(&dev->st.pacing_late_ns, now - done_ns);
 		return;
 	}
 	pthread_mutex_unlock(&dev->lock);

@@ -68,6 +68,10 @@ static const struct opt opts[] = {
          "internal DRAM: staging window + write buffer (prefetch) or cache (lru)", NULL},
         {"wbuf", OPT_SIZE, F(wbuf_bytes), "32M", "write-buffer share of dram (prefetch mode)",
          NULL},
+        {"resident", OPT_SIZE, F(resident_bytes), "0",
+         "share of dram kept for resident objects (prefetch mode; CHM_PF_RETAIN), apart from "
+         "the staging window; 0 = none",
+         NULL},
         {"pool", OPT_ENUM, F(pool_kind), "anon",
          "DRAM pool: anon (THP advised), hugetlb, memfd (shareable), file (pool_path: file or devdax)",
          chm_pool_names},
@@ -505,7 +509,7 @@ int chm_config_derive(struct chm_config *cfg)
 		strcpy(cfg->targets[0], "ghost");
 	}
 	if (cfg->mode == CHM_MODE_PREFETCH && cfg->slot_count == 0) {
-		uint64_t window = cfg->dram_bytes - cfg->wbuf_bytes;
+		uint64_t window = cfg->dram_bytes - cfg->wbuf_bytes - cfg->resident_bytes;
 		uint64_t stride = CHM_ALIGN_UP(cfg->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
 		uint64_t n = window / stride;
 		cfg->slot_count = n > (1u << 20) ? (1u << 20) : (uint32_t)n;
@@ -575,6 +579,10 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 		            cfg->flush_high_water_pct);
 	if (cfg->refill_queue >= (1u << 23))
 		return fail(err, errlen, "refill_queue: %u is not below 2^23", cfg->refill_queue);
+	if (cfg->resident_bytes && cfg->mode != CHM_MODE_PREFETCH)
+		return fail(err, errlen,
+		            "resident: %llu bytes, but only prefetch mode has a region",
+		            (unsigned long long)cfg->resident_bytes);
 	if (cfg->mode == CHM_MODE_DIRECT)
 		return 0;
 	if (cfg->object_bytes && cfg->object_bytes > cfg->slot_bytes)
@@ -618,7 +626,11 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 	if (cfg->slot_bytes < 512 || cfg->slot_bytes > (1ull << 30))
 		return fail(err, errlen, "slot_size: %llu not in 512..1G",
 		            (unsigned long long)cfg->slot_bytes);
-	uint64_t window = cfg->dram_bytes - cfg->wbuf_bytes;
+	if (cfg->resident_bytes >= cfg->dram_bytes - cfg->wbuf_bytes)
+		return fail(err, errlen, "resident: %llu must be smaller than dram - wbuf (%llu)",
+		            (unsigned long long)cfg->resident_bytes,
+		            (unsigned long long)(cfg->dram_bytes - cfg->wbuf_bytes));
+	uint64_t window = cfg->dram_bytes - cfg->wbuf_bytes - cfg->resident_bytes;
 	uint64_t stride = CHM_ALIGN_UP(cfg->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
 	uint64_t fits = window / stride;
 	if (fits < 1)
@@ -630,7 +642,7 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 	if (cfg->slot_count > fits)
 		return fail(err, errlen,
 		            "slots: %u slots of %llu bytes need %llu bytes, the staging "
-		            "window (dram - wbuf) has %llu",
+		            "window (dram - wbuf - resident) has %llu",
 		            cfg->slot_count, (unsigned long long)stride,
 		            (unsigned long long)(stride * cfg->slot_count),
 		            (unsigned long long)window);

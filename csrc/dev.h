@@ -140,14 +140,20 @@ struct chm_read_tok {
 enum chm_req_state {
 	CHM_REQ_FREE = 0,
 	CHM_REQ_QUEUED = 1,
-	CHM_REQ_SLOTTED = 2
+	CHM_REQ_SLOTTED = 2,
+	CHM_REQ_RESIDENT = 3 /* a resident hit: slot is the entry's index */
 };
+
+/* chm_req.flags */
+#define CHM_REQF_RETAIN 1u /* CHM_PF_RETAIN: offer the slot to the resident region */
+#define CHM_REQF_PAID 2u   /* a resident hit's view crossed the host link */
 
 struct chm_req {
 	uint64_t gen;  /* bumped on every free; part of the handle; 1.. */
 	uint8_t state; /* enum chm_req_state */
+	uint8_t flags; /* CHM_REQF_* */
 	uint16_t sess; /* index of the session that issued it (live records) */
-	int32_t slot;  /* CHM_REQ_SLOTTED: slot index */
+	int32_t slot;  /* CHM_REQ_SLOTTED: slot index; CHM_REQ_RESIDENT: entry */
 	uint64_t addr, len;
 	uint64_t issue_ns;   /* device clock at issue */
 	uint32_t qnext;      /* its session's FIFO link (index+1, 0 = end) */
@@ -232,15 +238,17 @@ struct chm_dev {
 	uint32_t handle_idx_bits; /* derived: bit length of nreqs */
 	uint64_t handle_gen_last; /* derived: largest generation a handle carries */
 	uint32_t q_len;           /* queued requests, all sessions */
+	uint32_t slots_behind;    /* slots with behind set (stats.slots_catching_up) */
 	/* sessions (session.c): index 0 is the default session */
 	struct chm_sess *sess;
 	uint32_t nsess;     /* CHM_SESSION_MAX + 1 */
 	uint32_t sess_free; /* free-list head (index+1) */
 	uint32_t rr_head;   /* ring of sessions with queued requests (index+1) */
 	uint32_t rr_tail;
-	uint32_t max_ios;     /* ios per slot */
-	uint64_t slot_stride; /* bytes of slot memory per slot (derived) */
-	int32_t staged_head;  /* first READY/HELD slot, -1 = none */
+	uint32_t max_ios;         /* ios per slot */
+	uint64_t slot_stride;     /* bytes of slot memory per slot (derived) */
+	int32_t staged_head;      /* first READY/HELD slot, -1 = none */
+	struct chm_resident *res; /* resident region (resident.c), NULL = none */
 
 	/* timing */
 	struct chm_timing_state timing;

@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "errdetail.h"
 #include "gate.h"
 #include "mode.h"
+#include "resident.h"
 #include "session.h"
 #include "staging.h"
 #include "targets.h"
@@ -339,7 +341,7 @@ static int prefetch_args(const struct chm_dev *dev, uint64_t addr, uint64_t len,
 {
 	if (len == 0)
 		return chm_detail(-EINVAL, "prefetch: len is 0");
-	if (flags & ~(uint32_t)CHM_PF_NOQUEUE)
+	if (flags & ~(uint32_t)(CHM_PF_NOQUEUE | CHM_PF_RETAIN))
 		return chm_detail(-EINVAL, "prefetch: unknown flags %#x", flags);
 	if (addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
 		return chm_detail(-EINVAL,
@@ -445,6 +447,20 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 	return rc;
 }
 
+int chm_resident_evict(chm_dev *dev, uint64_t addr, uint64_t len)
+{
+	if (!dev || len == 0 || addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
+		return -EINVAL;
+	int rc = chm_enter(dev);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&dev->lock);
+	rc = chm_resident_evict_range(dev, addr, len);
+	pthread_mutex_unlock(&dev->lock);
+	chm_leave(dev);
+	return rc;
+}
+
 /* ---- stats ---- */
 
 int chm_stats(chm_dev *dev, struct chm_stats *out)
@@ -452,8 +468,11 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	chm_detail_clear();
 	if (!dev || !out)
 		return chm_detail(-EINVAL, "stats: NULL %s", !dev ? "dev" : "out");
-	pthread_mutex_lock(&dev->lock);
-	*out = dev->st;
+	/* no lock: every field of dev->st is written with relaxed atomics
+	 * (counters.h) and copied here word by word with atomic loads; the
+	 * mode's hook reads only atomics too. A stats call never waits. */
+	_Static_assert(sizeof(struct chm_stats) % 8 == 0, "copied in 8-byte words");
+	chm_ctr_copy(out, &dev->st, sizeof(*out));
 	out->clock_now_ns = chm_now_ns(dev);
 	out->pool_bytes = dev->pool.base ? dev->pool.bytes : 0;
 	out->pool_kind = dev->cfg.pool_kind;
@@ -462,7 +481,6 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	out->backend = dev->cfg.backend;
 	out->mode = dev->cfg.mode;
 	dev->mode->stats(dev, out);
-	pthread_mutex_unlock(&dev->lock);
 	return 0;
 }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "iomap.h"
 
@@ -165,9 +166,9 @@ int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 		rc = chm_ios_run(dev, ios, ptrs, (unsigned)n, &moved, &done);
 		pthread_mutex_lock(&dev->lock);
 		if (op == CHM_IO_READ)
-			dev->st.bytes_read_ssd += moved;
+			chm_ctr_add(&dev->st.bytes_read_ssd, moved);
 		else
-			dev->st.bytes_written_ssd += moved;
+			chm_ctr_add(&dev->st.bytes_written_ssd, moved);
 		pthread_mutex_unlock(&dev->lock);
 		latest = done > latest ? done : latest;
 		addr += round;

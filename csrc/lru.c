@@ -73,6 +73,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "iomap.h"
 #include "lru.h"
@@ -118,7 +119,6 @@ struct chm_lru {
 	unsigned ios_per_line;
 	unsigned batch_lines; /* derived: lines per fill batch */
 
-	uint64_t hits, misses, refills, dirty_evictions, writeback_bytes;
 	uint64_t wb_errors; /* failed write-backs (lines) */
 
 	pthread_t thread;
@@ -238,7 +238,7 @@ static void access_hit(struct chm_lru *c, struct access *a, struct lru_line *l, 
 		memcpy(a->rbuf + buf_off, line_buf(c, l) + off, cnt);
 	}
 	chm_lru_index_touch(&c->ix, l);
-	c->hits++;
+	chm_ctr_add(&c->dev->st.lru_hits, 1);
 }
 
 /*
@@ -288,9 +288,9 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 			break;
 		}
 		a->all_hit = false;
-		c->misses++;
+		chm_ctr_add(&c->dev->st.lru_misses, 1);
 		if (fetch && chm_lru_index_test_clear_evicted(&c->ix, la))
-			c->refills++;
+			chm_ctr_add(&c->dev->st.lru_refills, 1);
 		if (!dirty) {
 			if (v->state == CHM_LINE_CLEAN)
 				chm_lru_index_evict(&c->ix, v);
@@ -321,7 +321,7 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 			f->old_addr = v->addr;
 			f->old_len = line_len(c, v->addr);
 			chm_lru_index_set(&c->ix, v, CHM_LINE_WRITING_BACK);
-			c->dirty_evictions++;
+			chm_ctr_add(&c->dev->st.lru_dirty_evictions, 1);
 			f->pnext = c->pending;
 			c->pending = f;
 			if (fetch) /* no payload: the ghost fill lands nowhere */
@@ -344,7 +344,7 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 	bool write = a->write;
 
 	if (f->fetch && !f->rd_err)
-		dev->st.bytes_read_ssd += f->len;
+		chm_ctr_add(&dev->st.bytes_read_ssd, f->len);
 	if (f->dirty_victim) {
 		pending_remove(c, f);
 		v->busy = false;
@@ -362,8 +362,8 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 		}
 		chm_lru_index_set(&c->ix, v, CHM_LINE_CLEAN);
 		chm_lru_index_fifo_remove(&c->ix, v);
-		c->writeback_bytes += f->old_len;
-		dev->st.bytes_written_ssd += f->old_len;
+		chm_ctr_add(&dev->st.lru_writeback_bytes, f->old_len);
+		chm_ctr_add(&dev->st.bytes_written_ssd, f->old_len);
 		chm_lru_index_evict(&c->ix, v);
 		if (f->fetch && f->rd_err) {
 			chm_lru_index_free_push(&c->ix, v);
@@ -438,7 +438,7 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 
 	pthread_mutex_lock(&dev->lock);
 	/* a read that had to push dirty victims out first waited behind them */
-	dev->st.read_wait_flush_ns += stalled;
+	chm_ctr_add(&dev->st.read_wait_flush_ns, stalled);
 	if (done > a->done_max)
 		a->done_max = done;
 	if (!(a->hint && dev->cfg.clock == CHM_CLOCK_VIRTUAL))
@@ -565,11 +565,11 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 			pthread_cond_signal(&c->wb_cond);
 	} else {
 		if (a.all_hit)
-			dev->st.read_hits++;
+			chm_ctr_add(&dev->st.read_hits, 1);
 		else
-			dev->st.read_misses++;
+			chm_ctr_add(&dev->st.read_misses, 1);
 		if (!rc)
-			dev->st.bytes_from_dram += len;
+			chm_ctr_add(&dev->st.bytes_from_dram, len);
 	}
 	range_leave(dev, &range);
 	/* the host link, once per access, after the lines are in (store and
@@ -657,8 +657,8 @@ static unsigned wb_run(struct chm_lru *c, unsigned n, unsigned nios, uint64_t do
 		}
 		chm_lru_index_set(&c->ix, l, CHM_LINE_CLEAN);
 		chm_lru_index_fifo_remove(&c->ix, l);
-		c->writeback_bytes += len;
-		dev->st.bytes_written_ssd += len;
+		chm_ctr_add(&dev->st.lru_writeback_bytes, len);
+		chm_ctr_add(&dev->st.bytes_written_ssd, len);
 	}
 	pthread_cond_broadcast(&dev->cond);
 	return failed;
@@ -755,18 +755,9 @@ int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns)
 
 static void lru_stats(struct chm_dev *dev, struct chm_stats *out)
 {
-	struct chm_lru *c = dev->lru;
-
+	/* the lru_* counters and line gauges are in dev->st (copied by
+	 * chm_stats); dev->lru is not read: no lock, nothing freed at shutdown */
 	chm_staging_stats(dev, out);
-	out->lru_hits = c->hits;
-	out->lru_misses = c->misses;
-	out->lru_refills = c->refills;
-	out->lru_dirty_evictions = c->dirty_evictions;
-	out->lru_writeback_bytes = c->writeback_bytes;
-	out->lru_lines_total = c->ix.nlines;
-	out->lru_lines_valid = c->ix.count[CHM_LINE_CLEAN] + c->ix.count[CHM_LINE_DIRTY] +
-	                       c->ix.count[CHM_LINE_WRITING_BACK];
-	out->lru_lines_dirty = c->ix.count[CHM_LINE_DIRTY] + c->ix.count[CHM_LINE_WRITING_BACK];
 }
 
 /* ---- setup / teardown ---- */
@@ -790,6 +781,9 @@ static int cache_init(struct chm_dev *dev)
 	rc = chm_lru_index_init(&c->ix, line, (uint32_t)(bytes / line), cfg->capacity);
 	if (rc)
 		goto err_index;
+	c->ix.n_valid = &dev->st.lru_lines_valid;
+	c->ix.n_dirty = &dev->st.lru_lines_dirty;
+	chm_ctr_set(&dev->st.lru_lines_total, c->ix.nlines);
 	rc = -ENOMEM;
 	c->base = dev->pool.base;
 	c->ios_per_line = chm_map_max_ios(cfg, line);

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "counters.h"
 #include "lru_index.h"
 #include "states.h"
 
@@ -21,9 +22,17 @@
 
 void chm_lru_index_set(struct chm_lru_index *x, struct lru_line *l, int to)
 {
-	x->count[l->state]--;
+	int from = l->state;
+	x->count[from]--;
 	CHM_TRANSITION(chm_line_transitions, l->state, to);
 	x->count[to]++;
+	bool valid_from = from != CHM_LINE_INVALID, valid_to = to != CHM_LINE_INVALID;
+	bool dirty_from = from == CHM_LINE_DIRTY || from == CHM_LINE_WRITING_BACK;
+	bool dirty_to = to == CHM_LINE_DIRTY || to == CHM_LINE_WRITING_BACK;
+	if (x->n_valid && valid_from != valid_to)
+		(valid_to ? chm_ctr_add : chm_ctr_sub)(x->n_valid, 1);
+	if (x->n_dirty && dirty_from != dirty_to)
+		(dirty_to ? chm_ctr_add : chm_ctr_sub)(x->n_dirty, 1);
 }
 
 /* ---- hash table ---- */

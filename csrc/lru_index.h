@@ -31,6 +31,9 @@ struct chm_lru_index {
 	uint64_t seq;          /* last dseq handed out */
 	uint64_t *evicted;     /* one bit per line-sized chunk of the address space */
 	uint64_t count[4];     /* lines per state */
+	/* optional mirrors, kept with relaxed atomics for lock-free readers:
+	 * lines not INVALID, lines DIRTY or WRITING_BACK (NULL: none) */
+	uint64_t *n_valid, *n_dirty;
 };
 
 /* nlines INVALID lines on the free stack, for an address space of capacity

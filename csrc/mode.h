@@ -36,7 +36,9 @@ struct chm_mode_ops {
 	int (*read)(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len);
 	int (*write)(struct chm_dev *dev, uint64_t addr, const void *buf, uint64_t len);
 	int (*flush)(struct chm_dev *dev, uint64_t timeout_ns);
-	/* Fills the mode's fields of *out. dev->lock held. */
+	/* Fills the mode's fields of *out. No lock held (chm_stats never waits):
+	 * reads only what is kept with atomics (counters.h) and is never freed
+	 * before close; most of it lives in dev->st, copied already. */
 	void (*stats)(struct chm_dev *dev, struct chm_stats *out);
 
 	/* Staging fills (modes with a staging window, else NULL). fill_start

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "iomap.h"
 #include "mode.h"
@@ -61,7 +62,7 @@ static int read_nodata(struct chm_dev *dev, uint64_t addr, uint64_t len)
 	int rc = chm_ghost_pieces(dev, CHM_IO_READ, a1 - a0, dev->cfg.max_io, &delay);
 	pthread_mutex_lock(&dev->lock);
 	if (!rc) {
-		dev->st.bytes_read_ssd += a1 - a0;
+		chm_ctr_add(&dev->st.bytes_read_ssd, a1 - a0);
 		chm_pace(dev, chm_timing_host(&dev->timing, done + delay, len));
 	}
 	pthread_mutex_unlock(&dev->lock);
@@ -125,7 +126,7 @@ int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 static int direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 {
 	pthread_mutex_lock(&dev->lock);
-	dev->st.read_misses++;
+	chm_ctr_add(&dev->st.read_misses, 1);
 	pthread_mutex_unlock(&dev->lock);
 	return chm_direct_read(dev, addr, buf, len);
 }
@@ -143,7 +144,7 @@ static int direct_write(struct chm_dev *dev, uint64_t addr, const void *buf, uin
 		rc = chm_ghost_pieces(dev, CHM_IO_WRITE, len, dev->cfg.max_io, &delay);
 		pthread_mutex_lock(&dev->lock);
 		if (!rc)
-			dev->st.bytes_written_ssd += len;
+			chm_ctr_add(&dev->st.bytes_written_ssd, len);
 		chm_pace(dev, model + delay);
 		pthread_mutex_unlock(&dev->lock);
 		return rc;

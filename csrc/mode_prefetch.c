@@ -13,10 +13,12 @@
 #include <pthread.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "iomap.h"
 #include "mode.h"
 #include "mode_direct.h"
+#include "resident.h"
 #include "staging.h"
 #include "wbuf.h"
 
@@ -45,7 +47,7 @@ static int prefetch_fill_submit(struct chm_dev *dev, struct chm_slot *s)
 static void prefetch_fill_end(struct chm_dev *dev, struct chm_slot *s)
 {
 	chm_wbuf_read_end(dev, &s->rtok);
-	dev->st.bytes_read_ssd += s->fill_bytes;
+	chm_ctr_add(&dev->st.bytes_read_ssd, s->fill_bytes);
 }
 
 static int prefetch_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
@@ -54,8 +56,8 @@ static int prefetch_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t
 	uint32_t start = 0;
 	pthread_mutex_lock(&dev->lock);
 	if (chm_staging_read_hit(dev, addr, buf, len, &link_bytes, &start)) {
-		dev->st.read_hits++;
-		dev->st.bytes_from_dram += len;
+		chm_ctr_add(&dev->st.read_hits, 1);
+		chm_ctr_add(&dev->st.bytes_from_dram, len);
 		if (link_bytes)
 			chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), link_bytes));
 		pthread_mutex_unlock(&dev->lock);
@@ -63,7 +65,7 @@ static int prefetch_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t
 			chm_staging_submit(dev, start);
 		return 0;
 	}
-	dev->st.read_misses++;
+	chm_ctr_add(&dev->st.read_misses, 1);
 	pthread_mutex_unlock(&dev->lock);
 	return chm_direct_read(dev, addr, buf, len);
 }
@@ -102,14 +104,22 @@ static int prefetch_init(struct chm_dev *dev)
 	int rc = chm_wbuf_init(dev);
 	if (rc)
 		return rc;
-	/* the window is the front of the pool, the log its last wbuf_bytes */
+	/* the window is the front of the pool, the resident region right
+	 * after it, the log the pool's last wbuf_bytes */
 	rc = chm_staging_init(dev, dev->pool.base);
 	if (rc)
 		goto err_staging;
+	rc = chm_resident_init(dev,
+	                       (char *)dev->pool.base + (uint64_t)dev->nslots * dev->slot_stride,
+	                       chm_resident_count(&dev->cfg, dev->slot_stride));
+	if (rc)
+		goto err_resident;
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
 		dev->clock_hook = chm_wbuf_vt_advance; /* the flusher runs on the clock */
 	return 0;
 
+err_resident:
+	chm_staging_fini(dev);
 err_staging:
 	chm_wbuf_fini(dev);
 	return rc;
@@ -120,6 +130,12 @@ static void prefetch_stop(struct chm_dev *dev)
 	chm_wbuf_fini(dev);
 }
 
+static void prefetch_fini(struct chm_dev *dev)
+{
+	chm_resident_fini(dev);
+	chm_staging_fini(dev);
+}
+
 const struct chm_mode_ops chm_mode_prefetch_ops = {
         .name = "prefetch",
         .uses_pool = true,
@@ -127,7 +143,7 @@ const struct chm_mode_ops chm_mode_prefetch_ops = {
         .init = prefetch_init,
         .cancel = chm_staging_cancel_all,
         .stop = prefetch_stop,
-        .fini = chm_staging_fini,
+        .fini = prefetch_fini,
         .read = prefetch_read,
         .write = prefetch_write,
         .flush = prefetch_flush,

@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "counters.h"
 #include "dev.h"
 #include "errdetail.h"
 #include "session.h"
@@ -155,7 +156,7 @@ void chm_sess_enqueue(struct chm_dev *dev, struct chm_req *r)
 		ss->q_head = ri;
 	ss->q_tail = ri;
 	ss->used++;
-	dev->q_len++;
+	chm_ctr32_add(&dev->q_len, 1); /* read without the lock */
 	if (!ss->in_rr)
 		rr_append(dev, r->sess);
 }
@@ -177,7 +178,7 @@ void chm_sess_unqueue(struct chm_dev *dev, struct chm_req *r)
 	}
 	r->qnext = 0;
 	ss->used--;
-	dev->q_len--;
+	chm_ctr32_add(&dev->q_len, -1);
 	if (!ss->q_head)
 		rr_remove(dev, r->sess);
 }
@@ -194,7 +195,7 @@ struct chm_req *chm_sess_dequeue(struct chm_dev *dev)
 		ss->q_tail = 0;
 	r->qnext = 0;
 	ss->used--; /* the slot it is granted is charged instead */
-	dev->q_len--;
+	chm_ctr32_add(&dev->q_len, -1);
 	/* its turn is over: to the end of the ring, or out of it */
 	dev->rr_head = ss->rr_next;
 	if (!dev->rr_head)

@@ -33,10 +33,12 @@
 #include <time.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "errdetail.h"
 #include "iomap.h"
 #include "mode.h"
+#include "resident.h"
 #include "session.h"
 #include "staging.h"
 #include "states.h"
@@ -78,9 +80,10 @@ static int handle_lookup(struct chm_dev *dev, chm_handle h, struct chm_req **out
 
 static void slot_set(struct chm_dev *dev, struct chm_slot *s, int to)
 {
-	dev->slot_count_by_state[s->state]--;
+	/* atomic: chm_staging_stats reads the counts without the lock */
+	chm_ctr32_add(&dev->slot_count_by_state[s->state], -1);
 	CHM_TRANSITION(chm_slot_transitions, s->state, to);
-	dev->slot_count_by_state[to]++;
+	chm_ctr32_add(&dev->slot_count_by_state[to], 1);
 }
 
 static void staged_link(struct chm_dev *dev, struct chm_slot *s)
@@ -224,6 +227,7 @@ static void slot_drop_behind(struct chm_dev *dev, struct chm_slot *s)
 	if (!s->behind)
 		return;
 	s->behind = false;
+	chm_ctr32_add(&dev->slots_behind, -1);
 	chm_wbuf_unpin_log(dev);
 }
 
@@ -258,6 +262,7 @@ static void slot_catch_up_copy(struct chm_dev *dev, struct chm_slot *s)
 		pthread_mutex_lock(&dev->lock);
 	} while (s->repatch);
 	s->behind = false;
+	chm_ctr32_add(&dev->slots_behind, -1);
 	chm_wbuf_unpin_log(dev);
 	req_wake(dev, s->req);
 }
@@ -266,6 +271,7 @@ static void slot_catch_up_copy(struct chm_dev *dev, struct chm_slot *s)
 static void slot_behind(struct chm_dev *dev, struct chm_slot *s)
 {
 	s->behind = true;
+	chm_ctr32_add(&dev->slots_behind, 1);
 	chm_wbuf_pin_log(dev);
 }
 
@@ -308,9 +314,9 @@ static void lat_record(struct chm_dev *dev, uint64_t ns)
 		us >>= 1;
 		b++;
 	}
-	dev->st.refill_lat_hist[b]++;
-	dev->st.refill_lat_count++;
-	dev->st.refill_lat_sum_ns += ns;
+	chm_ctr_add(&dev->st.refill_lat_hist[b], 1);
+	chm_ctr_add(&dev->st.refill_lat_count, 1);
+	chm_ctr_add(&dev->st.refill_lat_sum_ns, ns);
 }
 
 void chm_staging_fill_io_done(struct chm_io *io)
@@ -332,8 +338,8 @@ void chm_staging_fill_io_done(struct chm_io *io)
 		dev->mode->fill_end(dev, s);
 		lat_record(dev, now - s->issue_ns);
 		if (dev->cfg.clock == CHM_CLOCK_REAL && dev->timing.enabled && now > s->ready_ns) {
-			dev->st.pacing_late++;
-			dev->st.pacing_late_ns += now - s->ready_ns;
+			chm_ctr_add(&dev->st.pacing_late, 1);
+			chm_ctr_add(&dev->st.pacing_late_ns, now - s->ready_ns);
 		}
 		if (s->req < 0) {
 			slot_set(dev, s, CHM_SLOT_FREE); /* fill_done_orphan */
@@ -344,11 +350,11 @@ void chm_staging_fill_io_done(struct chm_io *io)
 			queue_kick(dev, &start);
 		} else if (s->err) {
 			slot_set(dev, s, CHM_SLOT_FAILED);
-			dev->st.prefetch_failed++;
+			chm_ctr_add(&dev->st.prefetch_failed, 1);
 		} else {
 			slot_set(dev, s, CHM_SLOT_READY);
 			staged_link(dev, s);
-			dev->st.prefetch_completed++;
+			chm_ctr_add(&dev->st.prefetch_completed, 1);
 			if (chm_wbuf_overlay_segs(dev, s->fill_start, s->fill_len, NULL, 0)) {
 				/* buffered writes over the fill: READY but behind, laid
 				 * over here with the lock dropped around the copies */
@@ -431,7 +437,7 @@ int chm_staging_init(struct chm_dev *dev, char *mem)
 		s->fnext = i + 1 < dev->nslots ? i + 2 : 0;
 	}
 	dev->slot_free_head = dev->nslots ? 1 : 0;
-	dev->slot_count_by_state[CHM_SLOT_FREE] = dev->nslots;
+	chm_ctr32_add(&dev->slot_count_by_state[CHM_SLOT_FREE], (int32_t)dev->nslots);
 	pthread_condattr_t rca;
 	pthread_condattr_init(&rca);
 	pthread_condattr_setclock(&rca, CLOCK_MONOTONIC);
@@ -483,7 +489,7 @@ void chm_staging_cancel_all(struct chm_dev *dev)
 {
 	struct chm_req *r;
 	while ((r = chm_sess_dequeue(dev))) {
-		dev->st.prefetch_cancelled++;
+		chm_ctr_add(&dev->st.prefetch_cancelled, 1);
 		req_free(dev, r);
 	}
 	for (uint32_t i = 0; i < dev->nreqs; i++)
@@ -560,6 +566,7 @@ void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_
 		mine = s->catch_next;
 		slot_unpin(dev, s, start);
 	}
+	chm_resident_patch(dev, addr, len);
 }
 
 /* ---- the API ---- */
@@ -569,6 +576,27 @@ void chm_staging_patch(struct chm_dev *dev, uint64_t addr, uint64_t len, uint32_
 static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint64_t len,
                            uint32_t flags, chm_handle *h, uint32_t *start)
 {
+	/* a resident hit needs a request record, not a slot or a queue place */
+	int32_t ei = chm_resident_hit(dev, addr, len);
+	if (ei >= 0) {
+		struct chm_req *r = req_alloc(dev);
+		if (!r) {
+			chm_resident_unhold(dev, ei);
+			dev->st.prefetch_rejected++;
+			return dev->reqs_live ? -EAGAIN : -ENOSPC;
+		}
+		r->addr = addr;
+		r->len = len;
+		r->sess = (uint16_t)si;
+		r->flags = 0;
+		r->issue_ns = chm_now_ns(dev);
+		r->state = CHM_REQ_RESIDENT;
+		r->slot = ei;
+		dev->st.prefetch_issued++;
+		dev->st.prefetch_completed++;
+		*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
+		return 0;
+	}
 	bool full = !dev->slot_free_head &&
 	            ((flags & CHM_PF_NOQUEUE) || dev->q_len >= dev->cfg.refill_queue);
 	int rc = full ? chm_detail(-EAGAIN, "prefetch: %s",
@@ -577,7 +605,7 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 	                                   : "the refill queue is full (refill_queue)")
 	              : chm_sess_admit(dev, si); /* its quota, with its own reason */
 	if (rc) {
-		dev->st.prefetch_rejected++;
+		chm_ctr_add(&dev->st.prefetch_rejected, 1);
 		return rc;
 	}
 	/* nreqs = slots + queue, so a record is free here unless some retired
@@ -585,7 +613,7 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 	 * free one, -ENOSPC once every record is retired */
 	struct chm_req *r = req_alloc(dev);
 	if (!r) {
-		dev->st.prefetch_rejected++;
+		chm_ctr_add(&dev->st.prefetch_rejected, 1);
 		return chm_detail(
 		        dev->reqs_live ? -EAGAIN : -ENOSPC,
 		        "prefetch: every free request record is retired (reopen the device)");
@@ -593,14 +621,15 @@ static int prefetch_locked(struct chm_dev *dev, uint32_t si, uint64_t addr, uint
 	r->addr = addr;
 	r->len = len;
 	r->sess = (uint16_t)si;
+	r->flags = (flags & CHM_PF_RETAIN) ? CHM_REQF_RETAIN : 0;
 	r->issue_ns = chm_now_ns(dev);
-	dev->st.prefetch_issued++;
+	chm_ctr_add(&dev->st.prefetch_issued, 1);
 	if (dev->slot_free_head) {
 		fill_start(dev, r, start);
 	} else {
 		r->state = CHM_REQ_QUEUED;
 		chm_sess_enqueue(dev, r);
-		dev->st.prefetch_queued++;
+		chm_ctr_add(&dev->st.prefetch_queued, 1);
 	}
 	*h = handle_make(dev, (uint32_t)(r - dev->reqs), r->gen);
 	return 0;
@@ -676,6 +705,15 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 		rc = handle_lookup_in(dev, si, h, &r);
 		if (rc)
 			goto out_unlock;
+		if (r->state == CHM_REQ_RESIDENT) {
+			if (!(r->flags & CHM_REQF_PAID)) { /* staged already: the link only */
+				r->flags |= CHM_REQF_PAID;
+				if (dev->timing.enabled)
+					chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev),
+					                              r->len));
+			}
+			break;
+		}
 		struct chm_slot *s = r->state == CHM_REQ_SLOTTED ? &dev->slots[r->slot] : NULL;
 		if (s && s->state == CHM_SLOT_FAILED) {
 			rc = chm_detail(-EIO,
@@ -723,8 +761,12 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 	rc = handle_lookup_in(dev, si, h, &r);
 	if (rc)
 		goto out_unlock;
-	struct chm_slot *s = &dev->slots[r->slot];
-	view->data = s->buf + (r->addr - s->fill_start);
+	if (r->state == CHM_REQ_RESIDENT) {
+		view->data = chm_resident_data(dev, r->slot, r->addr);
+	} else {
+		struct chm_slot *s = &dev->slots[r->slot];
+		view->data = s->buf + (r->addr - s->fill_start);
+	}
 	view->len = r->len;
 	view->dev_addr = r->addr;
 	/* lru-mode views are host copies, outside the pool */
@@ -752,22 +794,29 @@ static int release_locked(struct chm_dev *dev, uint32_t si, chm_handle h, uint32
 
 void chm_staging_release_req(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 {
-	dev->st.prefetch_released++;
+	chm_ctr_add(&dev->st.prefetch_released, 1);
 	if (r->state == CHM_REQ_QUEUED) {
 		chm_sess_unqueue(dev, r);
-		dev->st.prefetch_cancelled++;
+		chm_ctr_add(&dev->st.prefetch_cancelled, 1);
+	} else if (r->state == CHM_REQ_RESIDENT) {
+		chm_resident_unhold(dev, r->slot);
 	} else {
 		struct chm_slot *s = &dev->slots[r->slot];
 		if (s->state == CHM_SLOT_FILLING) {
 			s->req = -1; /* orphan: freed by fill_io_done */
-			dev->st.prefetch_cancelled++;
+			chm_ctr_add(&dev->st.prefetch_cancelled, 1);
 		} else if (s->pins) {
+			if (r->flags & CHM_REQF_RETAIN)
+				chm_resident_retain(dev, s); /* refused: pinned */
 			/* hits still copy from it: the last unpin frees it */
 			staged_unlink(dev, s);
 			slot_set(dev, s, CHM_SLOT_DRAINING); /* release_pinned */
 			chm_sess_uncharge(dev, s);
 			s->req = -1;
 		} else {
+			if ((r->flags & CHM_REQF_RETAIN) &&
+			    (s->state == CHM_SLOT_READY || s->state == CHM_SLOT_HELD))
+				chm_resident_retain(dev, s);
 			slot_free(dev, s, start);
 		}
 	}
@@ -801,16 +850,14 @@ int chm_staging_release(struct chm_dev *dev, chm_session sess, uint32_t n,
 void chm_staging_stats(struct chm_dev *dev, struct chm_stats *out)
 {
 	out->slots_total = dev->nslots;
-	out->slots_free = dev->slot_count_by_state[CHM_SLOT_FREE];
-	out->slots_filling = dev->slot_count_by_state[CHM_SLOT_FILLING];
-	out->slots_ready = dev->slot_count_by_state[CHM_SLOT_READY];
-	out->slots_held = dev->slot_count_by_state[CHM_SLOT_HELD] +
-	                  dev->slot_count_by_state[CHM_SLOT_DRAINING];
-	out->slots_failed = dev->slot_count_by_state[CHM_SLOT_FAILED];
-	out->slots_catching_up = 0;
-	for (uint32_t i = 0; i < dev->nslots; i++)
-		out->slots_catching_up += dev->slots[i].behind;
-	out->queue_len = dev->q_len;
+	const uint32_t *n = dev->slot_count_by_state;
+	out->slots_free = chm_ctr32_get(&n[CHM_SLOT_FREE]);
+	out->slots_filling = chm_ctr32_get(&n[CHM_SLOT_FILLING]);
+	out->slots_ready = chm_ctr32_get(&n[CHM_SLOT_READY]);
+	out->slots_held = chm_ctr32_get(&n[CHM_SLOT_HELD]) + chm_ctr32_get(&n[CHM_SLOT_DRAINING]);
+	out->slots_failed = chm_ctr32_get(&n[CHM_SLOT_FAILED]);
+	out->slots_catching_up = chm_ctr32_get(&dev->slots_behind);
+	out->queue_len = chm_ctr32_get(&dev->q_len);
 	out->queue_cap = dev->cfg.refill_queue;
 	out->slot_bytes = dev->cfg.slot_bytes;
 	out->window_bytes = (uint64_t)dev->nslots * dev->slot_stride;

@@ -23,6 +23,7 @@ const char *chm_state_name(int kind, int value)
 	        [CHM_STATE_SLOT] = {chm_slot_names, CHM_NTRANS(chm_slot_names)},
 	        [CHM_STATE_WBUF] = {chm_wbuf_names, CHM_NTRANS(chm_wbuf_names)},
 	        [CHM_STATE_LINE] = {chm_line_names, CHM_NTRANS(chm_line_names)},
+	        [CHM_STATE_RESIDENT] = {chm_res_names, CHM_NTRANS(chm_res_names)},
 	};
 	if (kind < 0 || (unsigned)kind >= CHM_NTRANS(kinds) || value < 0 ||
 	    (unsigned)value >= kinds[kind].n)

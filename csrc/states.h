@@ -29,6 +29,14 @@ enum chm_wbuf_state {
 	CHM_WB_SKIPPED = 4,
 };
 
+/* Resident entry states (fw_spec/resident.yaml). */
+enum chm_res_state {
+	CHM_RES_EMPTY = 0,
+	CHM_RES_RESIDENT = 1, /* retained, no view out: hits served, writes patch it */
+	CHM_RES_HELD = 2,     /* views out: hits served, writes make it STALE */
+	CHM_RES_STALE = 3,    /* held views of bytes a write replaced: no hits */
+};
+
 /* LRU line states (fw_spec/lru.yaml). */
 enum chm_line_state {
 	CHM_LINE_INVALID = 0,
@@ -69,6 +77,16 @@ static const struct chm_transition chm_wbuf_transitions[] = {
         {CHM_WB_DURABLE, CHM_WB_FREE, "reclaim"},
 };
 
+/* Resident entry: EMPTY -> RESIDENT <-> HELD, HELD -> STALE -> EMPTY. */
+static const struct chm_transition chm_res_transitions[] = {
+        {CHM_RES_EMPTY, CHM_RES_RESIDENT, "retain"},
+        {CHM_RES_RESIDENT, CHM_RES_HELD, "hit"},
+        {CHM_RES_HELD, CHM_RES_RESIDENT, "unhold_last"},
+        {CHM_RES_RESIDENT, CHM_RES_EMPTY, "evict"},
+        {CHM_RES_HELD, CHM_RES_STALE, "write_held"},
+        {CHM_RES_STALE, CHM_RES_EMPTY, "unhold_last"},
+};
+
 /* LRU line. */
 static const struct chm_transition chm_line_transitions[] = {
         {CHM_LINE_INVALID, CHM_LINE_CLEAN, "fill"},
@@ -89,6 +107,12 @@ static const char *const chm_wbuf_names[] = {
         [CHM_WB_FREE] = "free",         [CHM_WB_ADMITTED] = "admitted",
         [CHM_WB_FLUSHING] = "flushing", [CHM_WB_DURABLE] = "durable",
         [CHM_WB_SKIPPED] = "skipped",
+};
+static const char *const chm_res_names[] = {
+        [CHM_RES_EMPTY] = "empty",
+        [CHM_RES_RESIDENT] = "resident",
+        [CHM_RES_HELD] = "held",
+        [CHM_RES_STALE] = "stale",
 };
 static const char *const chm_line_names[] = {
         [CHM_LINE_INVALID] = "invalid",

@@ -42,6 +42,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "counters.h"
 #include "dev.h"
 #include "errdetail.h"
 #include "iomap.h"
@@ -70,6 +71,7 @@ struct chm_wbuf {
 	char *base;
 	uint64_t size;
 	uint64_t head_off, tail_off, used; /* log bytes */
+	uint64_t *st_used; /* &dev->st.wbuf_used_bytes: used, for lock-free readers */
 	struct wb_entry *ents;
 	uint32_t cap, head, count; /* entry ring */
 	uint64_t next_seq;         /* seq of the next reservation */
@@ -132,6 +134,7 @@ static void reclaim(struct chm_wbuf *w)
 	}
 	if (!w->count)
 		w->head_off = w->tail_off = w->used = 0;
+	chm_ctr_set(w->st_used, w->used);
 }
 
 /* Reserves len contiguous log bytes; false when they are not there. */
@@ -185,8 +188,8 @@ int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64
 		reclaim(w);
 		if (!log_alloc(w, len, &off, &pad)) {
 			/* the skip: a distinct outcome, nothing changed */
-			dev->st.wr_skipped++;
-			dev->st.wr_skipped_bytes += len;
+			chm_ctr_add(&dev->st.wr_skipped, 1);
+			chm_ctr_add(&dev->st.wr_skipped_bytes, len);
 			pthread_mutex_unlock(&dev->lock);
 			return CHM_WRITE_SKIPPED;
 		}
@@ -202,6 +205,7 @@ int chm_wbuf_reserve(struct chm_dev *dev, uint64_t addr, const void *buf, uint64
 	e->copying = true;
 	w->count++;
 	w->used += len + pad;
+	chm_ctr_set(w->st_used, w->used);
 	w->tail_off = off + len;
 	pthread_mutex_unlock(&dev->lock);
 
@@ -221,8 +225,8 @@ uint64_t chm_wbuf_admit(struct chm_dev *dev, struct wb_entry *e)
 	ent_set(e, CHM_WB_ADMITTED);
 	if (e->seq > w->admitted_max)
 		w->admitted_max = e->seq;
-	dev->st.wr_admitted++;
-	dev->st.wr_admitted_bytes += e->len;
+	chm_ctr_add(&dev->st.wr_admitted, 1);
+	chm_ctr_add(&dev->st.wr_admitted_bytes, e->len);
 	pthread_cond_signal(&w->cond);
 	return e->adm_ns;
 }
@@ -298,7 +302,7 @@ void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok)
 	w->inflight[tok->epoch % EPOCHS]--;
 	w->reads_inflight--;
 	if (w->flushing || w->batch_mark != tok->batch_mark)
-		dev->st.read_wait_flush_ns += chm_mono_ns() - tok->begin_ns;
+		chm_ctr_add(&dev->st.read_wait_flush_ns, chm_mono_ns() - tok->begin_ns);
 	if (w->reads_inflight == 0 && w->count)
 		pthread_cond_signal(&w->cond);
 }
@@ -372,9 +376,9 @@ static void vt_complete(struct chm_dev *dev, struct chm_wbuf *w, int rc)
 	} else {
 		if (w->vt_done_ns > w->durable_model_ns)
 			w->durable_model_ns = w->vt_done_ns;
-		dev->st.wr_flushed_bytes += bytes;
-		dev->st.bytes_written_ssd += bytes;
-		dev->st.flush_batches++;
+		chm_ctr_add(&dev->st.wr_flushed_bytes, bytes);
+		chm_ctr_add(&dev->st.bytes_written_ssd, bytes);
+		chm_ctr_add(&dev->st.flush_batches, 1);
 		if (w->inflight[(w->epoch + 1) % EPOCHS] == 0)
 			w->epoch++;
 		w->vt_free_ns = w->vt_done_ns;
@@ -513,8 +517,8 @@ static void *flusher_main(void *arg)
 		if (rc) {
 			w->error_gen++;
 		} else {
-			dev->st.wr_flushed_bytes += bytes;
-			dev->st.flush_batches++;
+			chm_ctr_add(&dev->st.wr_flushed_bytes, bytes);
+			chm_ctr_add(&dev->st.flush_batches, 1);
 			/* a new epoch; never reuse a counter slot still in use */
 			if (w->inflight[(w->epoch + 1) % EPOCHS] == 0)
 				w->epoch++;
@@ -611,9 +615,10 @@ int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 
 void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out)
 {
-	struct chm_wbuf *w = dev->wbuf;
-	out->wbuf_bytes = w ? w->size : 0;
-	out->wbuf_used_bytes = w ? w->used : 0;
+	/* wbuf_bytes and wbuf_used_bytes are kept in dev->st (copied by
+	 * chm_stats): nothing to read here, and dev->wbuf is not touched */
+	(void)dev;
+	(void)out;
 }
 
 int chm_wbuf_init(struct chm_dev *dev)
@@ -625,6 +630,8 @@ int chm_wbuf_init(struct chm_dev *dev)
 	w->base = (char *)dev->pool.base + off;
 	w->size = dev->cfg.wbuf_bytes > dev->pool.bytes - off ? dev->pool.bytes - off
 	                                                      : dev->cfg.wbuf_bytes;
+	w->st_used = &dev->st.wbuf_used_bytes;
+	chm_ctr_set(&dev->st.wbuf_bytes, w->size);
 	uint64_t cap = w->size / 4096;
 	w->cap = cap < 64 ? 64 : cap > (1u << 20) ? (1u << 20) : (uint32_t)cap;
 	w->ents = calloc(w->cap, sizeof(*w->ents));

@@ -59,6 +59,6 @@ void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok);
  * needs them for its re-overlay). Lock held. */
 void chm_wbuf_pin_log(struct chm_dev *dev);
 void chm_wbuf_unpin_log(struct chm_dev *dev);
-void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out); /* lock held */
+void chm_wbuf_stats(struct chm_dev *dev, struct chm_stats *out); /* no lock */
 
 #endif /* CHM_WBUF_H */

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chm import _lowlevel as _ll
 from chm.errors import ChmError
 from chm.kv import KEY_DTYPE, MAX_META
 from chm.remote.protocol import (
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Client"]
 
-_FOREVER = _ll.UINT64_MAX
+_FOREVER = 2**64 - 1  # a timeout_ns that never ends (UINT64_MAX)
 _SLICE_NS = 50_000_000  # a wait re-checks the connection and shutdown this often
 _HELLO_TIMEOUT = 10.0
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)

@@ -1,16 +1,15 @@
 """Per-client scopes of handles and pins inside the daemon.
 
-Each Scope is a C device session (``chm_session_open``) with the daemon's
-per-client quota (``client_quota``): the device scopes the client's handles, holds it to at
-most ``quota`` slots plus queue entries (-EAGAIN beyond), serves the refill
-queue round-robin across clients (one client flooding it delays another's
-prefetch by about one grant) and releases everything on
-``chm_session_close``. Every token and KV pin a client obtains is also
-recorded here, so a token of another scope is refused with -ESTALE (as a
-stale handle is) before the device sees it, and the daemon can count what
+Each Scope is a device session (``Device.session``, a ``chm.Session``) with
+the daemon's per-client quota (``client_quota``): the device scopes the
+client's handles, holds it to at most ``quota`` slots plus queue entries
+(-EAGAIN beyond), serves the refill queue round-robin across clients (one
+client flooding it delays another's prefetch by about one grant) and
+releases everything when the session closes. Every handle and KV pin a
+client obtains is also recorded here, so another scope's token is refused
+with -ESTALE (as a stale handle is) before the device sees it, and the daemon can count what
 clients hold. In direct mode (no staging window, no sessions) a scope uses
-the device's default session.
-"""
+the device's default session."""
 
 from __future__ import annotations
 
@@ -22,12 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from chm import _lowlevel as _ll
-from chm.device import Device
+from chm.device import Device, Handle, Session
 from chm.errors import ChmError, NotSupported
 from chm.kv import KEY_DTYPE, Store
 
-__all__ = ["Scope", "Scopes", "default_quota"]
+__all__ = ["NOQUEUE", "RETAIN", "Scope", "Scopes", "default_quota"]
+
+NOQUEUE = 1  # the PREFETCH flags of fw_spec/protocol.md: CHM_PF_NOQUEUE,
+RETAIN = 2  # CHM_PF_RETAIN
+_FOREVER = 2**64 - 1  # a WAIT timeout that never ends
 
 
 def _rc(exc: ChmError) -> int:
@@ -45,7 +47,7 @@ def default_quota(slot_count: int, refill_queue: int) -> int:
 
 
 class Scope:
-    """What one client holds: its device session, prefetch tokens and KV pins."""
+    """What one client holds: its device session, prefetch handles and KV pins."""
 
     def __init__(
         self,
@@ -59,69 +61,81 @@ class Scope:
         self._registry = registry
         self._dev = dev
         self._store = store
-        self.tokens: set[int] = set()
+        # token -> the Handle this client holds (the daemon never takes a
+        # view of it: waits ask Device.view_info)
+        self.tokens: dict[int, Handle] = {}
         self.pins: Counter[tuple[int, int]] = Counter()
         self._lock = threading.Lock()
         self.quota = quota
-        self.session = _ll.SESSION_DEFAULT
+        self._sess: Session | None = None  # None: the device's default session
         if quota is not None:
             with contextlib.suppress(NotSupported):  # direct mode: no window, no sessions
-                self.session = _ll.session_open(self._ptr(), quota)
-
-    def _ptr(self) -> Any:
-        return self._dev._p("chm_prefetch_object")
+                self._sess = dev.session(quota)
 
     def prefetch(self, addr: int, length: int, flags: int) -> tuple[int, int]:
         """(0, token) or (-errno, 0); -EAGAIN also over the quota."""
+        if flags & ~(NOQUEUE | RETAIN):
+            return -errno.EINVAL, 0  # as the device refuses unknown flags
+        kw = {"noqueue": bool(flags & NOQUEUE), "retain": bool(flags & RETAIN)}
+        sess = self._sess
         try:
-            tok = _ll.session_prefetch_one(self._ptr(), self.session, addr, length, flags)
+            if sess is None:
+                h = self._dev.prefetch(addr, length, **kw)
+            else:
+                h = sess.prefetch(addr, length, **kw)
         except ChmError as exc:
             return _rc(exc), 0
         except (TypeError, OverflowError):
             return -errno.EINVAL, 0
         with self._lock:
-            self.tokens.add(tok)
-        return 0, tok
+            self.tokens[h.token] = h
+        return 0, h.token
+
+    def _held(self, token: int) -> Handle | None:
+        with self._lock:
+            return self.tokens.get(token)
 
     def owns(self, token: int) -> bool:
-        with self._lock:
-            return token in self.tokens
+        return self._held(token) is not None
 
-    def _foreign(self, token: int) -> bool:
-        """Live in another scope: refused without asking the device."""
-        return self._registry is not None and self._registry.holder(token) not in (None, self)
-
-    def wait(self, token: int, timeout_ns: int) -> tuple[int, int, int, int]:
-        """(0, pool offset, length, device address) or (-errno, 0, 0, 0).
-
-        Another scope's live token is -ESTALE; a token live nowhere is asked
-        of the device, which answers for it as for any stale or foreign
-        handle (-ESTALE, -EINVAL) with no effect."""
-        mine = self.owns(token)
-        if not mine and self._foreign(token):
-            return -errno.ESTALE, 0, 0, 0
-        try:
-            v = _ll.session_wait(self._ptr(), self.session, token, timeout_ns if mine else 0)
-        except ChmError as exc:
-            return _rc(exc), 0, 0, 0
-        if not mine:  # issued to another scope an instant ago
-            return -errno.ESTALE, 0, 0, 0
-        return 0, v.pool_offset, v.length, v.dev_addr
-
-    def release(self, token: int) -> int:
-        with self._lock:
-            mine = token in self.tokens
-            self.tokens.discard(token)
-        if not mine:
-            if self._foreign(token):
-                return -errno.ESTALE
-            try:  # live nowhere: the device refuses it as stale or foreign
-                _ll.session_wait(self._ptr(), self.session, token, 0)
-            except ChmError as exc:
-                return _rc(exc)
+    def _unheld(self, token: int) -> int:
+        """The answer for a token this scope does not hold: another scope's
+        live token is -ESTALE without asking the device; one live nowhere is
+        asked of the device in this scope's session (a poll, no view made),
+        which answers for it as for any stale or foreign handle (-ESTALE,
+        -EINVAL) with no effect."""
+        sess = self._sess
+        if sess is None or (
+            self._registry is not None and self._registry.holder(token) not in (None, self)
+        ):
             return -errno.ESTALE
         try:
-            _ll.session_release_one(self._ptr(), self.session, token)
+            self._dev.view_info(Handle(self._dev, token, sess))
+        except ChmError as exc:
+            return _rc(exc)
+        return -errno.ESTALE
+
+    def wait(self, token: int, timeout_ns: int) -> tuple[int, int, int, int]:
+        """(0, pool offset, length, device address) or (-errno, 0, 0, 0);
+        a token this scope does not hold answers as :meth:`_unheld` says."""
+        h = self._held(token)
+        if h is None:
+            return self._unheld(token), 0, 0, 0
+        timeout = None if timeout_ns >= _FOREVER else timeout_ns / 1e9
+        try:
+            addr, n, off = self._dev.view_info(h, timeout)
+        except ChmError as exc:
+            return _rc(exc), 0, 0, 0
+        return 0, off, n, addr
+
+    def release(self, token: int) -> int:
+        """0, or -errno (a token this scope does not hold: :meth:`_unheld`)."""
+        with self._lock:
+            h = self.tokens.pop(token, None)
+        if h is None:
+            return self._unheld(token)
+        try:
+            h.release()
         except ChmError as exc:
             return _rc(exc)
         return 0
@@ -148,24 +162,22 @@ class Scope:
             _unpin(self._store, mine)
 
     def close(self) -> tuple[int, int]:
-        """Releases every token and pin; returns how many of each."""
+        """Releases every handle and pin; returns how many of each."""
         with self._lock:
-            toks, self.tokens = list(self.tokens), set()
+            hs, self.tokens = list(self.tokens.values()), {}
             pins, self.pins = list(self.pins.elements()), Counter()
-            sess, self.session = self.session, _ll.SESSION_DEFAULT
-        if sess != _ll.SESSION_DEFAULT:
+            sess, self._sess = self._sess, None
+        if sess is not None:
             # one call releases every handle of the session
             with contextlib.suppress(ChmError):  # the device is closing: all released
-                _ll.session_close(self._ptr(), sess)
+                sess.close()
         else:
-            for t in toks:
-                try:
-                    _ll.prefetch_release(self._ptr(), t)
-                except ChmError:  # the device is closing: its slots go with it
-                    continue
+            for h in hs:
+                with contextlib.suppress(ChmError):  # the device is closing: its slots go with it
+                    h.release()
         if pins and self._store is not None and not self._store.closed:
             _unpin(self._store, pins)
-        return len(toks), len(pins)
+        return len(hs), len(pins)
 
 
 def _unpin(store: Store, pairs: list[tuple[int, int]]) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Model-check the chm device model (fw_spec/staging.pml) with spin.
+"""Model-check the chm device model (fw_spec/staging.pml, resident.pml) with spin.
 
 Each *run* is one verification: spin -a with some -D settings, gcc on the
 generated pan.c, then ./pan for safety (assertions and invalid end states)
@@ -8,7 +8,7 @@ finds an error has its trail replayed with `spin -t -p`; the invariant id of
 a failed assertion (S1, W3, ...) or the name of the violated ltl property is
 reported.
 
-    python3 fw_spec/check_model.py                      # every run on staging.pml
+    python3 fw_spec/check_model.py                      # every run, each on its model
     python3 fw_spec/check_model.py -r staging -r wbuf_W8
     python3 fw_spec/check_model.py --expect fw_spec/broken/refill_while_held.pml
     python3 fw_spec/check_model.py --list
@@ -47,6 +47,7 @@ class Run:
     defines: tuple[str, ...]
     ltl: str | None  # None: safety run
     what: str
+    model: str = "staging.pml"  # the real model of the run, in fw_spec/
 
 
 # Sizes: 3 slots, refill queue 1, 2 requesters with 2 handles each (one
@@ -83,9 +84,17 @@ RUNS: dict[str, Run] = {
             "views",
             ("-DDATA=1", "-DREADER=1", "-DNUSERS=1", "-DCLOSER=0", "-DFILL_ERRORS=0"),
             None,
-            "object bytes as versions, a pinned-hit reader: held views are snapshots (W11), views "
-            "and reads hold every admitted write (W10), pins hold (S17), catch-ups copy unread "
-            "(S18)",
+            "object bytes as versions, a pinned-hit reader: held views are snapshots (W11), "
+            "views and reads hold every admitted write (W10), pins hold (S17), catch-ups copy "
+            "unread (S18)",
+        ),
+        Run(
+            "resident",
+            (),
+            None,
+            "resident region (resident.pml): 2 requesters retaining or not, a writer, an "
+            "evictor; hits are newest (R2), held views snapshots (R3), accounting (R4)",
+            "resident.pml",
         ),
         Run(
             "staging_S11",
@@ -114,7 +123,7 @@ RUN_TIMEOUT_S = 600
 
 # the invariant id of the assertion that failed, in pan's and in spin's words
 _FAILED_ID = re.compile(
-    r"(?:assertion violated \(|text of failed assertion: assert\(\()([SWL][0-9]+)&&"
+    r"(?:assertion violated \(|text of failed assertion: assert\(\()([SWLR][0-9]+)&&"
 )
 _EXPECT = re.compile(r"@expect\s+run=(\S+)\s+id=(\S+)")
 
@@ -253,8 +262,17 @@ def _verify(copy: Path, run: Run, res: Result) -> None:
     trail.unlink(missing_ok=True)
 
 
+def model_for(model: Path, run: Run) -> Path:
+    """The model a run checks: its own (run.model) when asked for the
+    default one, else the given one (a broken variant of it)."""
+    if Path(model).resolve() == DEFAULT_MODEL.resolve():
+        return HERE / run.model
+    return Path(model)
+
+
 def _check_group(model: Path, runs: list[Run], cc_opt: str) -> list[Result]:
     """Runs that share -D settings and mode share one build."""
+    model = model_for(model, runs[0])
     results = [Result(run=r, model=Path(model)) for r in runs]
     missing = tools_missing()
     if missing:
@@ -284,9 +302,9 @@ def check_many(
 ) -> list[Result]:
     """Runs several verifications, builds shared and in parallel; the
     results are in the order of runs."""
-    groups: dict[tuple[tuple[str, ...], bool], list[Run]] = {}
+    groups: dict[tuple[tuple[str, ...], bool, str], list[Run]] = {}
     for r in runs:
-        groups.setdefault((r.defines, r.ltl is None), []).append(r)
+        groups.setdefault((r.defines, r.ltl is None, r.model), []).append(r)
     jobs = jobs or min(len(groups), os.cpu_count() or 1)
     by_run: dict[str, Result] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:

@@ -4,6 +4,7 @@
     fw_spec/staging.yaml    slot and request machines, refill queue, S invariants
     fw_spec/wbuf.yaml       write-buffer entry machine, flusher, W invariants
     fw_spec/lru.yaml        LRU line machine, L invariants
+    fw_spec/resident.yaml   resident entry machine, R invariants
 
 Not a package module: tests load it by path. ``python3 fw_spec/specdata.py``
 checks the files and prints a summary (exit 1 on problems);
@@ -20,13 +21,13 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-FILES = ("commands", "staging", "wbuf", "lru")
-ID_PREFIX = {"staging": "S", "wbuf": "W", "lru": "L"}
+FILES = ("commands", "staging", "wbuf", "lru", "resident")
+ID_PREFIX = {"staging": "S", "wbuf": "W", "lru": "L", "resident": "R"}
 CHECKERS = {"model", "property", "c", "unit", "spec"}
 
 
 def load(root: Path = HERE) -> dict[str, Any]:
-    """{"commands": ..., "staging": ..., "wbuf": ..., "lru": ...}"""
+    """{"commands": ..., "staging": ..., "wbuf": ..., "lru": ..., "resident": ...}"""
     out = {}
     for name in FILES:
         with open(root / f"{name}.yaml", encoding="utf-8") as f:
@@ -37,7 +38,7 @@ def load(root: Path = HERE) -> dict[str, Any]:
 def machines(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every state machine by name: slot, request, entry, line."""
     out: dict[str, dict[str, Any]] = {}
-    for part in ("staging", "wbuf", "lru"):
+    for part in ("staging", "wbuf", "lru", "resident"):
         for name, m in spec[part]["machines"].items():
             out[name] = m
     return out
@@ -46,7 +47,7 @@ def machines(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def invariants(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every invariant, with the spec part it belongs to as "part"."""
     out = []
-    for part in ("staging", "wbuf", "lru"):
+    for part in ("staging", "wbuf", "lru", "resident"):
         for inv in spec[part]["invariants"]:
             out.append({**inv, "part": part})
     return out
@@ -145,8 +146,8 @@ def problems(spec: dict[str, Any]) -> list[str]:
 
 
 def invariant_ids_in(text: str) -> set[str]:
-    """Invariant ids mentioned in text (S1, W10, L3 ...)."""
-    return set(re.findall(r"(?<![A-Za-z0-9_])([SWL][1-9][0-9]*)(?![0-9A-Za-z])", text))
+    """Invariant ids mentioned in text (S1, W10, L3, R2 ...)."""
+    return set(re.findall(r"(?<![A-Za-z0-9_])([SWLR][1-9][0-9]*)(?![0-9A-Za-z])", text))
 
 
 def _cell(x: Any) -> str:
@@ -171,7 +172,7 @@ def markdown_tables(spec: dict[str, Any]) -> dict[str, list[str]]:
             for t in m["transitions"]
         ]
         out[f"{name} transitions"] = lines
-    for part in ("staging", "wbuf", "lru"):
+    for part in ("staging", "wbuf", "lru", "resident"):
         lines = ["| id | invariant | checked by |", "|---|---|---|"]
         lines += [
             f"| {i['id']} | {_cell(i['text'])} | {', '.join(i['checked_by'])} |"

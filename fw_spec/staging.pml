@@ -95,6 +95,7 @@
 #define R_FREE		0
 #define R_QUEUED	1
 #define R_SLOTTED	2
+#define R_RESIDENT	3	/* a resident hit: modelled in resident.pml, not here */
 
 /* enum chm_wbuf_state */
 #define WB_FREE		0

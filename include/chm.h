@@ -90,14 +90,18 @@ enum chm_clock_kind {
  * states themselves are the core's (csrc/states.h); fw_spec/staging.yaml,
  * wbuf.yaml and lru.yaml name and number them. */
 enum chm_state_kind {
-	CHM_STATE_SLOT = 0, /* a staging slot */
-	CHM_STATE_WBUF = 1, /* a write-buffer entry */
-	CHM_STATE_LINE = 2, /* an LRU line */
+	CHM_STATE_SLOT = 0,     /* a staging slot */
+	CHM_STATE_WBUF = 1,     /* a write-buffer entry */
+	CHM_STATE_LINE = 2,     /* an LRU line */
+	CHM_STATE_RESIDENT = 3, /* a resident-region entry */
 };
 
 /* chm_prefetch_object() flags. */
 enum chm_prefetch_flags {
 	CHM_PF_NOQUEUE = 1, /* fail with -EAGAIN instead of queueing */
+	CHM_PF_RETAIN = 2,  /* prefetch mode with a resident region: keep the
+	                     * object in device DRAM after release (see
+	                     * chm_resident_evict); elsewhere no effect */
 };
 
 /* Timing model parameters; units are in the names. All-zero = no pacing. */
@@ -139,6 +143,8 @@ struct chm_config {
 	uint32_t flush_high_water_pct; /* wbuf fill that forces flushing */
 	struct chm_timing timing;      /* zero = no pacing */
 	uint64_t object_bytes;         /* size of the caller's objects; 0 = not given */
+	uint64_t resident_bytes;       /* prefetch mode: share of dram_bytes kept for
+	                                * resident objects, apart from the window */
 };
 
 /* Description of one configuration option (see chm_config_option()). */
@@ -209,6 +215,15 @@ struct chm_stats {
 	uint64_t lru_lines_total;
 	uint64_t lru_lines_valid;
 	uint64_t lru_lines_dirty;
+	/* resident region (prefetch mode, resident_bytes > 0) */
+	uint64_t resident_hits;        /* prefetches served by a resident entry */
+	uint64_t resident_misses;      /* prefetches no resident entry covered */
+	uint64_t resident_retained;    /* released objects kept as resident */
+	uint64_t resident_evictions;   /* entries dropped for room or by chm_resident_evict */
+	uint64_t resident_skipped;     /* retains refused: slot out of date, or every entry held */
+	uint64_t resident_invalidated; /* entries a write dropped or made STALE */
+	uint32_t resident_entries_total;
+	uint32_t resident_entries_used; /* RESIDENT, HELD or STALE */
 	/* timing */
 	uint64_t clock_now_ns;   /* device clock (virtual or monotonic) */
 	uint64_t pacing_late;    /* completions later than the model */
@@ -416,6 +431,22 @@ int chm_prefetch_objects(chm_dev *dev, uint32_t n, const uint64_t *addrs, const 
 int chm_prefetch_release_many(chm_dev *dev, uint32_t n, const chm_handle *handles,
                               int32_t *results);
 
+/* ---- resident objects (prefetch mode, resident_bytes > 0) ---- */
+
+/* A prefetch with CHM_PF_RETAIN keeps its object in the resident region of
+ * device DRAM when it is released up to date: a later prefetch of a range it
+ * covers is a resident hit, staged at once without a slot or SSD I/O (its
+ * view points into the region until that handle is released). Writes keep
+ * entries coherent: an entry without views is dropped, one with views keeps
+ * them as snapshots and is dropped when the last is released. When the
+ * region is full, a retain evicts the least recently hit entry without
+ * views; which objects to retain is the caller's policy.
+ * chm_resident_evict drops every entry overlapping [addr, addr+len) now
+ * (one with views when they are released). Never blocks. Returns the
+ * number of entries taken out of service (0 in a device without a region),
+ * -EINVAL (NULL dev, len 0, range beyond capacity), -ECANCELED (closing). */
+int chm_resident_evict(chm_dev *dev, uint64_t addr, uint64_t len);
+
 /* Batched chm_write_object: results[i] is 0 (admitted), CHM_WRITE_SKIPPED or
  * the -errno chm_write_object gives element i, in order; never blocks in
  * prefetch mode. Returns the number admitted, or -EINVAL (NULL dev or array,
@@ -512,7 +543,12 @@ int chm_write_object(chm_dev *dev, uint64_t addr, const void *buf, uint64_t len,
  * failed; the affected writes are not durable), -ECANCELED. */
 int chm_flush(chm_dev *dev, uint64_t timeout_ns);
 
-/* Copies a consistent snapshot of the counters. Returns 0 or -EINVAL. */
+/* Copies the counters without taking any lock: it never waits behind a
+ * copy, a fill or a flush. Each field is exact (a value it really had), but
+ * the fields are read one after another while the device runs, so they are
+ * not mutually consistent at one instant; once the device is quiet (no call
+ * in progress, no fill or flush in flight) they all agree. Returns 0 or
+ * -EINVAL. */
 int chm_stats(chm_dev *dev, struct chm_stats *out);
 
 /* ---- the device clock ---- */

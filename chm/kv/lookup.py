@@ -84,8 +84,9 @@ class Lookup:
         mgr.admit(self._request, w_max(biggest, self.hits, store.window_bytes))
         ranges = list(zip(self._ents["addr"].tolist(), self._ents["length"].tolist(), strict=True))
         req = self._request
+        retain = store._retain_mask([a for a, _ in ranges])
         try:
-            self._win = SlidingWindow(store.device, ranges, lambda: mgr.window(req))
+            self._win = SlidingWindow(store.device, ranges, lambda: mgr.window(req), retain)
         except BaseException:
             self.close()
             raise

@@ -33,7 +33,9 @@ class HandleLike(Protocol):
 class DeviceLike(Protocol):
     """A chm device: issue-wait-release prefetch, reads, writes, flush, stats."""
 
-    def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> Any: ...
+    def prefetch(
+        self, addr: int, length: int, *, noqueue: bool = False, retain: bool = False
+    ) -> Any: ...
 
     def read(self, addr: int, length: int) -> bytes: ...
 

@@ -38,6 +38,8 @@ from chm.kv.index import DURABLE, PENDING, Index
 from chm.kv.keys import KEY_DTYPE, Namespace
 from chm.kv.lookup import LOOKUP_BATCH, Lookup, prefix_hits
 from chm.kv.protocol import DeviceLike
+from chm.kv.residency import DEFAULT as _DEFAULT_ADMISSION
+from chm.kv.residency import Admission, make_admission
 from chm.kv.tickets import Ticket
 from chm.kv.window import WINDOW_BYTES, KVManager
 
@@ -137,6 +139,17 @@ def check_meta(meta: Sequence[bytes | None] | None, n: int) -> list[bytes]:
     return out
 
 
+def _admission(choice: str | Admission | None, entries: int) -> Admission | None:
+    """``"auto"``: the default admission when the device has a resident
+    region, else none; a name of :data:`chm.kv.residency.POLICIES`; an
+    Admission; None (never retain)."""
+    if choice is None or (choice == "auto" and entries == 0):
+        return None
+    if isinstance(choice, str):
+        return make_admission(_DEFAULT_ADMISSION if choice == "auto" else choice, entries)
+    return choice
+
+
 def _default_journal(dev: DeviceLike) -> str:
     targets = dev.config.targets
     if targets:
@@ -169,6 +182,9 @@ class Store:
     mode (loads go through the staging window) or lru mode (loads read through the device's cache:
     ``read_path``); on the ghost backend blocks have no bytes, so loads run
     the device's calls without copying or verifying (for virtual-time runs).
+    ``residency`` picks the blocks a device with a resident region keeps in
+    its DRAM (:mod:`chm.kv.residency`; ``"auto"``: the default admission
+    when the device has a region).
     """
 
     def __init__(
@@ -185,6 +201,7 @@ class Store:
         compact_ratio: float = 2.0,
         own_device: bool = False,
         flush_interval: float | None = None,
+        residency: str | Admission | None = "auto",
     ) -> None:
         cfg = device.config
         if cfg.mode not in ("prefetch", "lru"):
@@ -213,7 +230,9 @@ class Store:
         self.device_id = device_id
         self._own = own_device
         self._alloc = SegmentLog(int(device.capacity), seg, eviction)
-        self.manager = manager or KVManager(max(1, int(device.stats().slots_total)))
+        st = device.stats()
+        self.manager = manager or KVManager(max(1, int(st.slots_total)))
+        self.admission = _admission(residency, int(st.resident_entries_total))
         self._lock = threading.RLock()
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._pending: dict[int, int] = {}  # row -> epoch, written but not yet durable
@@ -287,6 +306,13 @@ class Store:
         except BaseException:
             dev.close()
             raise
+
+    def _retain_mask(self, addrs: list[int]) -> list[bool] | None:
+        """Which blocks of a load the device should keep resident (None: none)."""
+        if self.admission is None or not addrs:
+            return None
+        with self._lock:
+            return self.admission.decide(addrs)
 
     # ---- recovery
 

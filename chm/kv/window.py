@@ -124,7 +124,9 @@ class SlidingWindow:
     releases it and issues the next. Iterating yields the same pairs and
     releases each one when the loop moves on (drop views of it first).
     ``size`` is an int or a callable (a share that may change, e.g.
-    ``lambda: manager.window(req)``). ``close()`` releases whatever is still
+    ``lambda: manager.window(req)``). ``retain`` (one flag per range) asks
+    the device to keep those objects resident after release
+    (:mod:`chm.kv.residency`). ``close()`` releases whatever is still
     issued; the window is a context manager.
     """
 
@@ -133,9 +135,11 @@ class SlidingWindow:
         dev: DeviceLike,
         ranges: Sequence[tuple[int, int]],
         size: int | Callable[[], int],
+        retain: Sequence[bool] | None = None,
     ) -> None:
         self._dev = dev
         self._ranges = ranges
+        self._retain = retain
         self._size = size
         self._q: collections.deque[tuple[int, HandleLike]] = collections.deque()
         self._popped: dict[int, HandleLike] = {}  # id(handle) -> popped, not yet released
@@ -161,7 +165,10 @@ class SlidingWindow:
         while self._next < len(ranges) and len(self._q) + len(self._popped) < limit:
             addr, length = ranges[self._next]
             try:
-                h = self._dev.prefetch(addr, length)
+                if self._retain is not None and self._retain[self._next]:
+                    h = self._dev.prefetch(addr, length, retain=True)
+                else:
+                    h = self._dev.prefetch(addr, length)
             except WouldBlock:
                 self.blocked += 1
                 return

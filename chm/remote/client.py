@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,7 +65,9 @@ class DaemonGone(Cancelled, ConnectionError):
 
 
 def _raise(rc: int, call: str, what: str = "") -> None:
-    _ll._check(rc, call, what)
+    """Raises the exception of a -errno answer (nothing for rc >= 0)."""
+    if rc < 0:
+        raise _err(rc, call, what)
 
 
 class RemoteHandle:
@@ -73,19 +76,22 @@ class RemoteHandle:
 
     # _buf: the ReadOnlyBuffer over the object's bytes in the shared pool
     # (it counts what exports it, so a release under a live array is
-    # refused); _mv: the memoryview of it that wait() hands out.
-    __slots__ = ("_buf", "_dev", "_mv", "place", "released", "token")
+    # refused); _mv: a weak reference to the memoryview of it that wait()
+    # hands out (weak, as chm.Handle's: an array made from that memoryview
+    # once it is dropped counts as an export of _buf).
+    __slots__ = ("__weakref__", "_buf", "_dev", "_mv", "place", "released", "token")
 
     def __init__(self, dev: RemoteDevice, token: int) -> None:
         self._dev = dev
         self.token = token
         self._buf: ReadOnlyBuffer | None = None
-        self._mv: memoryview | None = None
+        self._mv: weakref.ref[memoryview] | None = None
         self.place: tuple[int, int, int] | None = None  # (dev_addr, length, pool_offset)
         self.released = False
 
     def _live_view(self) -> memoryview | None:
-        mv = self._mv
+        ref = self._mv
+        mv = ref() if ref is not None else None
         if mv is None:
             return None
         try:
@@ -94,18 +100,34 @@ class RemoteHandle:
             return None
         return mv
 
+    def _exported(self) -> bool:
+        """True while something other than the memoryview wait() handed out
+        (an array, a memoryview of ``.obj``) exports the bytes."""
+        buf = self._buf
+        if buf is None or buf.released:
+            return False
+        return buf.exports > (1 if self._live_view() is not None else 0)
+
+    def _in_use(self) -> ViewInUse:
+        return ViewInUse(
+            None,
+            f"handle {self.token:#x}: its view is still exported (slices, numpy "
+            "arrays or memoryviews derived from it are alive); drop them first",
+            call="release",
+        )
+
     def _end_view(self) -> bool:
         """Ends the view; False (nothing ended) while anything but the
         memoryview wait() handed out still exports the bytes."""
         buf = self._buf
         if buf is None:
             return True
-        mine = 1 if self._live_view() is not None else 0
-        if buf.exports > mine:
+        mv = self._live_view()
+        if buf.exports > (1 if mv is not None else 0):
             return False
         try:
-            if self._mv is not None:
-                self._mv.release()
+            if mv is not None:
+                mv.release()
             buf.release()
         except BufferError:  # a slice of the view keeps it exported
             return False
@@ -157,6 +179,12 @@ class RemoteDevice:
         self._lock = threading.Lock()
         self._seq = 0
         self._closed = False
+        # Handles that were handed a view (weakly: a view keeps its handle
+        # alive), so close() can refuse or end them as Device.close() does;
+        # _vlock orders wait_many()'s publishing of a view with close().
+        self._viewed: weakref.WeakSet[RemoteHandle] = weakref.WeakSet()
+        self._vlock = threading.Lock()
+        self._ending = False
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             s.settimeout(timeout)
@@ -234,7 +262,12 @@ class RemoteDevice:
     # ---- prefetch (batched: one round trip per MAX_BATCH elements)
 
     def prefetch_many(
-        self, addrs: Sequence[int], lengths: Sequence[int], *, noqueue: bool = False
+        self,
+        addrs: Sequence[int],
+        lengths: Sequence[int],
+        *,
+        noqueue: bool = False,
+        retain: bool = False,
     ) -> list[RemoteHandle | ChmError]:
         """Issues one prefetch per ``(addrs[i], lengths[i])``, as
         ``chm.Device.prefetch_many``: never blocks; returns, in order, a
@@ -250,7 +283,7 @@ class RemoteDevice:
         _batch_len(call, n, len(lengths))
         a = _u64s(call, "addrs", addrs)
         ln = _u64s(call, "lens", lengths)
-        flags = _ll.PF_NOQUEUE if noqueue else 0
+        flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
         if self._closed:
             raise Cancelled(None, f"{call}: connection is closed", call=call)
         out: list[RemoteHandle | ChmError] = []
@@ -264,13 +297,16 @@ class RemoteDevice:
                     out.append(_ll.status_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
         return out
 
-    def prefetch(self, addr: int, length: int, *, noqueue: bool = False) -> RemoteHandle:
+    def prefetch(
+        self, addr: int, length: int, *, noqueue: bool = False, retain: bool = False
+    ) -> RemoteHandle:
         """Issues a prefetch of ``[addr, addr+length)`` (as ``chm.Device.prefetch``)."""
         call = "chm_prefetch_object"
         args = f"addr={addr!r}, len={length!r}"
         (a,) = _u64s(call, "addr", [addr])
         (n,) = _u64s(call, "len", [length])
-        ((rc, tok),) = self._call(Op.PREFETCH, [[a, n, _ll.PF_NOQUEUE if noqueue else 0]])
+        flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
+        ((rc, tok),) = self._call(Op.PREFETCH, [[a, n, flags]])
         if rc:
             _raise(rc, call, args)
         return RemoteHandle(self, tok)
@@ -297,14 +333,19 @@ class RemoteDevice:
         for i in range(0, len(todo), MAX_BATCH):
             part = todo[i : i + MAX_BATCH]
             res = self._call(Op.WAIT, [tns, [handles[j].token for j in part]])
-            for j, (rc, off, n, addr) in zip(part, res, strict=True):
-                if rc:
-                    raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
-                h = handles[j]
-                h._buf = ReadOnlyBuffer(self._pool_mv[off : off + n], h)
-                h._mv = mv = memoryview(h._buf)
-                h.place = (addr, n, off)
-                out[j] = mv
+            with self._vlock:  # a view is either ended by close() or never handed out
+                if self._ending:
+                    raise Cancelled(None, "chm_prefetch_wait: connection is closed")
+                for j, (rc, off, n, addr) in zip(part, res, strict=True):
+                    if rc:
+                        raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
+                    h = handles[j]
+                    h._buf = ReadOnlyBuffer(self._pool_mv[off : off + n], h)
+                    mv = memoryview(h._buf)
+                    h._mv = weakref.ref(mv)
+                    h.place = (addr, n, off)
+                    self._viewed.add(h)
+                    out[j] = mv
         return out
 
     def release_many(self, handles: Sequence[RemoteHandle]) -> list[ChmError | None]:
@@ -324,12 +365,7 @@ class RemoteDevice:
             if h.released:
                 continue
             if not h._end_view():
-                out[i] = ViewInUse(
-                    None,
-                    f"handle {h.token:#x}: its view is still exported (slices, numpy "
-                    "arrays or memoryviews derived from it are alive); drop them first",
-                    call="release",
-                )
+                out[i] = h._in_use()
                 continue
             h.released = True
             live.append(i)
@@ -484,7 +520,24 @@ class RemoteDevice:
 
     def close(self) -> None:
         """Flushes this client's admitted writes (as ``Device.close`` does), then
-        disconnects; the daemon releases whatever it still holds. Idempotent."""
+        disconnects; the daemon releases whatever it still holds. Idempotent.
+
+        As ``Device.close``: the views of its handles end (a memoryview from
+        ``wait()`` raises ValueError on use), so none shows bytes the daemon
+        stages into the slot afterwards; raises ViewInUse, leaving the
+        connection open and every view valid, while any view is still
+        exported by something else (e.g. a numpy array)."""
+        with self._vlock:
+            if self._ending:
+                return
+            held = [h for h in list(self._viewed) if h._buf is not None and not h.released]
+            for h in held:  # all or nothing: refuse before ending any view
+                if h._exported():
+                    raise h._in_use()
+            for h in held:
+                if not h._end_view():  # a slice of a view keeps it exported
+                    raise h._in_use()
+            self._ending = True
         if not self._closed:
             with contextlib.suppress(ChmError, ProtocolError, OSError):
                 self.flush(timeout=30.0)
@@ -542,11 +595,12 @@ def _u64s(call: str, name: str, values: Sequence[Any]) -> list[int]:
 
 
 def _err(rc: int, call: str, what: str = "") -> ChmError:
-    try:
-        _ll._check(rc, call, what)
-    except ChmError as exc:
-        return exc
-    raise AssertionError(f"{call}: rc {rc} is not an error")
+    """The exception of a -errno answer. Not ``_lowlevel._check``: that adds
+    the reason this process's C core last recorded, which is not the daemon's."""
+    if rc >= 0:
+        raise AssertionError(f"{call}: rc {rc} is not an error")
+    err: ChmError = _ll.status_error(rc, call, what)
+    return err
 
 
 def _pairs(ks: np.ndarray[Any, Any]) -> list[list[int]]:

@@ -121,6 +121,7 @@ _RENAMED = {
     "slot_bytes": "slot_size",
     "slot_count": "slots",
     "lru_line_bytes": "lru_line",
+    "resident_bytes": "resident",
 }
 _SAME = (
     "capacity",

@@ -48,10 +48,17 @@ static const struct named line_states[] = {
         N(CHM_LINE_DIRTY),
         N(CHM_LINE_WRITING_BACK),
 };
+static const struct named res_states[] = {
+        N(CHM_RES_EMPTY),
+        N(CHM_RES_RESIDENT),
+        N(CHM_RES_HELD),
+        N(CHM_RES_STALE),
+};
 static const struct named req_states[] = {
         N(CHM_REQ_FREE),
         N(CHM_REQ_QUEUED),
         N(CHM_REQ_SLOTTED),
+        N(CHM_REQ_RESIDENT),
 };
 static const struct named backend_kinds[] = {
         N(CHM_BACKEND_URING),
@@ -77,9 +84,11 @@ static const struct named state_kinds[] = {
         N(CHM_STATE_SLOT),
         N(CHM_STATE_WBUF),
         N(CHM_STATE_LINE),
+        N(CHM_STATE_RESIDENT),
 };
 static const struct named prefetch_flags[] = {
         N(CHM_PF_NOQUEUE),
+        N(CHM_PF_RETAIN),
 };
 static const struct named fault_kinds[] = {
         N(CHM_FAULT_NONE),       N(CHM_FAULT_EIO_READ), N(CHM_FAULT_EIO_WRITE),
@@ -97,9 +106,9 @@ static const struct named errors[] = {
 };
 
 static const struct named constants[] = {
-        N(CHM_IO_ALIGN),      N(CHM_FILL_ALIGN),    N(CHM_WRITE_SKIPPED), N(CHM_PF_NOQUEUE),
-        N(CHM_MAX_TARGETS),   N(CHM_PATH_MAX),      N(CHM_HIST_BUCKETS),  N(CHM_ERRMSG_MAX),
-        N(CHM_VERSION_MAJOR), N(CHM_VERSION_MINOR), N(CHM_VERSION_PATCH),
+        N(CHM_IO_ALIGN),   N(CHM_FILL_ALIGN),    N(CHM_WRITE_SKIPPED), N(CHM_PF_NOQUEUE),
+        N(CHM_PF_RETAIN),  N(CHM_MAX_TARGETS),   N(CHM_PATH_MAX),      N(CHM_HIST_BUCKETS),
+        N(CHM_ERRMSG_MAX), N(CHM_VERSION_MAJOR), N(CHM_VERSION_MINOR), N(CHM_VERSION_PATCH),
 };
 
 struct enum_desc {
@@ -120,6 +129,7 @@ static const struct enum_desc enums[] = {
         ENUM(chm_pool_kind, pool_kinds),          ENUM(chm_clock_kind, clock_kinds),
         ENUM(chm_prefetch_flags, prefetch_flags), ENUM(chm_fault_kind, fault_kinds),
         ENUM(chm_state_kind, state_kinds),        ENUM(chm_enum_kind, enum_kinds),
+        ENUM(chm_res_state, res_states),
 };
 
 struct table_desc {
@@ -138,6 +148,8 @@ static const struct table_desc tables[] = {
          wbuf_states, NELEM(wbuf_states), CHM_WB_FREE},
         {"chm_line_transitions", chm_line_transitions, CHM_NTRANS(chm_line_transitions),
          line_states, NELEM(line_states), CHM_LINE_INVALID},
+        {"chm_res_transitions", chm_res_transitions, CHM_NTRANS(chm_res_transitions), res_states,
+         NELEM(res_states), CHM_RES_EMPTY},
 };
 
 static int failures;

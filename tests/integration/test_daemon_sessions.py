@@ -5,6 +5,7 @@ disconnect releases the client's session in one call."""
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import chm
-from chm.errors import WouldBlock
+from chm.errors import StaleHandle, WouldBlock
+from chm.remote.protocol import Op
 from chm_emu.serve_proc import DaemonProcess
 
 OBJ = 4096
@@ -131,3 +133,31 @@ def test_disconnect_closes_the_session(daemon: DaemonProcess) -> None:
         # a's quota is gone with it: b can take its own
         hb = [b.prefetch(i * OBJ, OBJ) for i in range(QUOTA)]
         b.release_many(hb)
+
+
+def test_tokens_the_client_does_not_hold(daemon: DaemonProcess) -> None:
+    """An already released token is StaleHandle
+    on wait and on release, with no effect on what the client holds; an
+    unknown prefetch flag is refused as the device refuses it."""
+    with chm.connect(daemon.socket) as a:
+        h = a.prefetch(0, OBJ)
+        assert len(h.wait(5.0)) == OBJ
+        assert a.daemon_stats()["held"]["handles"] == 1
+        h.release()
+        with pytest.raises(StaleHandle):
+            a.adopt(h.token).wait(0)
+        with pytest.raises(StaleHandle):
+            a.adopt(h.token).release()
+        assert a.daemon_stats()["held"]["handles"] == 0
+        ((rc, tok),) = a._call(Op.PREFETCH, [[0, OBJ, 4]])
+        assert (rc, tok) == (-errno.EINVAL, 0)
+        ((rc, tok),) = a._call(Op.PREFETCH, [[0, OBJ, 1]])  # NOQUEUE: a slot is free
+        assert rc == 0
+        assert a._call(Op.RELEASE, [tok]) == [0]
+
+
+def test_retain_flag_reaches_the_device(daemon: DaemonProcess) -> None:
+    """retain=True passes the scope's flag check (CHM_PF_RETAIN) and is
+    answered as the embedded device answers it."""
+    with chm.connect(daemon.socket) as a, a.prefetch(0, OBJ, retain=True) as h:
+        assert len(h.wait(5.0)) == OBJ

@@ -26,14 +26,14 @@ TESTING = ROOT / "chm" / "testing"
 
 
 SPEC = specdata.load()
-_NAME_ID = re.compile(r"^[SWLswl][1-9][0-9]*$")
+_NAME_ID = re.compile(r"^[SWLRswlr][1-9][0-9]*$")
 # "S3: ...", "S4, W2: ...", or just "W1"
-_MESSAGE_IDS = re.compile(r"^\s*([SWL][1-9][0-9]*(?:\s*,\s*[SWL][1-9][0-9]*)*)\s*(?::|$)")
+_MESSAGE_IDS = re.compile(r"^\s*([SWLR][1-9][0-9]*(?:\s*,\s*[SWLR][1-9][0-9]*)*)\s*(?::|$)")
 
 
 def _message_ids(s: str) -> set[str]:
     m = _MESSAGE_IDS.match(s)
-    return set(re.findall(r"[SWL][1-9][0-9]*", m.group(1))) if m else set()
+    return set(re.findall(r"[SWLR][1-9][0-9]*", m.group(1))) if m else set()
 
 
 def named_ids(source: str) -> set[str]:

@@ -108,25 +108,37 @@ def test_every_broken_variant_declares_what_catches_it() -> None:
         assert exp, f"{p.name} has no @expect line"
         for run, _ in exp:
             assert run in check_model.RUNS, f"{p.name}: unknown run {run}"
-        assert re.search(r'#define BUG_\w+\s*\n#include "\.\./staging\.pml"', p.read_text())
+        inc = re.search(r'#define BUG_\w+\s*\n#include "\.\./(\w+\.pml)"', p.read_text())
+        assert inc, f"{p.name} does not include a model"
+        for run, _ in exp:
+            assert check_model.RUNS[run].model == inc.group(1), (
+                f"{p.name}: {run} checks another model"
+            )
+
+
+def _included(p: Path) -> Path:
+    m = re.search(r'#include "\.\./(\w+\.pml)"', p.read_text())
+    assert m, f"{p.name} includes no model"
+    return FW / m.group(1)
 
 
 def test_bugs_exist_in_model() -> None:
-    text = MODEL.read_text()
     for p in BROKEN:
         m = re.search(r"#define (BUG_\w+)", p.read_text())
         assert m, f"{p.name} defines no BUG_ macro"
         bug = m.group(1)
-        assert re.search(rf"#ifn?def {bug}\b", text), f"staging.pml has no {bug}"
+        model = _included(p)
+        assert re.search(rf"#ifn?def {bug}\b", model.read_text()), f"{model.name} has no {bug}"
 
 
 # ---- the model against the yaml (no spin needed) ----
 
 PML = MODEL.read_text()
+RES_PML = (FW / "resident.pml").read_text()
 
 
-def _pml_table(macro: str, prefix: str) -> list[tuple[str, str, str]]:
-    m = re.search(rf"#define {macro}\(f, t\) \((.*?)\n\n", PML, re.S)
+def _pml_table(macro: str, prefix: str, pml: str = PML) -> list[tuple[str, str, str]]:
+    m = re.search(rf"#define {macro}\(f, t\) \((.*?)\n\n", pml, re.S)
     assert m, f"staging.pml has no {macro}(f, t)"
     body = m.group(1)
     rows = re.findall(
@@ -147,6 +159,14 @@ def _pml_table(macro: str, prefix: str) -> list[tuple[str, str, str]]:
 def test_model_table_matches_spec(macro: str, prefix: str, machine: str) -> None:
     rows = _pml_table(macro, prefix)
     assert rows == specdata.transitions(specdata.machines(SPEC)[machine])
+
+
+def test_resident_model_matches_spec() -> None:
+    m = specdata.machines(SPEC)["resident"]
+    assert _pml_table("RES_LEGAL", "RES_", RES_PML) == specdata.transitions(m)
+    d = {k: int(v) for k, v in re.findall(r"^#define RES_(\w+)\s+(\d+)\b", RES_PML, re.M)}
+    assert d == {s["name"]: s["value"] for s in m["states"]}
+    assert check_model.RUNS["resident"].model == "resident.pml"
 
 
 def _pml_defines() -> dict[str, int]:
@@ -185,9 +205,11 @@ def test_model_error_values_match_spec() -> None:
 
 def test_model_names_its_invariants() -> None:
     """Every invariant marked `model` is asserted (CHECK(id, ...)) or is an ltl
-    property (ltl id_...) of staging.pml, and the model checks no other."""
-    hidden = set(re.findall(r"^hidden byte ([SWL]\d+) = 1;", PML, re.M))
-    checked = set(re.findall(r"CHECK\(([SWL]\d+),", PML))
+    property (ltl id_...) of staging.pml or resident.pml, and the models check
+    no other."""
+    both = PML + RES_PML
+    hidden = set(re.findall(r"^hidden byte ([SWLR]\d+) = 1;", both, re.M))
+    checked = set(re.findall(r"CHECK\(([SWLR]\d+),", both))
     ltl = {n.split("_")[0] for n in re.findall(r"^ltl (\w+)", PML, re.M)}
     assert hidden == checked, "declared and used invariant ids differ"
     want = {i["id"] for i in specdata.invariants(SPEC) if "model" in i["checked_by"]}

@@ -125,7 +125,7 @@ def test_c_program_prints_the_header_enums(code: dict[str, Any]) -> None:
 
 
 def test_every_state_enum_has_a_machine() -> None:
-    state_enums = {"chm_slot_state", "chm_wbuf_state", "chm_line_state"}
+    state_enums = {"chm_slot_state", "chm_wbuf_state", "chm_line_state", "chm_res_state"}
     assert state_enums <= set(header_enums(STATES_H))
     assert not state_enums & set(header_enums(CHM_H)), "internal states in the public header"
     assert {m["c_enum"] for m in MACHINES.values()} == state_enums | {"chm_req_state"}
@@ -133,7 +133,8 @@ def test_every_state_enum_has_a_machine() -> None:
 
 def test_prefetch_flags_match_spec(code: dict[str, Any]) -> None:
     flags = code["enums"]["chm_prefetch_flags"]
-    assert flags == {"CHM_PF_NOQUEUE": SPEC["commands"]["constants"]["CHM_PF_NOQUEUE"]["value"]}
+    consts = SPEC["commands"]["constants"]
+    assert flags == {f: consts[f]["value"] for f in ("CHM_PF_NOQUEUE", "CHM_PF_RETAIN")}
 
 
 # ---- transition tables ----

@@ -2,7 +2,7 @@
 
 The state enums live in csrc/states.h, not in the public header; the C core
 names each state (the fw_spec name in lowercase) and chm._lowlevel builds its
-SLOT_STATES / WBUF_STATES / LINE_STATES tables from those names. They must be
+SLOT_STATES / WBUF_STATES / LINE_STATES / RESIDENT_STATES tables from those names. They must be
 the spec's states, values and all, and out-of-range questions answer NULL.
 """
 
@@ -19,6 +19,7 @@ TABLES = {
     "slot": (ll.SLOT_STATES, lib.CHM_STATE_SLOT),
     "entry": (ll.WBUF_STATES, lib.CHM_STATE_WBUF),
     "line": (ll.LINE_STATES, lib.CHM_STATE_LINE),
+    "resident": (ll.RESIDENT_STATES, lib.CHM_STATE_RESIDENT),
 }
 
 
@@ -37,5 +38,5 @@ def test_out_of_range_is_null(machine: str) -> None:
 
 
 def test_unknown_kind_is_null() -> None:
-    assert lib.chm_state_name(3, 0) == ffi.NULL
+    assert lib.chm_state_name(4, 0) == ffi.NULL
     assert lib.chm_state_name(-1, 0) == ffi.NULL

@@ -29,12 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 # the mode table's type, then code.
 LAYERS: list[list[str]] = [
     ["chm"],
+    ["counters"],
     ["dev", "states", "mode", "errdetail"],
     ["timing", "pool", "fault", "clock", "targets", "gate", "names"],
     ["config"],
     ["backend_uring", "backend_pread", "backend_ghost"],
     ["iomap"],
-    ["wbuf", "lru_index", "session"],
+    ["wbuf", "lru_index", "session", "resident"],
     ["staging"],
     ["mode_direct", "lru"],
     ["mode_prefetch"],

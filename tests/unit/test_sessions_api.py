@@ -295,3 +295,20 @@ def test_batch_whole_call_errors(dev: chm.Device) -> None:
         dev.prefetch_batch([-1], [K4])
     with pytest.raises(TypeError):
         dev.prefetch_batch(["0"], [K4])  # type: ignore[list-item]
+
+
+def test_view_info_waits_up_to_its_timeout() -> None:
+    """view_info() polls by default and waits up to ``timeout`` seconds when
+    given one (a slow fill: not staged at once, staged within the wait)."""
+    with chm.Device.open(capacity="64M", dram="1M", wbuf="256K", slot_size="4K", slots=4,
+                         backend="pread") as d:  # fmt: skip
+        d.inject_fault("slow", arg=200_000_000)  # every I/O 200 ms late
+        with d.session() as s:
+            h = s.prefetch(K4, K4)
+            with pytest.raises(TimeoutError):
+                d.view_info(h)
+            addr, n, _off = d.view_info(h, 10.0)
+            assert (addr, n) == (K4, K4)
+            with pytest.raises(InvalidArgument):
+                d.view_info(h, -1.0)
+            h.release()

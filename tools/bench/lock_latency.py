@@ -6,6 +6,10 @@
     bare chm_stats() call and of a 4 KiB hit from another slot, next to the
     same measured with the first thread idle. Target: both p99 < 100 us while
     copying (a copy of 16 MiB under the lock took milliseconds).
+(c) The same chm_stats() latency with an lru-mode device (1 MiB lines, the
+    16 MiB range resident), while a first thread reads 16 MiB through the
+    lru cache back to back (dev.read_into: line copies). Target: p99 < 100 us
+    while reading.
 (b) Hit bandwidth: one thread copying hits of --copy-size bytes (default
     1 MiB: a copy that one core's caches can keep up with, so the figure
     shows whether copies run in parallel rather than the memory bus; 16M
@@ -22,6 +26,7 @@ real and every hit is a real copy). Verdict lines come last; the exit status
 is 1 when a target is missed.
 
     python tools/bench/lock_latency.py --quick
+    python tools/bench/lock_latency.py --latency-only   # (a) and (c) only
     python tools/bench/lock_latency.py --json results/lock_latency.json
 """
 
@@ -66,9 +71,27 @@ def open_device() -> tuple[chm.Device, list[chm.Handle]]:
     return dev, hs
 
 
+def open_lru_device() -> chm.Device:
+    """An lru-mode device with the 16 MiB range at 0 resident (and a 4 KiB
+    line at 128 MiB), so the reads of (c) are cache copies."""
+    dev = chm.Device.open(
+        capacity="1G",
+        dram="40M",
+        wbuf="0",
+        mode="lru",
+        lru_line="1M",
+        slot_size="1M",
+        slots=2,
+        backend="ghost",
+    )
+    dev.read_into(0, bytearray(BIG))
+    dev.read_into(128 * MiB, bytearray(SMALL))
+    return dev
+
+
 def sample_latency(dev: chm.Device, n: int, copying: bool) -> dict[str, list[float]]:
-    """n samples each of chm_stats() and a 4 KiB hit, in us, with or without a
-    thread copying 16 MiB hits meanwhile."""
+    """n samples each of chm_stats() and a 4 KiB read (a hit), in us, with or
+    without a thread reading 16 MiB (hits) meanwhile."""
     ptr = dev._p("chm_stats")
     out = _ll.new_stats()
     small = bytearray(SMALL)
@@ -137,14 +160,56 @@ def run_threads(fns: list[Callable[[], int]], seconds: float) -> float:
 @click.option("--reps", type=int, default=None, help="Alternating repetitions (default 5).")
 @click.option("--copy-size", default="1M", help="Bytes per copy in (b) (a size, <= 16M).")
 @click.option("--json", "json_path", default=None, help="Write the results as JSON here.")
-def main(quick: bool, reps: int | None, copy_size: str, json_path: str | None) -> None:
+@click.option("--latency-only", is_flag=True, help="Only (a) and (c): skip the bandwidth part.")
+def main(
+    quick: bool, reps: int | None, copy_size: str, json_path: str | None, latency_only: bool
+) -> None:
     size = chm.parse_size(copy_size)
     if not 0 < size <= BIG:
         raise click.BadParameter(f"{copy_size!r} is not in 1..16M", param_hint="--copy-size")
-    _main(quick, reps, size, json_path)
+    _main(quick, reps, size, json_path, latency_only)
 
 
-def _main(quick: bool, reps: int | None, copy_size: int, json_path: str | None) -> None:
+def lru_latency(nreps: int, nsamples: int) -> dict[str, dict[str, list[float]]]:
+    """(c): chm_stats() (and a 4 KiB read) from a second thread of an
+    lru-mode device, idle and while 16 MiB lru reads copy, alternating."""
+    dev = open_lru_device()
+    lat: dict[str, dict[str, list[float]]] = {"idle": {}, "copying": {}}
+    try:
+        for r in range(nreps):
+            for mode in bl.rotate(["idle", "copying"], r):
+                got = sample_latency(dev, nsamples, mode == "copying")
+                for k, v in got.items():
+                    lat[mode].setdefault(k, []).extend(v)
+    finally:
+        dev.close()
+    rows = [
+        (
+            f"{'chm_stats()' if what == 'stats' else '4 KiB read'} ({mode})",
+            f"{percentile(lat[mode][what], 50):.1f}",
+            f"{percentile(lat[mode][what], 99):.1f}",
+            f"{max(lat[mode][what]):.1f}",
+            len(lat[mode][what]),
+        )
+        for mode in ("idle", "copying")
+        for what in ("stats", "hit")
+    ]
+    bl.table(
+        "(c) lru mode: latency from a second thread while 16 MiB lru reads copy, us",
+        ["call", "p50", "p99", "max", "n"],
+        rows,
+    )
+    bl.console.print(f"  16 MiB lru reads meanwhile: {sum(lat['copying']['copies']):.0f}")
+    return lat
+
+
+def _main(
+    quick: bool,
+    reps: int | None,
+    copy_size: int,
+    json_path: str | None,
+    latency_only: bool = False,
+) -> None:
     nreps = reps or (2 if quick else 5)
     nsamples = 300 if quick else 3000
     secs = 0.3 if quick else 1.0
@@ -180,64 +245,29 @@ def _main(quick: bool, reps: int | None, copy_size: int, json_path: str | None) 
             m: {w: {"p50": percentile(v, 50), "p99": percentile(v, 99)} for w, v in d.items()}
             for m, d in lat.items()
         }
-
-        # (b) bandwidth: 1 thread, 2 threads on 2 slots, 2 threads of memcpy
-        bufs = [bytearray(copy_size), bytearray(copy_size)]
-        srcs = [np.ones(copy_size, np.uint8), np.ones(copy_size, np.uint8)]
-        dsts = [np.zeros(copy_size, np.uint8), np.zeros(copy_size, np.uint8)]
-
-        def hit(i: int) -> Callable[[], int]:
-            addr = 0 if i == 0 else 64 * MiB
-            return lambda: dev.read_into(addr, bufs[i])
-
-        def plain(i: int) -> Callable[[], int]:
-            def f() -> int:
-                np.copyto(dsts[i], srcs[i])
-                return copy_size
-
-            return f
-
-        kinds: dict[str, Callable[[], float]] = {
-            "1 thread, hits": lambda: run_threads([hit(0)], secs),
-            "2 threads, hits (2 slots)": lambda: run_threads([hit(0), hit(1)], secs),
-            "2 threads, plain memcpy": lambda: run_threads([plain(0), plain(1)], secs),
-            "1 thread, plain memcpy": lambda: run_threads([plain(0)], secs),
-        }
-        series = {k: bl.Series(k, "B/s") for k in kinds}
-        for r in range(nreps):
-            for k in bl.rotate(list(kinds), r):
-                series[k].add(kinds[k]())
-        one, two, mem, mem1 = (series[k] for k in kinds)
-        machine = bl.paired_ratios(mem.values, mem1.values)
-        scale = bl.paired_ratios(two.values, one.values)
-        vs_mem = bl.paired_ratios(two.values, mem.values)
-        bl.table(
-            f"(b) hit bandwidth, {copy_size // 1024} KiB copies (medians of alternating runs)",
-            ["copier", "median", "min", "max"],
-            [
-                (s.name, bl.fmt_bw(s.median), *(bl.fmt_bw(x) for x in bl.spread(s.values)))
-                for s in series.values()
-            ],
-        )
-        results["bandwidth"] = {s.name: s.to_dict() for s in series.values()}
-        results["bandwidth"]["copy_size"] = copy_size
-        results["bandwidth"]["memcpy_two_over_one"] = bl.median(machine)
-        bl.console.print(
-            "  this machine's own scaling, two threads / one thread of plain memcpy: "
-            f"{bl.fmt_ratio(bl.median(machine))} (other load on the host counts here too)"
-        )
-        results["bandwidth"]["two_over_one"] = bl.median(scale)
-        results["bandwidth"]["two_over_memcpy"] = bl.median(vs_mem)
-        rel = bl.median(scale) / bl.median(machine) if bl.median(machine) else float("nan")
-        results["bandwidth"]["scaling_vs_memcpy_scaling"] = rel
-        bl.console.print(
-            f"  hits scale {bl.fmt_ratio(bl.median(scale))} where plain memcpy scales "
-            f"{bl.fmt_ratio(bl.median(machine))}: {rel:.2f} of the host's own scaling"
-        )
     finally:
         for h in hs:
             h.release()
         dev.close()
+
+    # (c) the lru-mode device
+    lru_lat = lru_latency(nreps, nsamples)
+    p99_lru_stats = percentile(lru_lat["copying"]["stats"], 99)
+    results["lru_latency_us"] = {
+        m: {w: {"p50": percentile(v, 50), "p99": percentile(v, 99)} for w, v in d.items()}
+        for m, d in lru_lat.items()
+    }
+
+    scale: list[float] = [float("nan")]
+    vs_mem: list[float] = [float("nan")]
+    if not latency_only:
+        dev, hs = open_device()
+        try:
+            scale, vs_mem = _bandwidth(dev, nreps, secs, copy_size, results)
+        finally:
+            for h in hs:
+                h.release()
+            dev.close()
 
     us = lambda x: f"{x:.1f} us"  # noqa: E731
     verd = bl.Verdicts("lock_latency")
@@ -246,20 +276,88 @@ def _main(quick: bool, reps: int | None, copy_size: int, json_path: str | None) 
     )
     verd.check("4 KiB hit p99 while 16 MiB hits copy", p99_hit, TARGET_P99_US, higher=False, fmt=us)
     verd.check(
-        f"two threads / one thread copying {copy_size // 1024} KiB hits",
-        bl.median(scale),
-        TARGET_SCALE,
+        "chm_stats() p99 while 16 MiB lru reads copy (lru mode)",
+        p99_lru_stats,
+        TARGET_P99_US,
+        higher=False,
+        fmt=us,
     )
-    verd.check(
-        "two threads copying hits / two threads of plain memcpy",
-        bl.median(vs_mem),
-        TARGET_VS_MEMCPY,
-    )
+    if not latency_only:
+        verd.check(
+            f"two threads / one thread copying {copy_size // 1024} KiB hits",
+            bl.median(scale),
+            TARGET_SCALE,
+        )
+        verd.check(
+            "two threads copying hits / two threads of plain memcpy",
+            bl.median(vs_mem),
+            TARGET_VS_MEMCPY,
+        )
     results["verdicts"] = verd.to_dict()
     bl.write_json(json_path, results)
     if quick:
         bl.console.print("  (--quick: smoke test, the figures are not meaningful)")
     sys.exit(verd.finish())
+
+
+def _bandwidth(
+    dev: chm.Device, nreps: int, secs: float, copy_size: int, results: dict[str, Any]
+) -> tuple[list[float], list[float]]:
+    """(b): hit bandwidth, 1 and 2 threads, against plain memcpy."""
+    # (b) bandwidth: 1 thread, 2 threads on 2 slots, 2 threads of memcpy
+    bufs = [bytearray(copy_size), bytearray(copy_size)]
+    srcs = [np.ones(copy_size, np.uint8), np.ones(copy_size, np.uint8)]
+    dsts = [np.zeros(copy_size, np.uint8), np.zeros(copy_size, np.uint8)]
+
+    def hit(i: int) -> Callable[[], int]:
+        addr = 0 if i == 0 else 64 * MiB
+        return lambda: dev.read_into(addr, bufs[i])
+
+    def plain(i: int) -> Callable[[], int]:
+        def f() -> int:
+            np.copyto(dsts[i], srcs[i])
+            return copy_size
+
+        return f
+
+    kinds: dict[str, Callable[[], float]] = {
+        "1 thread, hits": lambda: run_threads([hit(0)], secs),
+        "2 threads, hits (2 slots)": lambda: run_threads([hit(0), hit(1)], secs),
+        "2 threads, plain memcpy": lambda: run_threads([plain(0), plain(1)], secs),
+        "1 thread, plain memcpy": lambda: run_threads([plain(0)], secs),
+    }
+    series = {k: bl.Series(k, "B/s") for k in kinds}
+    for r in range(nreps):
+        for k in bl.rotate(list(kinds), r):
+            series[k].add(kinds[k]())
+    one, two, mem, mem1 = (series[k] for k in kinds)
+    machine = bl.paired_ratios(mem.values, mem1.values)
+    scale = bl.paired_ratios(two.values, one.values)
+    vs_mem = bl.paired_ratios(two.values, mem.values)
+    bl.table(
+        f"(b) hit bandwidth, {copy_size // 1024} KiB copies (medians of alternating runs)",
+        ["copier", "median", "min", "max"],
+        [
+            (s.name, bl.fmt_bw(s.median), *(bl.fmt_bw(x) for x in bl.spread(s.values)))
+            for s in series.values()
+        ],
+    )
+    results["bandwidth"] = {s.name: s.to_dict() for s in series.values()}
+    results["bandwidth"]["copy_size"] = copy_size
+    results["bandwidth"]["memcpy_two_over_one"] = bl.median(machine)
+    bl.console.print(
+        "  this machine's own scaling, two threads / one thread of plain memcpy: "
+        f"{bl.fmt_ratio(bl.median(machine))} (other load on the host counts here too)"
+    )
+    results["bandwidth"]["two_over_one"] = bl.median(scale)
+    results["bandwidth"]["two_over_memcpy"] = bl.median(vs_mem)
+    rel = bl.median(scale) / bl.median(machine) if bl.median(machine) else float("nan")
+    results["bandwidth"]["scaling_vs_memcpy_scaling"] = rel
+    bl.console.print(
+        f"  hits scale {bl.fmt_ratio(bl.median(scale))} where plain memcpy scales "
+        f"{bl.fmt_ratio(bl.median(machine))}: {rel:.2f} of the host's own scaling"
+    )
+    return scale, vs_mem
 
 
 if __name__ == "__main__":
