@@ -102,6 +102,8 @@ class Stats:
     pool_hugepages: int = 0
     backend: int = 0
     mode: int = 0
+    # staging window: slots still catching up with the write buffer (S18)
+    slots_catching_up: int = 0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Stats:
@@ -247,5 +249,6 @@ _GAUGES = frozenset(
         "pool_hugepages",
         "backend",
         "mode",
+        "slots_catching_up",
     }
 )

@@ -238,6 +238,7 @@ struct chm_dev {
 	uint32_t handle_idx_bits; /* derived: bit length of nreqs */
 	uint64_t handle_gen_last; /* derived: largest generation a handle carries */
 	uint32_t q_len;           /* queued requests, all sessions */
+	uint32_t slots_behind;    /* slots with behind set (stats.slots_catching_up) */
 	/* sessions (session.c): index 0 is the default session */
 	struct chm_sess *sess;
 	uint32_t nsess;     /* CHM_SESSION_MAX + 1 */

@@ -227,6 +227,7 @@ static void slot_drop_behind(struct chm_dev *dev, struct chm_slot *s)
 	if (!s->behind)
 		return;
 	s->behind = false;
+	chm_ctr32_add(&dev->slots_behind, -1);
 	chm_wbuf_unpin_log(dev);
 }
 
@@ -261,6 +262,7 @@ static void slot_catch_up_copy(struct chm_dev *dev, struct chm_slot *s)
 		pthread_mutex_lock(&dev->lock);
 	} while (s->repatch);
 	s->behind = false;
+	chm_ctr32_add(&dev->slots_behind, -1);
 	chm_wbuf_unpin_log(dev);
 	req_wake(dev, s->req);
 }
@@ -269,6 +271,7 @@ static void slot_catch_up_copy(struct chm_dev *dev, struct chm_slot *s)
 static void slot_behind(struct chm_dev *dev, struct chm_slot *s)
 {
 	s->behind = true;
+	chm_ctr32_add(&dev->slots_behind, 1);
 	chm_wbuf_pin_log(dev);
 }
 
@@ -853,6 +856,7 @@ void chm_staging_stats(struct chm_dev *dev, struct chm_stats *out)
 	out->slots_ready = chm_ctr32_get(&n[CHM_SLOT_READY]);
 	out->slots_held = chm_ctr32_get(&n[CHM_SLOT_HELD]) + chm_ctr32_get(&n[CHM_SLOT_DRAINING]);
 	out->slots_failed = chm_ctr32_get(&n[CHM_SLOT_FAILED]);
+	out->slots_catching_up = chm_ctr32_get(&dev->slots_behind);
 	out->queue_len = chm_ctr32_get(&dev->q_len);
 	out->queue_cap = dev->cfg.refill_queue;
 	out->slot_bytes = dev->cfg.slot_bytes;

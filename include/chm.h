@@ -235,7 +235,9 @@ struct chm_stats {
 	uint32_t pool_hugepages; /* 1 when backed by huge pages */
 	int32_t backend;
 	int32_t mode;
-	uint32_t reserved1;
+	/* staging window, again: slots still behind the write buffer (S18),
+	 * counted in slots_ready or slots_held; no hits, wait waits, until 0 */
+	uint32_t slots_catching_up;
 };
 
 /* Returns the library version as MAJOR*10000 + MINOR*100 + PATCH. */

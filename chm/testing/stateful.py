@@ -266,16 +266,18 @@ class DeviceMachine(RuleBasedStateMachine):
         return self.dev
 
     def _settle(self) -> Stats:
-        """Waits until no fill is in flight; the model describes that state."""
+        """Waits until no fill is in flight and no staged slot is still
+        catching up with the write buffer (S18: READY but behind, so a read
+        of it misses); the model describes that state."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while True:
             s: Stats = self.d.stats()
-            if s.slots_filling == 0:
+            if s.slots_filling == 0 and s.slots_catching_up == 0:
                 return s
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"S11: fills still in flight after {SETTLE_TIMEOUT_S}s: {s.slots_filling} "
-                    f"slots FILLING, queue {s.queue_len}"
+                    f"slots FILLING, {s.slots_catching_up} catching up, queue {s.queue_len}"
                 )
             time.sleep(0.0002)
 
