@@ -1223,11 +1223,16 @@ class Device:
         """Drops the resident entries overlapping ``[addr, addr+length)``
         (one with a view out when its handles are released); returns how
         many. 0 on a device without a resident region. Raises
-        InvalidArgument (length 0, beyond capacity), Cancelled (closed)."""
+        InvalidArgument (length 0, beyond capacity), Cancelled (closed).
+
+        Alignment: none. Any ``addr`` and any ``length`` from 1 to the end
+        of the device; every entry the range touches is dropped."""
         return _ll.resident_evict(self._p("chm_resident_evict"), addr, length)
 
     def stats(self) -> Stats:
-        """A consistent snapshot of the device counters."""
+        """The device counters, read without waiting for the device: each
+        field is exact, but fields are not one atomic cut while calls run
+        (they agree once the device is quiet)."""
         return Stats.from_dict(_ll.stats(self._p("chm_stats")))
 
     @property

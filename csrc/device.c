@@ -449,9 +449,13 @@ int chm_prefetch_release(chm_dev *dev, chm_handle h)
 
 int chm_resident_evict(chm_dev *dev, uint64_t addr, uint64_t len)
 {
-	if (!dev || len == 0 || addr >= dev->cfg.capacity || len > dev->cfg.capacity - addr)
-		return -EINVAL;
-	int rc = chm_enter(dev);
+	chm_detail_clear();
+	if (!dev)
+		return chm_detail(-EINVAL, "resident_evict: NULL dev");
+	int rc = check_range(dev, "resident_evict", addr, len);
+	if (rc)
+		return rc;
+	rc = chm_enter(dev);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&dev->lock);
