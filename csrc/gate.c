@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "dev.h"
 #include "errdetail.h"
@@ -28,12 +29,19 @@ int chm_enter(struct chm_dev *dev)
 
 void chm_leave(struct chm_dev *dev)
 {
-	if (atomic_fetch_sub(&dev->active_calls, 1) == 1 && atomic_load(&dev->closing)) {
-		/* under gate_lock: drain checks the count under it before sleeping */
+	if (atomic_load(&dev->closing)) {
+		/* closing: leave under gate_lock, which drain holds while it reads
+		 * the count, so the close cannot free the device under us */
 		pthread_mutex_lock(&dev->gate_lock);
-		pthread_cond_broadcast(&dev->idle_cond);
+		if (atomic_fetch_sub(&dev->active_calls, 1) == 1)
+			pthread_cond_broadcast(&dev->idle_cond);
 		pthread_mutex_unlock(&dev->gate_lock);
+		return;
 	}
+	/* not closing when looked: after this the device may be freed, so it
+	 * is not touched again; a close that began in between sleeps in short
+	 * timed waits and sees the count fall */
+	atomic_fetch_sub(&dev->active_calls, 1);
 }
 
 void chm_gate_close(struct chm_dev *dev)
@@ -44,7 +52,17 @@ void chm_gate_close(struct chm_dev *dev)
 void chm_gate_drain(struct chm_dev *dev)
 {
 	pthread_mutex_lock(&dev->gate_lock);
-	while (atomic_load(&dev->active_calls))
-		pthread_cond_wait(&dev->idle_cond, &dev->gate_lock);
+	while (atomic_load(&dev->active_calls)) {
+		/* idle_cond runs on CLOCK_MONOTONIC; 1 ms bounds the wait for a
+		 * caller that left without a broadcast (see chm_leave) */
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&dev->idle_cond, &dev->gate_lock, &ts);
+	}
 	pthread_mutex_unlock(&dev->gate_lock);
 }
