@@ -10,8 +10,8 @@ Both sit behind a GPU prefix cache per worker (G1, as the baselines) and keep
 one shared tier on the device: an index of block key -> device address with
 LRU eviction over ``capacity // stride`` block places. Per request the G1
 prefix is found first, then the tier's run from there on; the tier hits are
-loaded from the device and timed on the device's clock (``clock="virtual"``:
-``clock_ns()``; else wall time), then every block the tier lacks is
+loaded from the device and timed on the device's clock (``clock_ns()``, in
+real time too; wall time for a device without one), then every block the tier lacks is
 written (``write`` may skip it when the write buffer is full: a skipped
 block is not indexed, so a later turn misses it). On the ghost backend the
 writes carry no payload (``write_length``), so a write costs the model's
@@ -273,9 +273,11 @@ class CxlhmReplay:
     # ---- clock
 
     def _now_s(self) -> float:
+        # the device's own clock in real time too (the time the device
+        # reports, which pacing follows)
+        if self._clock_ns is not None:
+            return float(self._clock_ns()) / 1e9
         if self._virtual:
-            if self._clock_ns is not None:
-                return float(self._clock_ns()) / 1e9
             return self.dev.stats().clock_now_ns / 1e9
         return time.perf_counter()
 
