@@ -34,7 +34,7 @@ from chm.errors import Busy, ChmError, InvalidArgument
 from chm.kv import journal as jn
 from chm.kv.alloc import ALIGN, SegmentLog
 from chm.kv.buffers import as_dst, as_src
-from chm.kv.index import DURABLE, PENDING, Index
+from chm.kv.index import DURABLE, FREE, PENDING, Index
 from chm.kv.keys import KEY_DTYPE, Namespace
 from chm.kv.lookup import LOOKUP_BATCH, Lookup, prefix_hits
 from chm.kv.protocol import DeviceLike
@@ -184,7 +184,11 @@ class Store:
     the device's calls without copying or verifying (for virtual-time runs).
     ``residency`` picks the blocks a device with a resident region keeps in
     its DRAM (:mod:`chm.kv.residency`; ``"auto"``: the default admission
-    when the device has a region).
+    when the device has a region). ``capacity`` (default: the device's)
+    bounds the addresses the store places blocks at to ``[0, capacity)``;
+    ``block_bytes`` (default: a slot, at most a slot) is the largest block it
+    takes, so a segment of that size holds one block (eviction is then exact
+    block LRU).
     """
 
     def __init__(
@@ -202,8 +206,19 @@ class Store:
         own_device: bool = False,
         flush_interval: float | None = None,
         residency: str | Admission | None = "auto",
+        capacity: int | None = None,
+        block_bytes: int | None = None,
     ) -> None:
         cfg = device.config
+        dev_cap = int(device.capacity)
+        if capacity is None:
+            capacity = dev_cap
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or not (
+            0 < capacity <= dev_cap
+        ):
+            raise InvalidArgument(
+                None, f"Store: capacity={capacity!r}: expected bytes in 1..{dev_cap} (the device)"
+            )
         if cfg.mode not in ("prefetch", "lru"):
             raise InvalidArgument(
                 None, f"Store: needs a device in prefetch or lru mode, not mode={cfg.mode!r}"
@@ -216,20 +231,35 @@ class Store:
             "direct" if cfg.mode == "lru" else "timing" if cfg.backend == "ghost" else "window"
         )
         self.device = device
+        # the ghost backend holds no bytes: loads neither copy nor verify them
+        self.has_bytes = cfg.backend != "ghost"
         self.namespace = namespace or Namespace()
         self.slot_bytes = int(device.slot_bytes)
-        seg = segment_bytes if segment_bytes is not None else 8 * self.slot_bytes
-        if seg < self.slot_bytes:
+        if block_bytes is None:
+            block_bytes = self.slot_bytes
+        if (
+            isinstance(block_bytes, bool)
+            or not isinstance(block_bytes, int)
+            or not 0 < block_bytes <= self.slot_bytes
+        ):
             raise InvalidArgument(
                 None,
-                f"Store: segment_bytes={seg} is smaller than a slot ({self.slot_bytes}): "
+                f"Store: block_bytes={block_bytes!r}: expected bytes in 1..{self.slot_bytes} "
+                "(a slot)",
+            )
+        seg = segment_bytes if segment_bytes is not None else 8 * self.slot_bytes
+        if seg < block_bytes:
+            what = "a slot" if block_bytes == self.slot_bytes else "block_bytes"
+            raise InvalidArgument(
+                None,
+                f"Store: segment_bytes={seg} is smaller than {what} ({block_bytes}): "
                 "a block must fit a segment",
             )
-        self.max_block = self.slot_bytes
+        self.max_block = block_bytes
         self.window_bytes = window_bytes
         self.device_id = device_id
         self._own = own_device
-        self._alloc = SegmentLog(int(device.capacity), seg, eviction)
+        self._alloc = SegmentLog(capacity, seg, eviction)
         st = device.stats()
         self.manager = manager or KVManager(max(1, int(st.slots_total)))
         self.admission = _admission(residency, int(st.resident_entries_total))
@@ -248,7 +278,7 @@ class Store:
                 None, f"Store: flush_interval={flush_interval!r}: expected seconds > 0, or None"
             )
         path = os.fspath(journal) if journal is not None else _default_journal(device)
-        self._journal = jn.Journal(path, int(device.capacity), seg)
+        self._journal = jn.Journal(path, capacity, seg)
         try:
             self._recover()
         except BaseException:
@@ -343,6 +373,12 @@ class Store:
             device=self.device_id,
             state=DURABLE,
         )
+        # segment -> index rows put into it since it was last reused (lazy:
+        # a row dropped meanwhile is still listed; _segment_rows checks them)
+        self._seg_rows: dict[int, list[int]] = {}
+        for r, sg in zip(rows.tolist(), puts["segment"].tolist(), strict=True):
+            if r >= 0:
+                self._seg_rows.setdefault(int(sg), []).append(r)
         metas = [m for m, keep in zip(rep.metas or [], ok.tolist(), strict=False) if keep]
         # row -> the block's metadata, for blocks that have any
         self._meta: dict[int, bytes] = {
@@ -415,8 +451,18 @@ class Store:
         self._alloc.dropped(e["segment"][rows], e["length"][rows])
         self._index.delete_rows(rows)
 
+    def _segment_rows(self, segment: int) -> np.ndarray[Any, Any]:
+        """The index rows of the blocks in ``segment`` (forgets the list)."""
+        cand = self._seg_rows.pop(segment, None)
+        if not cand:
+            return np.zeros(0, dtype=np.int64)
+        r = np.unique(np.asarray(cand, dtype=np.int64))
+        e = self._index.e
+        out: np.ndarray[Any, Any] = r[(e["state"][r] != FREE) & (e["segment"][r] == segment)]
+        return out
+
     def _reclaim(self, segment: int) -> None:
-        rows = self._index.rows_in_segment(segment)
+        rows = self._segment_rows(segment)
         rec = np.zeros(1, dtype=jn.REC_DTYPE)
         rec["type"] = jn.RECLAIM
         rec["segment"] = segment
@@ -556,7 +602,12 @@ class Store:
     # ---- updates
 
     def put(
-        self, keys: Any, srcs: Sequence[Any], meta: Sequence[bytes | None] | None = None
+        self,
+        keys: Any,
+        srcs: Sequence[Any],
+        meta: Sequence[bytes | None] | None = None,
+        *,
+        touch: bool = False,
     ) -> list[PutStatus]:
         """Writes each key's block; a status per key (see :class:`PutStatus`).
 
@@ -568,6 +619,12 @@ class Store:
         :meth:`entries` return it, also after a restart. Raises
         InvalidArgument (and writes nothing) for a bad source or metadata,
         or a block longer than a slot.
+
+        ``touch``: a key already in the store counts as a use of its block
+        for eviction, in key order, as a new key's put does; so a request
+        that saves all its blocks leaves them in the LRU order it used them
+        (with one block a segment, exact block LRU). Without it an EXISTS
+        key's recency is left alone.
         """
         self._check_open("put")
         ks = self._keys(keys)
@@ -589,7 +646,13 @@ class Store:
             his, los = ks["hi"].tolist(), ks["lo"].tolist()
             for j, b in enumerate(bufs):
                 k = (his[j], los[j])
-                if present[j] or k in seen:
+                if touch:  # asked afresh: an earlier put of the batch may have evicted it
+                    row = int(self._index.find(ks[j : j + 1])[0])
+                    if row >= 0:
+                        self._alloc.touch_one(int(self._index.e["segment"][row]))
+                        out.append(PutStatus.EXISTS)
+                        continue
+                elif present[j] or k in seen:
                     out.append(PutStatus.EXISTS)
                     continue
                 out.append(self._put_one(ks[j : j + 1], b, metas[j]))
@@ -631,9 +694,154 @@ class Store:
             state=PENDING,
         )
         self._pending[int(rows[0])] = epoch
+        self._seg_rows.setdefault(seg, []).append(int(rows[0]))
         if meta:
             self._meta[int(rows[0])] = meta
         return PutStatus.STORED
+
+    def put_lengths(self, keys: Any, lengths: Any, *, touch: bool = False) -> list[PutStatus]:
+        """Puts blocks that have no bytes (the ghost backend: virtual time).
+
+        Each absent key's block of ``lengths`` bytes (one per key, or one
+        for all) is offered with the device's ``write_length``: the model's
+        time and write buffer, no payload and no host memory. Statuses and
+        ``touch`` as :meth:`put`; the blocks are indexed with checksum 0
+        (there are no bytes to verify; ghost loads verify none). The index
+        and the journal are updated once per call, not once per block, so a
+        replay's per-block cost is the device's call and a few list
+        operations. InvalidArgument on a backend that moves data, or for a
+        length outside 1..slot bytes.
+        """
+        self._check_open("put_lengths")
+        if self.has_bytes:
+            raise InvalidArgument(
+                None,
+                f"put_lengths: the {self.device.config.backend!r} backend moves data; "
+                "payload-less puts are for the ghost backend (use put())",
+            )
+        ks = self._keys(keys)
+        lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if lens.size == 1 and ks.size != 1:
+            lens = np.full(ks.size, int(lens[0]), dtype=np.int64)
+        if lens.size != ks.size:
+            raise InvalidArgument(None, f"put_lengths: {ks.size} keys but {lens.size} lengths")
+        if ks.size and (int(lens.min()) <= 0 or int(lens.max()) > self.max_block):
+            raise InvalidArgument(
+                None, f"put_lengths: a block has 1..{self.max_block} bytes, got {lens.tolist()}"
+            )
+        with self._lock:
+            return self._put_batch(ks, lens.tolist(), touch)
+
+    def _put_batch(
+        self, ks: np.ndarray[Any, Any], lens: list[int], touch: bool
+    ) -> list[PutStatus]:
+        """put_lengths() under the lock: blocks placed and written in key
+        order; evictions, index inserts and journal records applied at the end."""
+        alloc, e = self._alloc, self._index.e
+        rows0 = self._index.find(ks)
+        rows_l = rows0.tolist()
+        segs_l = e["segment"][np.maximum(rows0, 0)].tolist()
+        his, los = ks["hi"].tolist(), ks["lo"].tolist()
+        write = self.device.write_length  # type: ignore[attr-defined]
+        evicted: set[int] = set()  # index rows reclaimed during the batch
+        drop: list[np.ndarray[Any, Any]] = []
+        reclaims: list[tuple[int, int]] = []  # (segment, epoch): RECLAIM records
+        new_at: dict[tuple[int, int], int] = {}  # key -> its position in the new blocks
+        new: list[tuple[int, int, int, int, int]] = []  # (j, addr, segment, length, epoch)
+        in_seg: dict[int, list[int]] = {}  # segment -> positions of new blocks in it
+        gone: set[int] = set()  # positions of new blocks reclaimed in the same batch
+        out: list[PutStatus] = []
+        try:
+            for j, n in enumerate(lens):
+                r = rows_l[j]
+                if r >= 0 and r not in evicted:
+                    if touch:
+                        alloc.touch_one(segs_l[j])
+                    out.append(PutStatus.EXISTS)
+                    continue
+                k = (his[j], los[j])
+                p = new_at.get(k)
+                if p is not None and p not in gone:
+                    if touch:
+                        alloc.touch_one(new[p][2])
+                    out.append(PutStatus.EXISTS)
+                    continue
+                got = alloc.alloc(n)
+                while got is None:
+                    v = alloc.victim()
+                    if v is None:
+                        break
+                    rs = self._segment_rows(v)
+                    evicted.update(rs.tolist())
+                    drop.append(rs)
+                    mine = in_seg.pop(v, [])
+                    gone.update(mine)
+                    reclaims.append((v, self._epoch))
+                    alloc.reuse(v)
+                    self._counts["evicted_blocks"] += int(rs.size) + len(mine)
+                    got = alloc.alloc(n)
+                if got is None:
+                    out.append(PutStatus.SKIPPED)
+                    continue
+                seg, addr = got
+                try:
+                    admitted = write(addr, -(-n // 512) * 512)
+                except ChmError:
+                    alloc.unalloc(seg, addr, n)
+                    out.append(PutStatus.ERROR)
+                    continue
+                if not admitted:
+                    alloc.unalloc(seg, addr, n)
+                    out.append(PutStatus.SKIPPED)
+                    continue
+                new_at[k] = len(new)
+                in_seg.setdefault(seg, []).append(len(new))
+                new.append((j, addr, seg, n, self._epoch))
+                self._epoch += 1
+                out.append(PutStatus.STORED)
+        finally:
+            self._apply_batch(ks, drop, reclaims, [b for i, b in enumerate(new) if i not in gone])
+            for st in out:
+                self._counts[f"puts_{st.name.lower()}"] += 1
+        return out
+
+    def _apply_batch(
+        self,
+        ks: np.ndarray[Any, Any],
+        drop: list[np.ndarray[Any, Any]],
+        reclaims: list[tuple[int, int]],
+        new: list[tuple[int, int, int, int, int]],
+    ) -> None:
+        """The index and journal updates of one _put_batch (lock held). The
+        dropped rows' segments were reused already (their live bytes are 0)."""
+        if reclaims:
+            recs = np.zeros(len(reclaims), dtype=jn.REC_DTYPE)
+            recs["type"] = jn.RECLAIM
+            recs["segment"] = [sg for sg, _ in reclaims]
+            recs["epoch"] = [ep for _, ep in reclaims]
+            self._journal.append(recs)
+        rows = np.concatenate(drop) if drop else np.zeros(0, dtype=np.int64)
+        if rows.size:
+            for r in rows.tolist():
+                self._pending.pop(r, None)
+                self._meta.pop(r, None)
+            self._index.delete_rows(rows)
+        if not new:
+            return
+        cols = np.asarray(new, dtype=np.int64)
+        put = self._index.put(
+            ks[cols[:, 0]],
+            addr=cols[:, 1],
+            length=cols[:, 3],
+            checksum=0,
+            epoch=cols[:, 4],
+            segment=cols[:, 2],
+            device=self.device_id,
+            state=PENDING,
+        )
+        for r, sg, ep in zip(put.tolist(), cols[:, 2].tolist(), cols[:, 4].tolist(), strict=True):
+            self._pending[r] = ep
+            self._seg_rows.setdefault(sg, []).append(r)
 
     def pin(self, keys: Any) -> list[bool]:
         """Keeps the blocks from eviction until unpin(); per key whether it was there."""
@@ -833,8 +1041,14 @@ class Store:
     def closed(self) -> bool:
         return self._closed
 
-    def close(self) -> None:
-        """Flushes, compacts the journal and closes it (and the device if owned). Idempotent."""
+    def close(self, *, flush: bool = True) -> None:
+        """Flushes, compacts the journal and closes it (and the device if owned). Idempotent.
+
+        ``flush=False`` closes without either (nor any device call but an
+        owned device's close): blocks not yet durable are not journaled, as
+        after a crash. For a store whose contents need not outlive it (a
+        replay's tier).
+        """
         if self._closed:
             return
         try:
@@ -843,9 +1057,10 @@ class Store:
                 self._flusher.join()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
-            self.flush()
-            with self._lock:
-                self._compact()
+            if flush:
+                self.flush()
+                with self._lock:
+                    self._compact()
         finally:
             self._closed = True
             self._journal.close()

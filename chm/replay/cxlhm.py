@@ -7,15 +7,23 @@ prefetched in order through a :class:`~chm.kv.window.SlidingWindow` of
 ``w_max(block, hits)`` blocks (eq. 2), each waited on and released.
 
 Both sit behind a GPU prefix cache per worker (G1, as the baselines) and keep
-one shared tier on the device: an index of block key -> device address with
-LRU eviction over ``capacity // stride`` block places. Per request the G1
-prefix is found first, then the tier's run from there on; the tier hits are
-loaded from the device and timed on the device's clock (``clock_ns()``, in
-real time too; wall time for a device without one), then every block the tier lacks is
-written (``write`` may skip it when the write buffer is full: a skipped
-block is not indexed, so a later turn misses it). On the ghost backend the
-writes carry no payload (``write_length``), so a write costs the model's
-time and no host time or memory.
+one shared tier on the device: a :class:`chm.kv.Store` (the KV layer a
+serving engine uses: its index, allocator, prefix lookup, load path and
+journal), with one block per segment, so that its eviction is exact block
+LRU over ``tier_bytes // stride`` block places. Per request the G1 prefix is
+found first, then the store's prefix from there on (``Store.prefix_len``);
+the tier hits are loaded through the store (``Store.load_prefix``: in
+prefetch mode through its sliding window of ``w_max`` blocks, in lru mode by
+direct reads through the device's cache) and timed on the device's clock
+(``clock_ns()``, in real time too; wall time for a device without one), then
+every block of the request is saved (``Store.put`` with ``touch``: a block
+the store has counts as used, in key order, and one it lacks is written; a
+full write buffer gives SKIPPED, and a skipped block is not indexed, so a
+later turn misses it). On the ghost backend the puts carry no payload
+(``Store.put_lengths``, the device's ``write_length``), so a write costs
+the model's time and no host time or memory. The store's journal lives in a
+temporary directory and goes with the replay (:meth:`CxlhmReplay.close`):
+the tier starts empty on every replay.
 
 In virtual time the device clock also moves by each request's modeled
 prefill compute between its load and its writes (the new blocks exist only
@@ -45,16 +53,19 @@ load time.
 
 from __future__ import annotations
 
+import tempfile
 import time
-from collections import OrderedDict
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from chm.kv.protocol import DeviceLike
-from chm.kv.window import WINDOW_BYTES, SlidingWindow, w_max
+from chm.kv.store import PutStatus, Store
+from chm.kv.window import WINDOW_BYTES
 from chm.replay.lru import LruBlocks
 from chm.replay.prefill import PrefillModel
 from chm.replay.results import RequestResult
@@ -64,7 +75,6 @@ __all__ = [
     "CXLHM_SYSTEMS",
     "CxlhmReplay",
     "CxlhmRequest",
-    "DeviceTier",
     "HostPrefixCache",
     "replay_cxlhm",
 ]
@@ -72,61 +82,6 @@ __all__ = [
 CXLHM_SYSTEMS = {"cxlhm-lru": "lru", "cxlhm-prefetch": "prefetch"}
 
 _ALIGN = 4096
-
-
-class DeviceTier:
-    """Block key -> device address, LRU over ``places`` equal block places."""
-
-    def __init__(self, capacity_bytes: int, stride: int) -> None:
-        if stride <= 0 or capacity_bytes < stride:
-            raise ValueError(
-                f"DeviceTier: capacity {capacity_bytes} bytes holds no {stride}-byte block"
-            )
-        self.places = capacity_bytes // stride
-        self.stride = stride
-        self.evictions = 0
-        self._addr: OrderedDict[bytes, int] = OrderedDict()
-        self._free: list[int] = []
-        self._next = 0
-
-    def __len__(self) -> int:
-        return len(self._addr)
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._addr
-
-    def addr(self, key: bytes) -> int:
-        return self._addr[key]
-
-    def prefix_len(self, keys: tuple[bytes, ...], start: int = 0) -> int:
-        n = 0
-        for k in keys[start:]:
-            if k not in self._addr:
-                break
-            n += 1
-        return n
-
-    def touch(self, key: bytes) -> None:
-        self._addr.move_to_end(key)
-
-    def place(self) -> int:
-        """An address for a new block: a never-used place, a freed one, or the LRU's."""
-        if self._free:
-            return self._free.pop()
-        if self._next < self.places:
-            a = self._next * self.stride
-            self._next += 1
-            return a
-        _, a = self._addr.popitem(last=False)
-        self.evictions += 1
-        return a
-
-    def insert(self, key: bytes, addr: int) -> None:
-        self._addr[key] = addr
-
-    def unplace(self, addr: int) -> None:
-        """Gives back an address whose write was skipped."""
-        self._free.append(addr)
 
 
 class HostPrefixCache:
@@ -203,7 +158,9 @@ class CxlhmReplay:
 
     ``system`` is ``"cxlhm-lru"`` (the device must be in lru mode) or
     ``"cxlhm-prefetch"`` (prefetch mode). ``device_block_bytes`` 0 stores
-    blocks at the model's size.
+    blocks at the model's size. The tier's store opens with the first
+    request; :meth:`close` (or the context manager, or :func:`replay_cxlhm`
+    at its end) closes it, leaving the device open.
     """
 
     def __init__(
@@ -262,10 +219,10 @@ class CxlhmReplay:
         # a chm.Device reads its clock without a stats snapshot; other devices
         # (the daemon's client) through stats
         self._clock_ns = getattr(dev, "clock_ns", None)
-        self._write_length = None if self._moves_data else getattr(dev, "write_length", None)
         self._advance = getattr(dev, "advance_clock", None) if self._virtual else None
         self._g1: list[LruBlocks] = []
-        self._tier: DeviceTier | None = None
+        self._tier: Store | None = None
+        self._closed = False
         self._block_bytes = 0
         self._payload: np.ndarray[Any, Any] | None = None
         self._dst: np.ndarray[Any, Any] | None = None
@@ -295,8 +252,7 @@ class CxlhmReplay:
                     f"a {db}-byte block does not fit the device's {self.dev.slot_bytes}-byte slots"
                 )
             self._dev_block = db
-            stride = -(-db // _ALIGN) * _ALIGN
-            self._tier = DeviceTier(self.tier_bytes, stride)
+            self._tier = self._open_store(db, bb)
             if self.gpu_cache:
                 self._g1 = [LruBlocks(self._hbm // bb) for _ in range(self.workers)]
             self._payload = np.zeros(db, dtype=np.uint8)
@@ -308,6 +264,46 @@ class CxlhmReplay:
             )
         return bb
 
+    def _open_store(self, db: int, bb: int) -> Store:
+        """The tier: a store over the first ``tier_bytes`` of the device, one
+        ``db``-byte block per segment, its journal in a temporary directory."""
+        stride = -(-db // _ALIGN) * _ALIGN
+        if self.tier_bytes // stride < 2:
+            raise ValueError(
+                f"tier_bytes {self.tier_bytes} holds fewer than 2 blocks of {stride} bytes"
+            )
+        tmp = tempfile.TemporaryDirectory(prefix="chm-replay-tier-")
+        try:
+            store = Store(
+                self.dev,
+                journal=Path(tmp.name) / "tier.kvjournal",
+                segment_bytes=stride,
+                block_bytes=db,
+                capacity=self.tier_bytes,
+                # eq. 2 counts the model's blocks: the same window of
+                # smaller device blocks (window_bytes // bb of them)
+                window_bytes=self.window_bytes // bb * db,
+                residency=None,
+            )
+        except BaseException:
+            tmp.cleanup()
+            raise
+        # a replay dropped unclosed still gives its journal's files back
+        self._finalizer = weakref.finalize(self, _close_tier, store, tmp)
+        return store
+
+    def close(self) -> None:
+        """Closes the tier's store (no flush: its contents go with the replay). Idempotent."""
+        self._closed = True
+        if self._tier is not None:
+            self._finalizer()
+
+    def __enter__(self) -> CxlhmReplay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def scale(self) -> float:
         """Model block bytes per device block byte (1 at full scale)."""
@@ -315,43 +311,56 @@ class CxlhmReplay:
 
     # ---- loads
 
-    def _load(self, addrs: list[int]) -> None:
-        db = self._dev_block
-        dst = self._dst
-        assert dst is not None
-        if self.mode == "lru":
-            for a in addrs:
-                self.dev.read_into(a, dst)
-            return
-        size = w_max(self._block_bytes, len(addrs), self.window_bytes)
-        copy = self._moves_data
-        with SlidingWindow(self.dev, [(a, db) for a in addrs], size) as win:
-            for _, h in win:
-                view = h.wait(self.wait_timeout_s)
-                if copy:  # into the host buffer, as lru mode's read_into does
-                    dst[:] = np.frombuffer(view, dtype=np.uint8, count=db)
-                del view
+    def _load(self, keys: np.ndarray[Any, Any], r: Request) -> None:
+        """The tier hits ``keys`` through the store's load path, in order."""
+        tier, dst = self._tier, self._dst
+        assert tier is not None and dst is not None
+        n = int(keys.size)
+        got = tier.load_prefix(keys, [dst] * n, timeout=self.wait_timeout_s * n)
+        if got != n:
+            st = tier.stats()
+            raise RuntimeError(
+                f"request {r.index}: the store loaded {got} of its {n} tier hits "
+                f"(timeouts {st.timeouts}, read errors {st.io_errors}, "
+                f"checksum errors {st.checksum_errors})"
+            )
 
-    def step(self, r: Request) -> CxlhmRequest:
-        """Looks the request up, loads its tier hits, writes what the tier lacks."""
-        bb = self._setup(r)
+    def _save(self, keys: np.ndarray[Any, Any]) -> tuple[int, int]:
+        """Every block of the request into the store: (writes offered, skipped)."""
         tier = self._tier
         assert tier is not None and self._payload is not None
+        n = int(keys.size)
+        if self._moves_data:
+            out = tier.put(keys, [self._payload] * n, touch=True)
+        else:
+            out = tier.put_lengths(keys, self._dev_block, touch=True)
+        if PutStatus.ERROR in out:
+            raise RuntimeError("the device failed a write of the tier (see the device's stats)")
+        exists = out.count(PutStatus.EXISTS)
+        return n - exists, out.count(PutStatus.SKIPPED)
+
+    def step(self, r: Request) -> CxlhmRequest:
+        """Looks the request up, loads its tier hits, saves its blocks."""
+        if self._closed:
+            raise ValueError("CxlhmReplay.step: the replay is closed")
+        bb = self._setup(r)
+        tier = self._tier
+        assert tier is not None
         if self.open_loop:
             self.dev.advance_clock(int(r.arrival_s * 1e9))  # type: ignore[attr-defined]
         w = (r.session if r.session is not None else r.index) % self.workers
         keys = r.block_keys
+        ks = tier.namespace.keys(keys)
         gpu = self._g1[w] if self._g1 else None
         p1 = gpu.prefix_len(keys) if gpu is not None else 0
-        p2 = tier.prefix_len(keys, p1)
+        p2 = tier.prefix_len(ks[p1:])
         # blocks of the pinned prefix already in the host buffer: no load
         host = self.pinned.held(keys, p1, p2)
-        hits = keys[p1 + host : p1 + p2]
-        addrs = [tier.addr(k) for k in hits]
+        n_load = p2 - host
         before = self.dev.stats()
         t0 = self._now_s()
-        if addrs:
-            self._load(addrs)
+        if n_load:
+            self._load(ks[p1 + host : p1 + p2], r)
         t1 = self._now_s()
         mid = self.dev.stats()
         cached = (p1 + p2) * r.block_tokens
@@ -364,24 +373,9 @@ class CxlhmReplay:
         if gpu is not None:
             gpu.access(keys)
         self.pinned.keep(keys[: p1 + p2])
-        for k in keys:
-            if k in tier:
-                tier.touch(k)
-        offered = skipped = 0
-        wl = self._write_length
-        for k in keys:
-            if k in tier:
-                continue
-            a = tier.place()
-            offered += 1
-            ok = wl(a, self._dev_block) if wl is not None else self.dev.write(a, self._payload)
-            if ok:
-                tier.insert(k, a)
-            else:
-                tier.unplace(a)
-                skipped += 1
+        offered, skipped = self._save(ks)
         end = self._now_s()
-        device_load_s = t1 - t0 if addrs else 0.0
+        device_load_s = t1 - t0 if n_load else 0.0
         result = RequestResult(
             system=self.system,
             index=r.index,
@@ -402,7 +396,7 @@ class CxlhmReplay:
         )
         out = CxlhmRequest(
             result=result,
-            device_load_bytes=len(addrs) * self._dev_block,
+            device_load_bytes=n_load * self._dev_block,
             host_prefix_blocks=host,
             device_load_s=device_load_s,
             dram_bytes=mid.bytes_from_dram - before.bytes_from_dram,
@@ -421,9 +415,17 @@ def replay_cxlhm(
     *,
     progress: Callable[[int], None] | None = None,
 ) -> list[CxlhmRequest]:
-    """Feeds ``requests`` in order to ``replay``; its results."""
-    for r in requests:
-        replay.step(r)
-        if progress is not None:
-            progress(1)
+    """Feeds ``requests`` in order to ``replay``, then closes it; its results."""
+    with replay:
+        for r in requests:
+            replay.step(r)
+            if progress is not None:
+                progress(1)
     return replay.results
+
+
+def _close_tier(store: Store, tmp: tempfile.TemporaryDirectory[str]) -> None:
+    try:
+        store.close(flush=False)
+    finally:
+        tmp.cleanup()

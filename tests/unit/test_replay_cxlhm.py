@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import chm
-from chm.replay.cxlhm import CxlhmReplay, DeviceTier, replay_cxlhm
+from chm.replay.cxlhm import CxlhmReplay, replay_cxlhm
 from chm.replay.prefill import GPUS, MODELS, PrefillModel
 from chm.workloads.records import Request
 
@@ -57,17 +57,6 @@ def test_lru_mode_serves_recent_writes_from_dram() -> None:
         res = replay_cxlhm([_req(0, "ab"), _req(1, "ab", 1)], rp)
     # the two written blocks fit the 64 MiB cache: the reload is all DRAM
     assert res[1].dram_bytes == 2 * MiB and res[1].ssd_bytes == 0
-
-
-def test_device_tier_evicts_the_least_recent_place() -> None:
-    t = DeviceTier(3 * 4096, 4096)
-    for k in (b"a", b"b", b"c"):
-        t.insert(k, t.place())
-    t.touch(b"a")
-    a = t.place()  # full: b is the least recent
-    assert a == t.stride * 1 and b"b" not in t and t.evictions == 1
-    t.unplace(a)
-    assert t.place() == a
 
 
 def test_wrong_mode_and_block_size_are_errors() -> None:
