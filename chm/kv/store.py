@@ -213,8 +213,10 @@ class Store:
         dev_cap = int(device.capacity)
         if capacity is None:
             capacity = dev_cap
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or not (
-            0 < capacity <= dev_cap
+        if (
+            isinstance(capacity, bool)
+            or not isinstance(capacity, int)
+            or not (0 < capacity <= dev_cap)
         ):
             raise InvalidArgument(
                 None, f"Store: capacity={capacity!r}: expected bytes in 1..{dev_cap} (the device)"
@@ -732,9 +734,7 @@ class Store:
         with self._lock:
             return self._put_batch(ks, lens.tolist(), touch)
 
-    def _put_batch(
-        self, ks: np.ndarray[Any, Any], lens: list[int], touch: bool
-    ) -> list[PutStatus]:
+    def _put_batch(self, ks: np.ndarray[Any, Any], lens: list[int], touch: bool) -> list[PutStatus]:
         """put_lengths() under the lock: blocks placed and written in key
         order; evictions, index inserts and journal records applied at the end."""
         alloc, e = self._alloc, self._index.e
