@@ -13,7 +13,11 @@ The free segment to open (the lowest-numbered) and the victim (the lowest
 key, then the lowest number, as an argmin over the segments would pick) come
 from two lazy heaps, so an allocation or a reclaim costs O(log n), not a
 scan of every segment: a device of 2 TB in 16 MiB segments (one block a
-segment: exact block LRU) has 131,072 of them.
+segment: exact block LRU) has 131,072 of them. A sealed segment's entry in
+the victim heap holds its key when sealed, a lower bound of its key now
+(keys only grow); a touch changes nothing there, and the victim search
+re-files an entry it finds out of date, so the entry on top, once current,
+is the minimum.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ class SegmentLog:
     def _push_victim(self, s: int) -> None:
         h = self._victims
         heapq.heappush(h, (self._key(s) << 32) | s)
-        if len(h) > 2 * self.n + 1024:  # mostly stale entries: rebuild
+        if len(h) > 2 * self.n + 1024:  # mostly entries of earlier lives: rebuild
             self._rebuild_victims()
 
     def _rebuild_victims(self) -> None:
@@ -173,8 +177,12 @@ class SegmentLog:
         while h:
             v = h[0]
             s = v & mask
-            if st[s] != SEALED or self._key(s) != v >> 32:  # stale
+            if st[s] != SEALED:  # an entry of an earlier life
                 heapq.heappop(h)
+                continue
+            k = self._key(s)
+            if k != v >> 32:  # used since: file it under its key now
+                heapq.heapreplace(h, (k << 32) | s)
                 continue
             if pins[s]:
                 held.append(heapq.heappop(h))
@@ -201,16 +209,12 @@ class SegmentLog:
         segs = np.asarray(segments, dtype=np.int64)
         if segs.size:
             self.last_use[segs] = self._tick()
-            if self.eviction == "lru":
-                for s in np.unique(segs[self.state[segs] == SEALED]).tolist():
-                    self._push_victim(s)
 
     def touch_one(self, s: int) -> None:
         """A use of segment ``s`` now, after every earlier one (its own clock
         tick: touching blocks one by one orders them exactly)."""
-        self.last_use[s] = self._tick()
-        if self.eviction == "lru" and self.state[s] == SEALED:
-            self._push_victim(s)
+        self._clock += 1
+        self.last_use[s] = self._clock
 
     def pin(self, segments: Any, delta: int = 1) -> None:
         segs = np.asarray(segments, dtype=np.int64)

@@ -228,6 +228,20 @@ class Index:
                 pos += 1
         self._max_probe = max(self._max_probe, probes)
 
+    def _homes_after(self, live: int) -> int:
+        """Home buckets for a rebuild that must hold ``live`` rows.
+
+        The rows' size, as a rule; twice that when ``live`` rows alone
+        would fill the table to within 1/9 of half: an index whose live rows
+        fill its row array exactly (a store whose every segment holds a
+        block) would otherwise rebuild the table on every put after a delete,
+        since one tombstone crosses the bound. Never smaller than now.
+        """
+        homes = max(int(self._homes), _homes_for(self.e.shape[0]))
+        if 2 * (live + live // 8) > homes + _TAIL:
+            homes = max(homes, _homes_for(2 * self.e.shape[0]))
+        return homes
+
     def _set_table(self, homes: int) -> None:
         self._homes = np.uint64(homes)
         self._b = np.full(homes + _TAIL, _EMPTY, dtype=np.uint32)
@@ -253,19 +267,22 @@ class Index:
         segment: Any,
         device: Any = 0,
         state: int = PENDING,
+        known_absent: bool = False,
     ) -> np.ndarray[Any, Any]:
         """Adds the keys that are absent; returns their rows (-1: already present).
 
         A key repeated within the batch is added once (its later copies are
         -1). The per-key fields are scalars or arrays of the batch's length.
+        ``known_absent``: the caller knows the keys are distinct and none is
+        in the index (it just looked), so neither is checked again.
         """
         hi, lo = _words(keys)
         n = hi.shape[0]
         rows_out = np.full(n, -1, dtype=np.int64)
         if n == 0:
             return rows_out
-        absent = self._find(hi, lo)[0] < 0
-        if n > 1:  # the first of equal keys in the batch wins
+        absent = np.ones(n, dtype=bool) if known_absent else self._find(hi, lo)[0] < 0
+        if n > 1 and not known_absent:  # the first of equal keys in the batch wins
             pair = np.stack([hi, lo], axis=1)
             _, first = np.unique(pair, axis=0, return_index=True)
             once = np.zeros(n, dtype=bool)
@@ -276,7 +293,7 @@ class Index:
             return rows_out
         rows = self._take_rows(int(new.size))
         if 2 * (self._n + self._tomb + new.size) > self._b.shape[0]:
-            self._rebuild(_homes_for(self.e.shape[0]))
+            self._rebuild(self._homes_after(self._n + int(new.size)))
         e = self.e
         e["hi"][rows] = hi[new]
         e["lo"][rows] = lo[new]

@@ -208,9 +208,13 @@ class Lookup:
         if len(dsts) < n:
             raise InvalidArgument(None, f"load: {len(dsts)} destination buffers for {n} hits")
         outs = []
+        seen: dict[int, np.ndarray[Any, Any]] = {}  # one buffer given for several hits
+        lens = self._ents["length"].tolist()
         for j in range(n):
-            d = as_dst(dsts[j], f"destination {j}")
-            need = int(self._ents["length"][j])
+            d = seen.get(id(dsts[j]))
+            if d is None:
+                d = seen[id(dsts[j])] = as_dst(dsts[j], f"destination {j}")
+            need = lens[j]
             if d.size < need:
                 raise InvalidArgument(
                     None, f"destination {j}: {d.size} bytes, the block has {need}"

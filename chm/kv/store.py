@@ -458,8 +458,12 @@ class Store:
         cand = self._seg_rows.pop(segment, None)
         if not cand:
             return np.zeros(0, dtype=np.int64)
-        r = np.unique(np.asarray(cand, dtype=np.int64))
         e = self._index.e
+        if len(cand) == 1:  # one block a segment: no array work
+            r0 = cand[0]
+            live = e["state"][r0] != FREE and e["segment"][r0] == segment
+            return np.asarray([r0] if live else [], dtype=np.int64)
+        r = np.unique(np.asarray(cand, dtype=np.int64))
         out: np.ndarray[Any, Any] = r[(e["state"][r] != FREE) & (e["segment"][r] == segment)]
         return out
 
@@ -499,14 +503,19 @@ class Store:
             return self._prefix_rows(ks).size
 
     def _prefix_rows(self, ks: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """Rows of the leading hits, asking the index 32 keys at a time."""
+        """Rows of the leading hits: the index is asked about 32 keys, then
+        about all the rest at once (a long prefix costs two batched index
+        calls, one that misses early no more than 32 keys' worth)."""
         parts = []
-        for i in range(0, ks.size, LOOKUP_BATCH):
-            rows = self._index.find(ks[i : i + LOOKUP_BATCH])
+        i, step = 0, LOOKUP_BATCH
+        while i < ks.size:
+            rows = self._index.find(ks[i : i + step])
             n = prefix_hits(rows >= 0)
             parts.append(rows[:n])
             if n < rows.size:
                 break
+            i += step
+            step = ks.size
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def lookup(self, keys: Any, request: object = None) -> Lookup:
@@ -540,6 +549,35 @@ class Store:
         n = prefix_hits(np.asarray(ok, dtype=bool)) if ok else 0
         self._count("gets_miss", ks.size - n)
         return n
+
+    def lookup_load(
+        self,
+        keys: Any,
+        dsts: Sequence[Any],
+        timeout: float | None = None,
+        request: object = None,
+        *,
+        skip: int = 0,
+    ) -> tuple[int, int]:
+        """A prefix lookup and the load of its hits in one pass over the
+        index: ``(prefix length, blocks loaded)``.
+
+        The first ``skip`` leading hits are not loaded (the caller holds
+        them: a host buffer of a shared prompt); the rest load into
+        ``dsts`` (one buffer per hit after the skipped ones) in order, and
+        stop as :meth:`load_prefix` does.
+        """
+        self._check_open("lookup_load")
+        if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+            raise InvalidArgument(None, f"lookup_load: skip={skip!r}: expected an int >= 0")
+        ks = self._keys(keys)
+        with self._lock:
+            rows = self._prefix_rows(ks)
+            lk = Lookup(self, rows[skip:], request)
+        ok = lk.load(dsts, timeout, prefix=True)
+        n = prefix_hits(np.asarray(ok, dtype=bool)) if ok else 0
+        self._count("gets_miss", int(rows[skip:].size) - n)
+        return int(rows.size), n
 
     def get(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> list[bool]:
         """Copies each key's block into its destination; per key whether it was loaded.
@@ -743,6 +781,13 @@ class Store:
         segs_l = e["segment"][np.maximum(rows0, 0)].tolist()
         his, los = ks["hi"].tolist(), ks["lo"].tolist()
         write = self.device.write_length  # type: ignore[attr-defined]
+        touch_one = alloc.touch_one
+        stored, exists, skipped, error = (
+            PutStatus.STORED,
+            PutStatus.EXISTS,
+            PutStatus.SKIPPED,
+            PutStatus.ERROR,
+        )
         evicted: set[int] = set()  # index rows reclaimed during the batch
         drop: list[np.ndarray[Any, Any]] = []
         reclaims: list[tuple[int, int]] = []  # (segment, epoch): RECLAIM records
@@ -754,17 +799,17 @@ class Store:
         try:
             for j, n in enumerate(lens):
                 r = rows_l[j]
-                if r >= 0 and r not in evicted:
+                if r >= 0 and (not evicted or r not in evicted):
                     if touch:
-                        alloc.touch_one(segs_l[j])
-                    out.append(PutStatus.EXISTS)
+                        touch_one(segs_l[j])
+                    out.append(exists)
                     continue
                 k = (his[j], los[j])
                 p = new_at.get(k)
                 if p is not None and p not in gone:
                     if touch:
-                        alloc.touch_one(new[p][2])
-                    out.append(PutStatus.EXISTS)
+                        touch_one(new[p][2])
+                    out.append(exists)
                     continue
                 got = alloc.alloc(n)
                 while got is None:
@@ -781,28 +826,31 @@ class Store:
                     self._counts["evicted_blocks"] += int(rs.size) + len(mine)
                     got = alloc.alloc(n)
                 if got is None:
-                    out.append(PutStatus.SKIPPED)
+                    out.append(skipped)
                     continue
                 seg, addr = got
                 try:
                     admitted = write(addr, -(-n // 512) * 512)
                 except ChmError:
                     alloc.unalloc(seg, addr, n)
-                    out.append(PutStatus.ERROR)
+                    out.append(error)
                     continue
                 if not admitted:
                     alloc.unalloc(seg, addr, n)
-                    out.append(PutStatus.SKIPPED)
+                    out.append(skipped)
                     continue
                 new_at[k] = len(new)
                 in_seg.setdefault(seg, []).append(len(new))
                 new.append((j, addr, seg, n, self._epoch))
                 self._epoch += 1
-                out.append(PutStatus.STORED)
+                out.append(stored)
         finally:
             self._apply_batch(ks, drop, reclaims, [b for i, b in enumerate(new) if i not in gone])
-            for st in out:
-                self._counts[f"puts_{st.name.lower()}"] += 1
+            c = self._counts
+            c["puts_stored"] += out.count(stored)
+            c["puts_exists"] += out.count(exists)
+            c["puts_skipped"] += out.count(skipped)
+            c["puts_error"] += out.count(error)
         return out
 
     def _apply_batch(
@@ -838,6 +886,7 @@ class Store:
             segment=cols[:, 2],
             device=self.device_id,
             state=PENDING,
+            known_absent=True,  # _put_batch found them absent, or dropped them first
         )
         for r, sg, ep in zip(put.tolist(), cols[:, 2].tolist(), cols[:, 4].tolist(), strict=True):
             self._pending[r] = ep

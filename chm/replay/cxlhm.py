@@ -12,7 +12,8 @@ serving engine uses: its index, allocator, prefix lookup, load path and
 journal), with one block per segment, so that its eviction is exact block
 LRU over ``tier_bytes // stride`` block places. Per request the G1 prefix is
 found first, then the store's prefix from there on (``Store.prefix_len``);
-the tier hits are loaded through the store (``Store.load_prefix``: in
+the tier hits are loaded through the store (``Store.lookup_load``, one
+pass over its index for both: in
 prefetch mode through its sliding window of ``w_max`` blocks, in lru mode by
 direct reads through the device's cache) and timed on the device's clock
 (``clock_ns()``, in real time too; wall time for a device without one), then
@@ -311,19 +312,23 @@ class CxlhmReplay:
 
     # ---- loads
 
-    def _load(self, keys: np.ndarray[Any, Any], r: Request) -> None:
-        """The tier hits ``keys`` through the store's load path, in order."""
+    def _lookup_load(self, keys: np.ndarray[Any, Any], skip: int, r: Request) -> tuple[int, int]:
+        """The store's prefix of ``keys`` and the load of its hits after the
+        first ``skip`` (held by the host buffer): (prefix, blocks loaded)."""
         tier, dst = self._tier, self._dst
         assert tier is not None and dst is not None
         n = int(keys.size)
-        got = tier.load_prefix(keys, [dst] * n, timeout=self.wait_timeout_s * n)
-        if got != n:
+        # in virtual time a wait never blocks: no deadline to keep
+        timeout = None if self._virtual else self.wait_timeout_s * max(1, n - skip)
+        p2, got = tier.lookup_load(keys, [dst] * max(0, n - skip), timeout, skip=skip)
+        if got != max(0, p2 - skip):
             st = tier.stats()
             raise RuntimeError(
-                f"request {r.index}: the store loaded {got} of its {n} tier hits "
+                f"request {r.index}: the store loaded {got} of its {p2 - skip} tier hits "
                 f"(timeouts {st.timeouts}, read errors {st.io_errors}, "
                 f"checksum errors {st.checksum_errors})"
             )
+        return p2, got
 
     def _save(self, keys: np.ndarray[Any, Any]) -> tuple[int, int]:
         """Every block of the request into the store: (writes offered, skipped)."""
@@ -353,15 +358,14 @@ class CxlhmReplay:
         ks = tier.namespace.keys(keys)
         gpu = self._g1[w] if self._g1 else None
         p1 = gpu.prefix_len(keys) if gpu is not None else 0
-        p2 = tier.prefix_len(ks[p1:])
-        # blocks of the pinned prefix already in the host buffer: no load
-        host = self.pinned.held(keys, p1, p2)
-        n_load = p2 - host
+        # the leading blocks the host buffer holds are not loaded (but are
+        # tier hits only as far as the tier's prefix goes)
+        held = self.pinned.held(keys, p1, len(keys) - p1)
         before = self.dev.stats()
         t0 = self._now_s()
-        if n_load:
-            self._load(ks[p1 + host : p1 + p2], r)
+        p2, n_load = self._lookup_load(ks[p1:], held, r)
         t1 = self._now_s()
+        host = min(held, p2)
         mid = self.dev.stats()
         cached = (p1 + p2) * r.block_tokens
         compute_s = self.prefill.compute_s(r.input_tokens - cached, cached)

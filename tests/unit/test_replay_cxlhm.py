@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,6 +58,42 @@ def test_lru_mode_serves_recent_writes_from_dram() -> None:
         res = replay_cxlhm([_req(0, "ab"), _req(1, "ab", 1)], rp)
     # the two written blocks fit the 64 MiB cache: the reload is all DRAM
     assert res[1].dram_bytes == 2 * MiB and res[1].ssd_bytes == 0
+
+
+@pytest.mark.parametrize("system,mode", [("cxlhm-lru", "lru"), ("cxlhm-prefetch", "prefetch")])
+def test_the_tier_is_a_store_with_block_lru_in_key_order(system: str, mode: str) -> None:
+    # A tier of 3 blocks (tier_bytes), no G1. "ab", "c": a b c. "a" hits a
+    # (order b c a). "d" evicts b (c a d). "ab" hits a, writes b evicting c
+    # (d a b). "cd": c's put evicts d, which the request then writes again,
+    # evicting a (b c d): the store takes a request's blocks in key order, as
+    # an LRU accessed in order does. (The tier before the store touched the
+    # request's blocks it held first, so "cd" wrote only c.) "d" hits.
+    reqs = [_req(i, k, i) for i, k in enumerate(["ab", "c", "a", "d", "ab", "cd", "d"])]
+    with _dev(mode) as dev:
+        rp = CxlhmReplay(
+            dev, system, PREFILL, gpu_cache=False, device_block_bytes=MiB, tier_bytes=3 * MiB
+        )
+        res = replay_cxlhm(reqs, rp)
+        tier = rp._tier
+        assert tier is not None and tier.closed
+        st = tier.stats()
+    assert [r.result.tier_hit_blocks for r in res] == [0, 0, 1, 0, 1, 0, 1]
+    assert [r.writes_offered for r in res] == [2, 1, 0, 1, 1, 2, 0]
+    assert st.segments == 3 and st.evicted_blocks == 4 and st.entries == 3
+    # eq. 2 counts model blocks: 128 MiB // 16 MiB = 8 device blocks of 1 MiB
+    assert tier.window_bytes == 8 * MiB
+    assert not Path(tier.stats().journal_path).parent.exists()  # the journal went with it
+    with pytest.raises(ValueError, match="closed"):
+        rp.step(_req(9, "a"))
+
+
+def test_a_tier_smaller_than_two_blocks_is_an_error() -> None:
+    with _dev("prefetch") as dev:
+        rp = CxlhmReplay(
+            dev, "cxlhm-prefetch", PREFILL, gpu_cache=False, device_block_bytes=MiB, tier_bytes=MiB
+        )
+        with pytest.raises(ValueError, match="fewer than 2 blocks"):
+            rp.step(_req(0, "a"))
 
 
 def test_wrong_mode_and_block_size_are_errors() -> None:
