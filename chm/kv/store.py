@@ -453,16 +453,24 @@ class Store:
         self._alloc.dropped(e["segment"][rows], e["length"][rows])
         self._index.delete_rows(rows)
 
+    def _segment_row_list(self, segment: int) -> list[int]:
+        """:meth:`_segment_rows` as a list (one block a segment: no array work)."""
+        cand = self._seg_rows.get(segment)
+        if cand is not None and len(cand) == 1:
+            del self._seg_rows[segment]
+            r0 = cand[0]
+            e = self._index.e
+            live = e["state"][r0] != FREE and e["segment"][r0] == segment
+            return [r0] if live else []
+        rows: list[int] = self._segment_rows(segment).tolist()
+        return rows
+
     def _segment_rows(self, segment: int) -> np.ndarray[Any, Any]:
         """The index rows of the blocks in ``segment`` (forgets the list)."""
         cand = self._seg_rows.pop(segment, None)
         if not cand:
             return np.zeros(0, dtype=np.int64)
         e = self._index.e
-        if len(cand) == 1:  # one block a segment: no array work
-            r0 = cand[0]
-            live = e["state"][r0] != FREE and e["segment"][r0] == segment
-            return np.asarray([r0] if live else [], dtype=np.int64)
         r = np.unique(np.asarray(cand, dtype=np.int64))
         out: np.ndarray[Any, Any] = r[(e["state"][r] != FREE) & (e["segment"][r] == segment)]
         return out
@@ -789,7 +797,7 @@ class Store:
             PutStatus.ERROR,
         )
         evicted: set[int] = set()  # index rows reclaimed during the batch
-        drop: list[np.ndarray[Any, Any]] = []
+        drop: list[int] = []
         reclaims: list[tuple[int, int]] = []  # (segment, epoch): RECLAIM records
         new_at: dict[tuple[int, int], int] = {}  # key -> its position in the new blocks
         new: list[tuple[int, int, int, int, int]] = []  # (j, addr, segment, length, epoch)
@@ -816,14 +824,14 @@ class Store:
                     v = alloc.victim()
                     if v is None:
                         break
-                    rs = self._segment_rows(v)
-                    evicted.update(rs.tolist())
-                    drop.append(rs)
+                    rs = self._segment_row_list(v)
+                    evicted.update(rs)
+                    drop.extend(rs)
                     mine = in_seg.pop(v, [])
                     gone.update(mine)
                     reclaims.append((v, self._epoch))
                     alloc.reuse(v)
-                    self._counts["evicted_blocks"] += int(rs.size) + len(mine)
+                    self._counts["evicted_blocks"] += len(rs) + len(mine)
                     got = alloc.alloc(n)
                 if got is None:
                     out.append(skipped)
@@ -856,7 +864,7 @@ class Store:
     def _apply_batch(
         self,
         ks: np.ndarray[Any, Any],
-        drop: list[np.ndarray[Any, Any]],
+        drop: list[int],
         reclaims: list[tuple[int, int]],
         new: list[tuple[int, int, int, int, int]],
     ) -> None:
@@ -868,12 +876,11 @@ class Store:
             recs["segment"] = [sg for sg, _ in reclaims]
             recs["epoch"] = [ep for _, ep in reclaims]
             self._journal.append(recs)
-        rows = np.concatenate(drop) if drop else np.zeros(0, dtype=np.int64)
-        if rows.size:
-            for r in rows.tolist():
+        if drop:
+            for r in drop:
                 self._pending.pop(r, None)
                 self._meta.pop(r, None)
-            self._index.delete_rows(rows)
+            self._index.delete_rows(np.asarray(drop, dtype=np.int64))
         if not new:
             return
         cols = np.asarray(new, dtype=np.int64)

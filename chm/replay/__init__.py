@@ -8,8 +8,9 @@ paper's Table 1. Every parameter prints and overrides by name
 (:mod:`~chm.replay.params`).
 
 The CXL-HM systems run on a device (import them explicitly, they need the C
-core): :mod:`~chm.replay.cxlhm` (lru mode and prefetch mode through
-``chm.kv``'s prefetch windows), :mod:`~chm.replay.cxlhm_run` (ghost devices in
+core): :mod:`~chm.replay.cxlhm` (lru mode and prefetch mode, the tier a
+:class:`chm.kv.Store` on the device: its prefix lookup, load path, puts and
+eviction), :mod:`~chm.replay.cxlhm_run` (ghost devices in
 virtual time, write-buffer sweeps) and :mod:`~chm.replay.demo` (the
 real-time ``chm-emu demo``).
 """

@@ -3,8 +3,9 @@
 
 Llama-3.1-8B (16 MiB blocks), 32 users x 8 turns of synthetic chat, a 2 TB
 CXL-HM device with 64 GB of DRAM in virtual time on the ghost backend (lru
-mode and prefetch mode), against the baselines of chm.replay.baselines with
-the paper's budgets. --scale divides the device's sizes and block size (see
+mode and prefetch mode; the tier is a chm.kv.Store on the device, see
+chm.replay.cxlhm), against the baselines of chm.replay.baselines with the
+paper's budgets. --scale divides the device's sizes and block size (see
 chm.replay.cxlhm_run; 1, the default, is the paper's sizes: a ghost device
 holds no data, so that needs no more host memory than a scaled run).
 Prints the per-turn hit rate per system and the prefetch/lru load-bandwidth
