@@ -1,9 +1,9 @@
 """The index (the paper's Master): key -> <device, addr, len, checksum, epoch>.
 
 Entries live in one numpy structured array (``ENTRY_DTYPE``, 56 bytes a row)
-and an open-addressing hash table of 32-bit buckets (linear probing, its live
-entries kept at most half of it, so at most 8 bytes a row; a put rebuilds it
-when tombstones of deleted ones take it past 5/8): at most 64 bytes per entry, which
+and an open-addressing hash table of 32-bit buckets (linear probing, kept at
+most half full, so at most 8 bytes a row; 16 when live entries fill the row
+array exactly, see ``_homes_after``): at most 64 bytes per entry, which
 is the paper's eq. 1 (10 TB of 16 MB blocks ~ 6.5e5 entries ~ 40 MB).
 
 A bucket holds a row number (25 bits, so at most ``MAX_ROWS`` = 2**25
@@ -244,6 +244,22 @@ class Index:
                 pos += 1
         self._max_probe = max(self._max_probe, probes)
 
+    def _homes_after(self, live: int) -> int:
+        """Home buckets for a rebuild that must hold ``live`` rows.
+
+        The rows' size, as a rule; twice that when ``live`` rows alone
+        would fill the table to within 1/9 of half. An index whose live
+        rows fill its row array exactly (a store whose every segment holds
+        a block, in steady state) would otherwise rebuild the table on
+        every put that follows a delete, since one tombstone crosses the
+        bound; its table then costs 16 bytes a row, not 8, and probes stay
+        short. Never smaller than now.
+        """
+        homes = max(int(self._homes), _homes_for(self.e.shape[0]))
+        if 2 * (live + live // 8) > homes + _TAIL:
+            homes = max(homes, _homes_for(2 * self.e.shape[0]))
+        return homes
+
     def _set_table(self, homes: int) -> None:
         self._homes = np.uint64(homes)
         self._b = np.full(homes + _TAIL, _EMPTY, dtype=np.uint32)
@@ -294,14 +310,8 @@ class Index:
         if new.size == 0:
             return rows_out
         rows = self._take_rows(int(new.size))
-        nb, live = self._b.shape[0], self._n + int(new.size)
-        # live rows at most half the buckets (the row array grew if they
-        # would not fit); with tombstones at most 5/8, so that an index
-        # whose live rows fill it exactly (a store whose every segment
-        # holds a block) rebuilds after a quarter of its rows were
-        # replaced, not on every put that follows a delete
-        if 2 * live > nb or 8 * (live + self._tomb) > 5 * nb:
-            self._rebuild(max(int(self._homes), _homes_for(self.e.shape[0])))
+        if 2 * (self._n + self._tomb + new.size) > self._b.shape[0]:
+            self._rebuild(self._homes_after(self._n + int(new.size)))
         e = self.e
         e["hi"][rows] = hi[new]
         e["lo"][rows] = lo[new]

@@ -378,6 +378,9 @@ class Store:
         # segment -> index rows put into it since it was last reused (lazy:
         # a row dropped meanwhile is still listed; _segment_rows checks them)
         self._seg_rows: dict[int, list[int]] = {}
+        # segments whose current blocks may have PUT records in the journal:
+        # only their reclaim needs a RECLAIM record (a superset is safe)
+        self._journaled: set[int] = set(puts["segment"].tolist())
         for r, sg in zip(rows.tolist(), puts["segment"].tolist(), strict=True):
             if r >= 0:
                 self._seg_rows.setdefault(int(sg), []).append(r)
@@ -482,6 +485,7 @@ class Store:
         rec["segment"] = segment
         rec["epoch"] = self._epoch
         self._journal.append(rec)
+        self._journaled.discard(segment)
         self._drop_rows(rows, journal=False)
         self._alloc.reuse(segment)
         self._counts["evicted_blocks"] += int(rows.size)
@@ -870,7 +874,11 @@ class Store:
     ) -> None:
         """The index and journal updates of one _put_batch (lock held). The
         dropped rows' segments were reused already (their live bytes are 0)."""
+        # a segment none of whose blocks was journaled needs no RECLAIM
+        # record: replay has no PUT of it to drop
+        reclaims = [(sg, ep) for sg, ep in reclaims if sg in self._journaled]
         if reclaims:
+            self._journaled.difference_update(sg for sg, _ in reclaims)
             recs = np.zeros(len(reclaims), dtype=jn.REC_DTYPE)
             recs["type"] = jn.RECLAIM
             recs["segment"] = [sg for sg, _ in reclaims]
@@ -977,6 +985,7 @@ class Store:
                 for f in ("segment", "hi", "lo", "addr", "checksum", "epoch", "length", "device"):
                     recs[f] = e[f][rows]
                 self._journal.append(jn.records(recs, self._metas_of(rows)))
+                self._journaled.update(recs["segment"].tolist())
                 e["state"][rows] = DURABLE
                 for r in rows.tolist():
                     del self._pending[r]
