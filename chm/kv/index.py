@@ -227,7 +227,7 @@ class Index:
                 pending, pos = pending[keep], pos[keep]
             if 0 < pending.size <= _SCALAR_TAIL:  # the few left: one by one, no array calls
                 base, tomb = probes, int(_TOMB)
-                for v, p0 in zip(pending.tolist(), pos.tolist()):
+                for v, p0 in zip(pending.tolist(), pos.tolist(), strict=True):
                     p = p0
                     while p < nb and int(b_arr[p]) < tomb:
                         p += 1
