@@ -137,6 +137,7 @@ _SAME = (
     "refill_queue",
     "clock",
     "flush_high_water_pct",
+    "time_dilation",
 )
 
 
