@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_clock_advances_wall_over_d(tmp_path: Path) -> None:
         ({"time_dilation": 2, "clock": "virtual"}, "clock=real"),
     ],
 )
-def test_refusals_name_the_option(options: dict[str, object], why: str) -> None:
+def test_refusals_name_the_option(options: dict[str, Any], why: str) -> None:
     cfg = Config(backend="ghost", **options)
     with pytest.raises(InvalidArgument, match="time_dilation") as info:
         cfg.validate()
