@@ -11,11 +11,11 @@ one shared tier on the device: a :class:`chm.kv.Store` (the KV layer a
 serving engine uses: its index, allocator, prefix lookup, load path and
 journal), with one block per segment, so that its eviction is exact block
 LRU over ``tier_bytes // stride`` block places. Per request the G1 prefix is
-found first, then the store's prefix from there on (``Store.prefix_len``);
-the tier hits are loaded through the store (``Store.lookup_load``, one
-pass over its index for both: in
-prefetch mode through its sliding window of ``w_max`` blocks, in lru mode by
-direct reads through the device's cache) and timed on the device's clock
+found first, then the store's prefix from there on, and the tier hits are
+loaded through the store, both in one pass over its index
+(``Store.lookup_load``; in prefetch mode through its sliding window of
+``w_max`` blocks of the model's size, in lru mode by direct reads through
+the device's cache), timed on the device's clock
 (``clock_ns()``, in real time too; wall time for a device without one), then
 every block of the request is saved (``Store.put`` with ``touch``: a block
 the store has counts as used, in key order, and one it lacks is written; a
