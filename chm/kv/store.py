@@ -515,20 +515,11 @@ class Store:
             return self._prefix_rows(ks).size
 
     def _prefix_rows(self, ks: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """Rows of the leading hits: the index is asked about 32 keys, then
-        about all the rest at once (a long prefix costs two batched index
-        calls, one that misses early no more than 32 keys' worth)."""
-        parts = []
-        i, step = 0, LOOKUP_BATCH
-        while i < ks.size:
-            rows = self._index.find(ks[i : i + step])
-            n = prefix_hits(rows >= 0)
-            parts.append(rows[:n])
-            if n < rows.size:
-                break
-            i += step
-            step = ks.size
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        """Rows of the leading hits: one batched index call over every key,
+        cut at the first miss."""
+        rows = self._index.find(ks)
+        out: np.ndarray[Any, Any] = rows[: prefix_hits(rows >= 0)]
+        return out
 
     def lookup(self, keys: Any, request: object = None) -> Lookup:
         """Prefix lookup of at most 32 keys; the hits' prefetches are issued now.
