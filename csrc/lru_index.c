@@ -30,9 +30,9 @@ void chm_lru_index_set(struct chm_lru_index *x, struct lru_line *l, int to)
 	bool dirty_from = from == CHM_LINE_DIRTY || from == CHM_LINE_WRITING_BACK;
 	bool dirty_to = to == CHM_LINE_DIRTY || to == CHM_LINE_WRITING_BACK;
 	if (x->n_valid && valid_from != valid_to)
-		(valid_to ? chm_ctr_add : chm_ctr_sub)(x->n_valid, 1);
+		chm_ctr_add(x->n_valid, valid_to ? 1 : (uint64_t)-1); /* wraps: a subtract */
 	if (x->n_dirty && dirty_from != dirty_to)
-		(dirty_to ? chm_ctr_add : chm_ctr_sub)(x->n_dirty, 1);
+		chm_ctr_add(x->n_dirty, dirty_to ? 1 : (uint64_t)-1);
 }
 
 /* ---- hash table ---- */
@@ -59,22 +59,29 @@ struct lru_line *chm_lru_index_lookup(struct chm_lru_index *x, uint64_t addr)
 	return NULL;
 }
 
+/* Chains are doubly linked, so that removing a line (every eviction) does
+ * not walk its chain. */
 static void hash_insert(struct chm_lru_index *x, struct lru_line *l)
 {
 	uint32_t *h = &x->htab[hslot(x, l->addr)];
+	uint32_t me = chm_lru_index_of(x, l) + 1;
 	l->hnext = *h;
-	*h = chm_lru_index_of(x, l) + 1;
+	l->hprev = 0;
+	if (*h)
+		x->lines[*h - 1].hprev = me;
+	*h = me;
 	l->hashed = true;
 }
 
 static void hash_remove(struct chm_lru_index *x, struct lru_line *l)
 {
-	uint32_t *p = &x->htab[hslot(x, l->addr)];
-	uint32_t me = chm_lru_index_of(x, l) + 1;
-	while (*p != me)
-		p = &x->lines[*p - 1].hnext;
-	*p = l->hnext;
-	l->hnext = 0;
+	if (l->hprev)
+		x->lines[l->hprev - 1].hnext = l->hnext;
+	else
+		x->htab[hslot(x, l->addr)] = l->hnext;
+	if (l->hnext)
+		x->lines[l->hnext - 1].hprev = l->hprev;
+	l->hnext = l->hprev = 0;
 	l->hashed = false;
 }
 

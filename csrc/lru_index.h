@@ -13,7 +13,7 @@ struct lru_line {
 	int state;     /* enum chm_line_state */
 	bool busy;     /* being filled or evicted: others wait (lru.c's) */
 	bool hashed;
-	uint32_t hnext;        /* hash chain (index+1, 0 = end) */
+	uint32_t hnext, hprev; /* hash chain (index+1; 0 = end, or the bucket) */
 	uint32_t prev, next;   /* recency list, or free stack (next only) */
 	uint32_t dprev, dnext; /* unclean FIFO */
 };
