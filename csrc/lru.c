@@ -231,6 +231,8 @@ struct access {
 	/* line counters of the batch being planned, added to dev->st in one
 	 * go (plan_counts) before the lock is dropped */
 	uint64_t hits, misses, refills, dirty_evictions;
+	/* and the bytes settle() moved, published once per batch */
+	uint64_t read_bytes, writeback_bytes;
 };
 
 /* Publishes the line counters plan_batch gathered. Lock held. */
@@ -389,7 +391,7 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 	bool write = a->write;
 
 	if (f->fetch && !f->rd_err)
-		chm_ctr_add(&dev->st.bytes_read_ssd, f->len);
+		a->read_bytes += f->len;
 	if (f->dirty_victim) {
 		pending_remove(c, f);
 		v->busy = false;
@@ -407,8 +409,7 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 		}
 		chm_lru_index_set(&c->ix, v, CHM_LINE_CLEAN);
 		chm_lru_index_fifo_remove(&c->ix, v);
-		chm_ctr_add(&dev->st.lru_writeback_bytes, f->old_len);
-		chm_ctr_add(&dev->st.bytes_written_ssd, f->old_len);
+		a->writeback_bytes += f->old_len;
 		chm_lru_index_evict(&c->ix, v);
 		if (f->fetch && f->rd_err) {
 			chm_lru_index_free_push(&c->ix, v);
@@ -488,6 +489,7 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 		a->done_max = done;
 	if (!(a->hint && dev->cfg.clock == CHM_CLOCK_VIRTUAL))
 		chm_pace(dev, done);
+	a->read_bytes = a->writeback_bytes = 0;
 	for (unsigned i = 0; i < n; i++) {
 		struct lru_fill *f = &a->fills[i];
 		int r = settle(dev, a, f);
@@ -497,6 +499,12 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 		} else if (r < 0 && !err) {
 			err = r;
 		}
+	}
+	if (a->read_bytes)
+		chm_ctr_add(&dev->st.bytes_read_ssd, a->read_bytes);
+	if (a->writeback_bytes) {
+		chm_ctr_add(&dev->st.lru_writeback_bytes, a->writeback_bytes);
+		chm_ctr_add(&dev->st.bytes_written_ssd, a->writeback_bytes);
 	}
 	pthread_cond_broadcast(&dev->cond);
 	return err ? err : again;
@@ -713,6 +721,7 @@ static unsigned wb_run(struct chm_lru *c, unsigned n, unsigned nios, uint64_t do
 {
 	struct chm_dev *dev = c->dev;
 	unsigned failed = 0;
+	uint64_t written = 0;
 	int sync_err;
 
 	pthread_mutex_unlock(&dev->lock);
@@ -734,8 +743,11 @@ static unsigned wb_run(struct chm_lru *c, unsigned n, unsigned nios, uint64_t do
 		}
 		chm_lru_index_set(&c->ix, l, CHM_LINE_CLEAN);
 		chm_lru_index_fifo_remove(&c->ix, l);
-		chm_ctr_add(&dev->st.lru_writeback_bytes, len);
-		chm_ctr_add(&dev->st.bytes_written_ssd, len);
+		written += len;
+	}
+	if (written) {
+		chm_ctr_add(&dev->st.lru_writeback_bytes, written);
+		chm_ctr_add(&dev->st.bytes_written_ssd, written);
 	}
 	pthread_cond_broadcast(&dev->cond);
 	return failed;

@@ -173,37 +173,26 @@ static bool chan_before(const uint64_t *free_ns, unsigned a, unsigned b)
 	return free_ns[a] < free_ns[b] || (free_ns[a] == free_ns[b] && a < b);
 }
 
-/* Restores the heap order below heap[i] (the channels, earliest first). */
-static void chan_sift(const uint64_t *free_ns, uint8_t *heap, unsigned n, unsigned i)
+/* Slot j after slot h of a ring of c slots (h, j < c). */
+static inline unsigned ring_at(unsigned h, unsigned j, unsigned c)
 {
-	for (;;) {
-		unsigned l = 2 * i + 1, m = i;
-		if (l < n && chan_before(free_ns, heap[l], heap[m]))
-			m = l;
-		if (l + 1 < n && chan_before(free_ns, heap[l + 1], heap[m]))
-			m = l + 1;
-		if (m == i)
-			return;
-		uint8_t t = heap[i];
-		heap[i] = heap[m];
-		heap[m] = t;
-		i = m;
-	}
+	return h + j >= c ? h + j - c : h + j;
 }
 
 /*
  * n transfers at one now, as n ssd_locked() calls: each takes the channel
- * that frees earliest (lowest-numbered on a tie). The channels sit in a
- * binary heap in that order, so a pick costs log C compares instead of a
- * scan of C; a transfer only moves its channel later, so the root only
- * sifts down. Same channel, same times, call for call.
+ * that frees earliest (lowest-numbered on a tie). The channels are kept in
+ * that order in a ring, earliest first: a pick takes the head, and the
+ * channel, now busy until later, goes back in order, which for equal
+ * transfers is nearly always the tail, so a pick costs O(1) instead of a
+ * scan of C. Same channel, same times, call for call.
  */
 uint64_t chm_timing_ssd_ios(struct chm_timing_state *ts, uint64_t now_ns, struct chm_io *ios,
                             unsigned n)
 {
-	uint64_t done = now_ns;
-	uint8_t heap[MAX_CHANNELS];
-	unsigned c;
+	uint64_t done = now_ns, *f = ts->chan_free_ns;
+	uint8_t ring[MAX_CHANNELS];
+	unsigned c, head = 0;
 
 	if (!ts->enabled) {
 		for (unsigned i = 0; i < n; i++)
@@ -212,10 +201,21 @@ uint64_t chm_timing_ssd_ios(struct chm_timing_state *ts, uint64_t now_ns, struct
 	}
 	pthread_mutex_lock(&ts->lock);
 	c = channels(ts);
-	for (unsigned i = 0; i < c; i++)
-		heap[i] = (uint8_t)i;
-	for (unsigned i = c / 2; i-- > 0;)
-		chan_sift(ts->chan_free_ns, heap, c, i);
+	if (n < 8) { /* too few to pay for the sort */
+		for (unsigned i = 0; i < n; i++) {
+			ios[i].model_done_ns =
+			        ssd_locked(ts, ios[i].op == CHM_IO_WRITE, now_ns, ios[i].len);
+			done = max_u64(done, ios[i].model_done_ns);
+		}
+		pthread_mutex_unlock(&ts->lock);
+		return done;
+	}
+	for (unsigned i = 0; i < c; i++) { /* insertion sort, earliest first */
+		unsigned j = i;
+		for (; j > 0 && chan_before(f, (unsigned)i, ring[j - 1]); j--)
+			ring[j] = ring[j - 1];
+		ring[j] = (uint8_t)i;
+	}
 	/* the transfer times of the last (op, len) seen: a batch is mostly
 	 * lines of one size */
 	int last_write = -1;
@@ -232,11 +232,18 @@ uint64_t chm_timing_ssd_ios(struct chm_timing_state *ts, uint64_t now_ns, struct
 			x_chan = xfer_ns(last_len, c, bw);
 			x_pipe = xfer_ns(last_len, 1, bw);
 		}
-		unsigned ch = heap[0];
-		uint64_t start = max_u64(now_ns, ts->chan_free_ns[ch]);
+		unsigned ch = ring[head];
+		uint64_t start = max_u64(now_ns, f[ch]);
 		uint64_t t_chan = sat_add(sat_add(start, lat), x_chan);
-		ts->chan_free_ns[ch] = t_chan;
-		chan_sift(ts->chan_free_ns, heap, c, 0);
+		f[ch] = t_chan;
+		/* the others follow the new head in order; ch goes back in
+		 * after the last of them it does not come before (the tail,
+		 * the slot it left, unless another channel frees later) */
+		head = ring_at(head, 1, c);
+		unsigned j = c - 1;
+		for (; j > 0 && chan_before(f, ch, ring[ring_at(head, j - 1, c)]); j--)
+			ring[ring_at(head, j, c)] = ring[ring_at(head, j - 1, c)];
+		ring[ring_at(head, j, c)] = (uint8_t)ch;
 		uint64_t t_pipe = sat_add(max_u64(now_ns, *pipe), x_pipe);
 		*pipe = t_pipe;
 		ios[i].model_done_ns = max_u64(t_chan, t_pipe);
