@@ -31,6 +31,7 @@ struct chm_lru_index {
 	uint64_t seq;          /* last dseq handed out */
 	uint64_t *evicted;     /* one bit per line-sized chunk of the address space */
 	uint64_t count[4];     /* lines per state */
+	bool legal[4][4];      /* derived: [from][to] is in chm_line_transitions */
 	/* optional mirrors, kept with relaxed atomics for lock-free readers:
 	 * lines not INVALID, lines DIRTY or WRITING_BACK (NULL: none) */
 	uint64_t *n_valid, *n_dirty;
