@@ -7,8 +7,12 @@
  * raise under dev->lock runs the device's clock hook (the mode's work at
  * simulated times, e.g. the write buffer's flusher). Pacing in real time sleeps until the modeled
  * completion; an emulator can only slow the host down, so a completion the
- * host already missed is counted as late instead (pacing_late). The one
- * ns -> timespec conversion of the core lives here. Calls nothing above it.
+ * host already missed is counted as late instead (pacing_late). With
+ * time_dilation D > 1 (clock=real) the device runs D times slower than
+ * modeled: its clock reads (wall ns since open) / D and a completion at
+ * device time t is slept to wall t0 + t * D, so a host slower than the
+ * modeled device can still keep up. The one ns -> timespec conversion of
+ * the core lives here. Calls nothing above it.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -61,11 +65,26 @@ uint64_t chm_vclock_raise(struct chm_dev *dev, uint64_t t)
 	return cur < t ? t : cur;
 }
 
+uint64_t chm_wall_to_dev_ns(const struct chm_dev *dev, uint64_t wall_ns)
+{
+	uint32_t d = dev->cfg.time_dilation;
+	return d > 1 ? wall_ns / d : wall_ns;
+}
+
+uint64_t chm_dev_to_mono_ns(const struct chm_dev *dev, uint64_t dev_ns)
+{
+	uint32_t d = dev->cfg.time_dilation > 1 ? dev->cfg.time_dilation : 1;
+	/* saturate: a time past the end of the monotonic range is "never" */
+	if (dev_ns > (UINT64_MAX - dev->t0_ns) / d)
+		return UINT64_MAX;
+	return dev->t0_ns + dev_ns * d;
+}
+
 uint64_t chm_now_ns(struct chm_dev *dev)
 {
 	if (dev->cfg.clock == CHM_CLOCK_VIRTUAL)
 		return chm_vclock_now(dev);
-	return chm_mono_ns() - dev->t0_ns;
+	return chm_wall_to_dev_ns(dev, chm_mono_ns() - dev->t0_ns);
 }
 
 void chm_pace(struct chm_dev *dev, uint64_t done_ns)
@@ -85,6 +104,6 @@ void chm_pace(struct chm_dev *dev, uint64_t done_ns)
 		return;
 	}
 	pthread_mutex_unlock(&dev->lock);
-	chm_sleep_until_ns(dev->t0_ns + done_ns);
+	chm_sleep_until_ns(chm_dev_to_mono_ns(dev, done_ns));
 	pthread_mutex_lock(&dev->lock);
 }

@@ -110,6 +110,10 @@ static const struct opt opts[] = {
         {"link_bw_bps", OPT_SIZE, T(link_bw_bps), "0",
          "host link bandwidth, bytes/s (0: unlimited)", NULL},
         {"link_lat_ns", OPT_UINT, T(link_lat_ns), "0", "host link latency per transfer, ns", NULL},
+        {"time_dilation", OPT_UINT, F(time_dilation), "1",
+         "clock=real: run the timing model this many times slower (1..1000000); the device "
+         "clock and every reported time are device time, wall / time_dilation",
+         NULL},
 };
 
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
@@ -541,6 +545,13 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 		return fail(err, errlen,
 		            "clock=virtual needs backend=ghost (no data moves in "
 		            "virtual time)");
+	if (cfg->time_dilation < 1 || cfg->time_dilation > 1000000)
+		return fail(err, errlen, "time_dilation: %u not in 1..1000000", cfg->time_dilation);
+	if (cfg->time_dilation > 1 && cfg->clock == CHM_CLOCK_VIRTUAL)
+		return fail(err, errlen,
+		            "time_dilation: %u needs clock=real (virtual time has no wall clock "
+		            "to dilate)",
+		            cfg->time_dilation);
 	if (cfg->backend != CHM_BACKEND_GHOST &&
 	    (cfg->n_targets < 1 || cfg->n_targets > CHM_MAX_TARGETS))
 		return fail(err, errlen, "targets: need 1..%d backing targets, got %u",

@@ -734,7 +734,7 @@ int chm_staging_wait(struct chm_dev *dev, chm_session sess, chm_handle h, uint64
 				break;
 			}
 			/* staged; the timing model may say it is not there yet */
-			uint64_t ready_mono = dev->t0_ns + s->ready_ns;
+			uint64_t ready_mono = chm_dev_to_mono_ns(dev, s->ready_ns);
 			if (!dev->timing.enabled || chm_mono_ns() >= ready_mono) {
 				slot_set(dev, s, CHM_SLOT_HELD);
 				host_transfer(dev, s, r->len);

@@ -15,7 +15,15 @@ from rich.table import Table
 
 from chm.backend import uring_unavailable
 from chm.errors import ChmError
-from chm.replay.demo import DEMO_SYSTEMS, DemoConfig, demo_turns, run_demo, summary_sentences
+from chm.replay.demo import (
+    DEMO_DILATION,
+    DEMO_SYSTEMS,
+    DemoConfig,
+    demo_turns,
+    pacing_sentence,
+    run_demo,
+    summary_sentences,
+)
 from chm.replay.results import per_turn, write_csv, write_json
 from chm.sizes import format_size
 
@@ -42,24 +50,37 @@ _SHORT = {"local-dram-lru": "local", "cxlhm-lru": "lru", "cxlhm-prefetch": "pf"}
     help="Directory for the JSON, CSV and PNG results [default: chm-demo in the temp directory].",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-def demo(users: int, turns: int, backend: str, out_dir: Path | None, seed: int) -> None:
+@click.option(
+    "--dilation",
+    type=click.IntRange(1, 1_000_000),
+    default=DEMO_DILATION,
+    show_default=True,
+    help="Time dilation of the devices: their timing model runs this many times slower "
+    "than modeled, so this host's disk keeps up; times are reported in device time.",
+)
+def demo(
+    users: int, turns: int, backend: str, out_dir: Path | None, seed: int, dilation: int
+) -> None:
     """Replay a small multi-turn chat through a local DRAM cache and CXL-HM (lru, prefetch).
 
     The CXL-HM devices run in real time on sparse files in a temporary
-    directory, paced to the fpga-cxlhm timing preset, with the same device
-    DRAM; the local DRAM cache holds as much KV as that DRAM. Prints a
-    per-turn table and writes the results (and plots, with matplotlib) to
-    --out. `chm-emu stage-demo` shows the staging window itself.
+    directory, paced to the fpga-cxlhm timing preset time-dilated by
+    --dilation, with the same device DRAM; the local DRAM cache holds as
+    much KV as that DRAM. Prints a per-turn table (device time), whether the
+    host kept up with the dilated devices, and writes the results (and
+    plots, with matplotlib) to --out. `chm-emu stage-demo` shows the staging
+    window itself.
     """
     if out_dir is None:
         out_dir = Path(tempfile.gettempdir()) / "chm-demo"
-    cfg = DemoConfig(users=users, turns=turns, backend=backend, seed=seed)
+    cfg = DemoConfig(users=users, turns=turns, backend=backend, seed=seed, time_dilation=dilation)
     n = len(cfg.workload())
     console.print(
         f"[bold]workload[/] {users} users x {turns} turns ({n} requests), {cfg.model}; "
         f"device blocks {format_size(cfg.device_block_bytes, exact=False)} "
         f"(the model's blocks scaled down), device DRAM "
-        f"{format_size(cfg.dram_bytes, exact=False)}, timing {cfg.timing}"
+        f"{format_size(cfg.dram_bytes, exact=False)}, timing {cfg.timing} dilated "
+        f"x{dilation} (bandwidths and TTFTs in device time)"
     )
     tmp = Path(tempfile.mkdtemp(prefix="chm-demo-"))
     t0 = time.perf_counter()
@@ -67,7 +88,9 @@ def demo(users: int, turns: int, backend: str, out_dir: Path | None, seed: int) 
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("replaying", total=n * len(DEMO_SYSTEMS))
             try:
-                results, skips, used = run_demo(cfg, tmp, progress=lambda k: prog.advance(task, k))
+                results, skips, used, pacing = run_demo(
+                    cfg, tmp, progress=lambda k: prog.advance(task, k)
+                )
             except ChmError as exc:
                 raise click.ClickException(f"could not run the devices in {tmp}: {exc}") from exc
     finally:
@@ -77,7 +100,7 @@ def demo(users: int, turns: int, backend: str, out_dir: Path | None, seed: int) 
         console.print(f"[yellow]io_uring is unavailable here ({refused}); using the pread backend.")
     rows = demo_turns(results, skips)
     table = Table(
-        title=f"per turn (backend {used}, {time.perf_counter() - t0:.1f} s)",
+        title=f"per turn (backend {used}, {time.perf_counter() - t0:.1f} s wall)",
         caption="local: local DRAM cache; lru, pf: CXL-HM in lru and prefetch mode",
     )
     table.add_column("turn", justify="right")
@@ -95,10 +118,16 @@ def demo(users: int, turns: int, backend: str, out_dir: Path | None, seed: int) 
         table.add_row(*cells)
     console.print(table)
     console.print(summary_sentences(rows))
+    kept_up = all(p.kept_up for p in pacing)
+    console.print(pacing_sentence(pacing, dilation), style=None if kept_up else "bold red")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(
         out_dir / "demo.json",
-        {"config": {k: str(v) for k, v in vars(cfg).items()}, "turns": [r.row() for r in rows]},
+        {
+            "config": {k: str(v) for k, v in vars(cfg).items()},
+            "turns": [r.row() for r in rows],
+            "pacing": [p.row() for p in pacing],
+        },
     )
     write_csv(out_dir / "demo_turns.csv", [r.row() for r in rows])
     write_csv(out_dir / "demo_requests.csv", [x.row() for rs in results.values() for x in rs])

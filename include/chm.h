@@ -145,6 +145,9 @@ struct chm_config {
 	uint64_t object_bytes;         /* size of the caller's objects; 0 = not given */
 	uint64_t resident_bytes;       /* prefetch mode: share of dram_bytes kept for
 	                                * resident objects, apart from the window */
+	uint32_t time_dilation;        /* clock=real: 1..1000000; the device runs its
+	                                * timing model this many times slower than
+	                                * modeled (see "the device clock") */
 };
 
 /* Description of one configuration option (see chm_config_option()). */
@@ -225,9 +228,9 @@ struct chm_stats {
 	uint32_t resident_entries_total;
 	uint32_t resident_entries_used; /* RESIDENT, HELD or STALE */
 	/* timing */
-	uint64_t clock_now_ns;   /* device clock (virtual or monotonic) */
+	uint64_t clock_now_ns;   /* device clock (virtual, or monotonic / time_dilation) */
 	uint64_t pacing_late;    /* completions later than the model */
-	uint64_t pacing_late_ns; /* total lateness of the host vs model */
+	uint64_t pacing_late_ns; /* total lateness of the host vs model, device ns */
 	/* what was actually obtained */
 	uint64_t pool_bytes;
 	int32_t pool_kind;
@@ -553,8 +556,23 @@ int chm_stats(chm_dev *dev, struct chm_stats *out);
 
 /* ---- the device clock ---- */
 
+/* Time dilation (clock=real, option time_dilation = D, default 1): a host
+ * whose backing disk is slower than the modeled SSD cannot be paced to the
+ * model (pacing only slows the host down; stats' pacing_late counts the
+ * completions it missed). With D > 1 the device runs its whole timing model
+ * D times slower: the real device clock reads (wall ns since open) / D, and
+ * a completion modeled at device time t is slept to wall t0 + t * D. Every
+ * time the device reports is device time: chm_clock_ns, stats'
+ * clock_now_ns, refill_lat_*, read_wait_flush_ns, pacing_late_ns. So a
+ * bandwidth measured as device bytes / device time is the modeled one, and
+ * pacing_late says whether the host kept up with the dilated device. The
+ * timeouts a caller passes (wait, flush) and CHM_FAULT_SLOW's delay on a
+ * real backend stay host wall time. clock=virtual has no wall clock to
+ * dilate: D > 1 with it is -EINVAL. */
+
 /* Reads the device clock into *now_ns: simulated ns (clock=virtual) or
- * monotonic ns since open (clock=real), as stats' clock_now_ns. Never
+ * monotonic ns since open divided by time_dilation (clock=real), as stats'
+ * clock_now_ns. Never
  * blocks and takes no lock, so it costs a load, not a stats snapshot.
  * Answers after chm_dev_shutdown too. Returns 0 or -EINVAL (NULL). */
 int chm_clock_ns(chm_dev *dev, uint64_t *now_ns);

@@ -122,7 +122,11 @@ _RENAMED = {
     "slot_count": "slots",
     "lru_line_bytes": "lru_line",
     "resident_bytes": "resident",
+    "object_bytes": "object_size",
 }
+# fields of Config.to_dict() that no option sets: derived from the targets
+# (n_targets) or meaningful only to the daemon that opened them (create)
+_DERIVED = ("create", "n_targets")
 _SAME = (
     "capacity",
     "targets",
@@ -137,6 +141,7 @@ _SAME = (
     "refill_queue",
     "clock",
     "flush_high_water_pct",
+    "time_dilation",
 )
 
 
