@@ -54,6 +54,14 @@
  * way every time and its write-back still occupies the SSD channels that
  * reads need.
  *
+ * Host cost per line (what bounds a virtual-time replay): one lookup, where
+ * the slot after the previous line's is tried before the hash table (lines
+ * brought in together sit in consecutive slots), one recency move and one
+ * mapped io. The timing model is charged once per batch
+ * (chm_timing_ssd_ios), the counters are published once per batch, and an
+ * access takes its fill and io arrays from an idle list instead of
+ * allocating them.
+ *
  * Counters: lru_hits / lru_misses count line lookups of reads and writes; a
  * whole-line write that misses allocates without reading the SSD. A miss
  * that reads a line evicted earlier is an LRU-induced refill.

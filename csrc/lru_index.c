@@ -5,6 +5,9 @@
  * address space that were evicted (so a miss on one counts as an
  * LRU-induced refill). Lines are referred to by index+1 (0 = none).
  *
+ * The hash chains are doubly linked and the table has two buckets a line,
+ * so that a miss mostly finds an empty bucket and an eviction walks nothing.
+ *
  * Invariants: a line is hashed iff it is on the recency list iff it names an
  * address; an unhashed line is INVALID and on the free stack; a line is on
  * the unclean FIFO iff it is DIRTY or WRITING_BACK; count[] is the number
