@@ -114,6 +114,11 @@ struct chm_timing_state {
 void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p);
 /* Returns when an SSD transfer of len bytes submitted at now_ns completes. */
 uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len);
+/* Charges n transfers ios[0..n) submitted at now_ns, in array order, as n
+ * chm_timing_ssd() calls under one lock: sets each io's model_done_ns and
+ * returns the latest (now_ns for none). */
+uint64_t chm_timing_ssd_ios(struct chm_timing_state *ts, uint64_t now_ns, struct chm_io *ios,
+                            unsigned n);
 /* Returns when an SSD transfer of a whole object of len bytes, split into
  * pieces of at most piece bytes all submitted at now_ns, completes (the
  * latest piece). The one SSD cost of an object in every mode. */

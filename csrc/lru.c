@@ -54,6 +54,14 @@
  * way every time and its write-back still occupies the SSD channels that
  * reads need.
  *
+ * Host cost per line (what bounds a virtual-time replay): one lookup, where
+ * the slot after the previous line's is tried before the hash table (lines
+ * brought in together sit in consecutive slots), one recency move and one
+ * mapped io. The timing model is charged once per batch
+ * (chm_timing_ssd_ios), the counters are published once per batch, and an
+ * access takes its fill and io arrays from an idle list instead of
+ * allocating them.
+ *
  * Counters: lru_hits / lru_misses count line lookups of reads and writes; a
  * whole-line write that misses allocates without reading the SSD. A miss
  * that reads a line evicted earlier is an LRU-induced refill.
@@ -103,6 +111,15 @@ struct lru_fill {
 	struct lru_fill *pnext; /* pending list */
 };
 
+/* What one access needs per batch, sized for a full batch and kept for the
+ * next access when it is done, so that an access allocates nothing. */
+struct lru_scratch {
+	struct lru_fill *fills;
+	struct chm_io *ios;
+	struct chm_io **ptrs;
+	struct lru_scratch *next; /* idle list */
+};
+
 /* The byte range of an access in progress or waiting to start (L7). */
 struct lru_range {
 	uint64_t a, b; /* [a, b) */
@@ -117,7 +134,8 @@ struct chm_lru {
 	char *base;                      /* line i at base + i * ix.line */
 	struct lru_fill *pending;
 	unsigned ios_per_line;
-	unsigned batch_lines; /* derived: lines per fill batch */
+	unsigned batch_lines;        /* derived: lines per fill batch */
+	struct lru_scratch *scratch; /* idle scratch sets, for the next access */
 
 	uint64_t wb_errors; /* failed write-backs (lines) */
 
@@ -188,20 +206,15 @@ static int ios_err(const struct chm_io *ios, unsigned i0, unsigned n)
 	return 0;
 }
 
-/* Maps one transfer of a line into ios[k..] and charges the timing model.
- * Lock held. Returns the number of ios. */
+/* Maps one transfer of a line into ios[k..]. The caller charges the timing
+ * model for a whole batch at once (chm_timing_ssd_ios, in ios order).
+ * Returns the number of ios. */
 static unsigned map_line(struct chm_dev *dev, int op, uint64_t addr, uint64_t len, char *buf,
-                         struct chm_io *ios, uint64_t now, uint64_t *done)
+                         struct chm_io *ios)
 {
 	struct chm_lru *c = dev->lru;
 	/* ios_per_line is chm_map_max_ios() of a whole line: cannot overflow */
 	int n = chm_map_ios(dev, op, addr, len, buf, ios, c->ios_per_line);
-	for (int i = 0; i < n; i++) {
-		ios[i].model_done_ns =
-		        chm_timing_ssd(&dev->timing, op == CHM_IO_WRITE, now, ios[i].len);
-		if (ios[i].model_done_ns > *done)
-			*done = ios[i].model_done_ns;
-	}
 	return n > 0 ? (unsigned)n : 0;
 }
 
@@ -223,7 +236,26 @@ struct access {
 	uint64_t done_max; /* latest modeled completion of the access's I/O */
 	bool all_hit;
 	int write_retries;
+	/* line counters of the batch being planned, added to dev->st in one
+	 * go (plan_counts) before the lock is dropped */
+	uint64_t hits, misses, refills, dirty_evictions;
+	/* and the bytes settle() moved, published once per batch */
+	uint64_t read_bytes, writeback_bytes;
 };
+
+/* Publishes the line counters plan_batch gathered. Lock held. */
+static void plan_counts(struct chm_dev *dev, struct access *a)
+{
+	if (a->hits)
+		chm_ctr_add(&dev->st.lru_hits, a->hits);
+	if (a->misses)
+		chm_ctr_add(&dev->st.lru_misses, a->misses);
+	if (a->refills)
+		chm_ctr_add(&dev->st.lru_refills, a->refills);
+	if (a->dirty_evictions)
+		chm_ctr_add(&dev->st.lru_dirty_evictions, a->dirty_evictions);
+	a->hits = a->misses = a->refills = a->dirty_evictions = 0;
+}
 
 /* Applies the caller's bytes of one present, usable line. Lock held. */
 static void access_hit(struct chm_lru *c, struct access *a, struct lru_line *l, uint64_t off,
@@ -238,7 +270,22 @@ static void access_hit(struct chm_lru *c, struct access *a, struct lru_line *l, 
 		memcpy(a->rbuf + buf_off, line_buf(c, l) + off, cnt);
 	}
 	chm_lru_index_touch(&c->ix, l);
-	chm_ctr_add(&c->dev->st.lru_hits, 1);
+	a->hits++;
+}
+
+/* The hashed line of line address la, or NULL. near is the line of the
+ * line address before la in this walk (or NULL): a run of lines brought in
+ * together sits in consecutive slots, so the slot after near is tried
+ * before the hash table. A hashed line that names la is the only one. */
+static inline struct lru_line *lookup_near(struct chm_lru *c, const struct lru_line *near,
+                                           uint64_t la)
+{
+	if (near) {
+		uint32_t i = chm_lru_index_of(&c->ix, near) + 1;
+		if (i < c->ix.nlines && c->ix.lines[i].hashed && c->ix.lines[i].addr == la)
+			return &c->ix.lines[i];
+	}
+	return chm_lru_index_lookup(&c->ix, la);
 }
 
 /*
@@ -254,31 +301,37 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 	bool write = a->write;
 	uint64_t end = a->addr + a->len;
 	unsigned n = 0, nbounce = 0;
+	struct lru_line *near = NULL; /* the line of the previous line address */
 
 	*grow = false;
 	while (*cur < end && n < c->batch_lines) {
 		uint64_t la = *cur & ~(c->ix.line - 1), ll = line_len(c, la);
 		uint64_t off = *cur - la;
 		uint64_t cnt = (end < la + ll ? end : la + ll) - *cur;
-		struct lru_line *l = chm_lru_index_lookup(&c->ix, la);
+		struct lru_line *l = lookup_near(c, near, la);
 		bool blocked = l ? l->busy || (write && l->state == CHM_LINE_WRITING_BACK)
 		                 : pending_has(c, la);
 		if (blocked) {
 			if (n)
 				break;
+			plan_counts(dev, a);
 			pthread_cond_wait(&dev->cond, &dev->lock);
+			near = NULL;
 			continue;
 		}
 		if (l) {
 			access_hit(c, a, l, off, cnt, *cur - a->addr);
 			*cur += cnt;
+			near = l;
 			continue;
 		}
 		struct lru_line *v = chm_lru_index_victim(&c->ix);
 		if (!v) {
 			if (n)
 				break;
+			plan_counts(dev, a);
 			pthread_cond_wait(&dev->cond, &dev->lock);
+			near = NULL;
 			continue;
 		}
 		bool fetch = !(write && off == 0 && cnt == ll);
@@ -288,9 +341,10 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 			break;
 		}
 		a->all_hit = false;
-		chm_ctr_add(&c->dev->st.lru_misses, 1);
+		a->misses++;
 		if (fetch && chm_lru_index_test_clear_evicted(&c->ix, la))
-			chm_ctr_add(&c->dev->st.lru_refills, 1);
+			a->refills++;
+		near = v; /* (a dirty victim keeps its old address for now) */
 		if (!dirty) {
 			if (v->state == CHM_LINE_CLEAN)
 				chm_lru_index_evict(&c->ix, v);
@@ -307,21 +361,28 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 			}
 		}
 		struct lru_fill *f = &a->fills[n++];
-		memset(f, 0, sizeof(*f));
+		/* every field, without a memset (rep stos costs more than
+		 * the stores at one fill per line) */
 		f->line = v;
 		f->addr = la;
 		f->len = ll;
+		f->old_addr = f->old_len = 0;
+		f->dirty_victim = false;
 		f->fetch = fetch;
 		f->off = off;
 		f->cnt = cnt;
 		f->buf_off = *cur - a->addr;
+		f->dst = NULL;
+		f->wb0 = f->nwb = f->rd0 = f->nrd = 0;
+		f->wb_err = f->rd_err = 0;
+		f->pnext = NULL;
 		v->busy = true;
 		if (dirty) {
 			f->dirty_victim = true;
 			f->old_addr = v->addr;
 			f->old_len = line_len(c, v->addr);
 			chm_lru_index_set(&c->ix, v, CHM_LINE_WRITING_BACK);
-			chm_ctr_add(&c->dev->st.lru_dirty_evictions, 1);
+			a->dirty_evictions++;
 			f->pnext = c->pending;
 			c->pending = f;
 			if (fetch) /* no payload: the ghost fill lands nowhere */
@@ -332,6 +393,7 @@ static unsigned plan_batch(struct chm_dev *dev, struct access *a, uint64_t *cur,
 		}
 		*cur += cnt;
 	}
+	plan_counts(dev, a);
 	return n;
 }
 
@@ -344,7 +406,7 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 	bool write = a->write;
 
 	if (f->fetch && !f->rd_err)
-		chm_ctr_add(&dev->st.bytes_read_ssd, f->len);
+		a->read_bytes += f->len;
 	if (f->dirty_victim) {
 		pending_remove(c, f);
 		v->busy = false;
@@ -362,8 +424,7 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 		}
 		chm_lru_index_set(&c->ix, v, CHM_LINE_CLEAN);
 		chm_lru_index_fifo_remove(&c->ix, v);
-		chm_ctr_add(&dev->st.lru_writeback_bytes, f->old_len);
-		chm_ctr_add(&dev->st.bytes_written_ssd, f->old_len);
+		a->writeback_bytes += f->old_len;
 		chm_lru_index_evict(&c->ix, v);
 		if (f->fetch && f->rd_err) {
 			chm_lru_index_free_push(&c->ix, v);
@@ -396,7 +457,7 @@ static int settle(struct chm_dev *dev, struct access *a, struct lru_fill *f)
 static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t *redo)
 {
 	struct chm_lru *c = dev->lru;
-	uint64_t now = chm_now_ns(dev), done = now;
+	uint64_t now = chm_now_ns(dev), done;
 	unsigned k = 0;
 	bool again = false;
 	int err = 0;
@@ -407,7 +468,7 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 			continue;
 		f->wb0 = k;
 		f->nwb = map_line(dev, CHM_IO_WRITE, f->old_addr, f->old_len, line_buf(c, f->line),
-		                  a->ios + k, now, &done);
+		                  a->ios + k);
 		k += f->nwb;
 	}
 	for (unsigned i = 0; i < n; i++) { /* then the fills, in one queue */
@@ -415,10 +476,10 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 		if (!f->fetch)
 			continue;
 		f->rd0 = k;
-		f->nrd =
-		        map_line(dev, CHM_IO_READ, f->addr, f->len, f->dst, a->ios + k, now, &done);
+		f->nrd = map_line(dev, CHM_IO_READ, f->addr, f->len, f->dst, a->ios + k);
 		k += f->nrd;
 	}
+	done = chm_timing_ssd_ios(&dev->timing, now, a->ios, k);
 	unsigned nwb_total = 0;
 	for (unsigned i = 0; i < n; i++)
 		nwb_total += a->fills[i].dirty_victim ? a->fills[i].nwb : 0;
@@ -443,6 +504,7 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 		a->done_max = done;
 	if (!(a->hint && dev->cfg.clock == CHM_CLOCK_VIRTUAL))
 		chm_pace(dev, done);
+	a->read_bytes = a->writeback_bytes = 0;
 	for (unsigned i = 0; i < n; i++) {
 		struct lru_fill *f = &a->fills[i];
 		int r = settle(dev, a, f);
@@ -453,11 +515,54 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 			err = r;
 		}
 	}
+	if (a->read_bytes)
+		chm_ctr_add(&dev->st.bytes_read_ssd, a->read_bytes);
+	if (a->writeback_bytes) {
+		chm_ctr_add(&dev->st.lru_writeback_bytes, a->writeback_bytes);
+		chm_ctr_add(&dev->st.bytes_written_ssd, a->writeback_bytes);
+	}
 	pthread_cond_broadcast(&dev->cond);
 	return err ? err : again;
 }
 
 static unsigned wb_drain_inline(struct chm_lru *c);
+
+static void scratch_free(struct lru_scratch *sc)
+{
+	free(sc->ptrs);
+	free(sc->ios);
+	free(sc->fills);
+	free(sc);
+}
+
+/* An idle scratch set, or a new one (NULL: no memory). Lock held. */
+static struct lru_scratch *scratch_get(struct chm_lru *c)
+{
+	struct lru_scratch *sc = c->scratch;
+	if (sc) {
+		c->scratch = sc->next;
+		return sc;
+	}
+	size_t nios = (size_t)c->batch_lines * 2 * c->ios_per_line;
+	sc = calloc(1, sizeof(*sc));
+	if (!sc)
+		return NULL;
+	sc->fills = calloc(c->batch_lines, sizeof(*sc->fills));
+	sc->ios = calloc(nios, sizeof(*sc->ios));
+	sc->ptrs = calloc(nios, sizeof(*sc->ptrs));
+	if (!sc->fills || !sc->ios || !sc->ptrs) {
+		scratch_free(sc);
+		return NULL;
+	}
+	return sc;
+}
+
+/* Back on the idle list for the next access. Lock held. */
+static void scratch_put(struct chm_lru *c, struct lru_scratch *sc)
+{
+	sc->next = c->scratch;
+	c->scratch = sc;
+}
 
 static bool range_conflicts(const struct lru_range *x, const struct lru_range *y)
 {
@@ -515,21 +620,20 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 	                   .hint = hint};
 	uint64_t nl = ((addr + len - 1) >> c->ix.shift) - (addr >> c->ix.shift) + 1;
 	unsigned bmax = nl < c->batch_lines ? (unsigned)nl : c->batch_lines;
-	size_t nios = (size_t)bmax * 2 * c->ios_per_line;
 	uint64_t cur = addr;
 	int rc = 0;
-
-	a.fills = calloc(bmax, sizeof(*a.fills));
-	a.ios = calloc(nios, sizeof(*a.ios));
-	a.ptrs = calloc(nios, sizeof(*a.ptrs));
-	if (!a.fills || !a.ios || !a.ptrs) {
-		rc = -ENOMEM;
-		goto out_free;
-	}
 
 	struct lru_range range = {.a = addr, .b = addr + len, .write = write};
 	a.done_max = chm_now_ns(dev);
 	pthread_mutex_lock(&dev->lock);
+	struct lru_scratch *sc = scratch_get(c);
+	if (!sc) {
+		pthread_mutex_unlock(&dev->lock);
+		return -ENOMEM;
+	}
+	a.fills = sc->fills;
+	a.ios = sc->ios;
+	a.ptrs = sc->ptrs;
 	range_enter(dev, &range);
 	while (cur < addr + len && !rc) {
 		bool grow;
@@ -580,13 +684,9 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 		chm_pace(dev, chm_timing_host(&dev->timing, chm_now_ns(dev), len));
 	if (done_ns)
 		*done_ns = a.done_max;
+	scratch_put(c, sc);
 	pthread_mutex_unlock(&dev->lock);
-
-out_free:
 	free(a.bounce);
-	free(a.ptrs);
-	free(a.ios);
-	free(a.fills);
 	return rc;
 }
 
@@ -614,7 +714,6 @@ static unsigned wb_collect(struct chm_lru *c, unsigned *nios, uint64_t *done)
 	uint64_t now = chm_now_ns(dev);
 	unsigned n = 0, k = 0;
 
-	*done = now;
 	for (uint32_t i = c->ix.dhead; i && n < c->wb_max; i = c->ix.lines[i - 1].dnext) {
 		struct lru_line *l = &c->ix.lines[i - 1];
 		if (l->state != CHM_LINE_DIRTY || l->busy)
@@ -622,10 +721,11 @@ static unsigned wb_collect(struct chm_lru *c, unsigned *nios, uint64_t *done)
 		chm_lru_index_set(&c->ix, l, CHM_LINE_WRITING_BACK);
 		c->wb_lines[n] = l;
 		c->wb_nios[n] = map_line(dev, CHM_IO_WRITE, l->addr, line_len(c, l->addr),
-		                         line_buf(c, l), c->wb_ios + k, now, done);
+		                         line_buf(c, l), c->wb_ios + k);
 		k += c->wb_nios[n];
 		n++;
 	}
+	*done = chm_timing_ssd_ios(&dev->timing, now, c->wb_ios, k);
 	*nios = k;
 	return n;
 }
@@ -636,6 +736,7 @@ static unsigned wb_run(struct chm_lru *c, unsigned n, unsigned nios, uint64_t do
 {
 	struct chm_dev *dev = c->dev;
 	unsigned failed = 0;
+	uint64_t written = 0;
 	int sync_err;
 
 	pthread_mutex_unlock(&dev->lock);
@@ -657,8 +758,11 @@ static unsigned wb_run(struct chm_lru *c, unsigned n, unsigned nios, uint64_t do
 		}
 		chm_lru_index_set(&c->ix, l, CHM_LINE_CLEAN);
 		chm_lru_index_fifo_remove(&c->ix, l);
-		chm_ctr_add(&dev->st.lru_writeback_bytes, len);
-		chm_ctr_add(&dev->st.bytes_written_ssd, len);
+		written += len;
+	}
+	if (written) {
+		chm_ctr_add(&dev->st.lru_writeback_bytes, written);
+		chm_ctr_add(&dev->st.bytes_written_ssd, written);
 	}
 	pthread_cond_broadcast(&dev->cond);
 	return failed;
@@ -864,6 +968,11 @@ static void cache_free(struct chm_dev *dev)
 	struct chm_lru *c = dev->lru;
 
 	dev->lru = NULL;
+	while (c->scratch) {
+		struct lru_scratch *sc = c->scratch;
+		c->scratch = sc->next;
+		scratch_free(sc);
+	}
 	pthread_cond_destroy(&c->wb_cond);
 	free(c->wb_ptrs);
 	free(c->wb_ios);

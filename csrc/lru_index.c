@@ -5,6 +5,9 @@
  * address space that were evicted (so a miss on one counts as an
  * LRU-induced refill). Lines are referred to by index+1 (0 = none).
  *
+ * The hash chains are doubly linked and the table has two buckets a line,
+ * so that a miss mostly finds an empty bucket and an eviction walks nothing.
+ *
  * Invariants: a line is hashed iff it is on the recency list iff it names an
  * address; an unhashed line is INVALID and on the free stack; a line is on
  * the unclean FIFO iff it is DIRTY or WRITING_BACK; count[] is the number
@@ -20,19 +23,36 @@
 
 /* ---- states ---- */
 
+_Static_assert(CHM_LINE_WRITING_BACK + 1 == 4, "count[] and legal[] hold every line state");
+
+/* The state table as a matrix, filled once at init from chm_line_transitions
+ * (a change is checked against it at every line, a table search each time
+ * would cost more than the change). */
+static void legal_init(struct chm_lru_index *x)
+{
+	for (int f = 0; f < 4; f++)
+		for (int t = 0; t < 4; t++)
+			x->legal[f][t] = chm_transition_legal(
+			        chm_line_transitions, CHM_NTRANS(chm_line_transitions), f, t);
+}
+
 void chm_lru_index_set(struct chm_lru_index *x, struct lru_line *l, int to)
 {
 	int from = l->state;
+	if ((unsigned)to >= 4 || !x->legal[from][to])
+		chm_illegal_transition("chm_line_transitions", from, to, __FILE__, __LINE__);
 	x->count[from]--;
-	CHM_TRANSITION(chm_line_transitions, l->state, to);
+	l->state = to;
 	x->count[to]++;
+	/* the mirrors are stored from the exact counts (only this file writes
+	 * them, under the caller's lock): a plain store, not an atomic add */
 	bool valid_from = from != CHM_LINE_INVALID, valid_to = to != CHM_LINE_INVALID;
 	bool dirty_from = from == CHM_LINE_DIRTY || from == CHM_LINE_WRITING_BACK;
 	bool dirty_to = to == CHM_LINE_DIRTY || to == CHM_LINE_WRITING_BACK;
 	if (x->n_valid && valid_from != valid_to)
-		(valid_to ? chm_ctr_add : chm_ctr_sub)(x->n_valid, 1);
+		chm_ctr_set(x->n_valid, x->nlines - x->count[CHM_LINE_INVALID]);
 	if (x->n_dirty && dirty_from != dirty_to)
-		(dirty_to ? chm_ctr_add : chm_ctr_sub)(x->n_dirty, 1);
+		chm_ctr_set(x->n_dirty, x->count[CHM_LINE_DIRTY] + x->count[CHM_LINE_WRITING_BACK]);
 }
 
 /* ---- hash table ---- */
@@ -59,22 +79,29 @@ struct lru_line *chm_lru_index_lookup(struct chm_lru_index *x, uint64_t addr)
 	return NULL;
 }
 
+/* Chains are doubly linked, so that removing a line (every eviction) does
+ * not walk its chain. */
 static void hash_insert(struct chm_lru_index *x, struct lru_line *l)
 {
 	uint32_t *h = &x->htab[hslot(x, l->addr)];
+	uint32_t me = chm_lru_index_of(x, l) + 1;
 	l->hnext = *h;
-	*h = chm_lru_index_of(x, l) + 1;
+	l->hprev = 0;
+	if (*h)
+		x->lines[*h - 1].hprev = me;
+	*h = me;
 	l->hashed = true;
 }
 
 static void hash_remove(struct chm_lru_index *x, struct lru_line *l)
 {
-	uint32_t *p = &x->htab[hslot(x, l->addr)];
-	uint32_t me = chm_lru_index_of(x, l) + 1;
-	while (*p != me)
-		p = &x->lines[*p - 1].hnext;
-	*p = l->hnext;
-	l->hnext = 0;
+	if (l->hprev)
+		x->lines[l->hprev - 1].hnext = l->hnext;
+	else
+		x->htab[hslot(x, l->addr)] = l->hnext;
+	if (l->hnext)
+		x->lines[l->hnext - 1].hprev = l->hprev;
+	l->hnext = l->hprev = 0;
 	l->hashed = false;
 }
 
@@ -229,7 +256,9 @@ int chm_lru_index_init(struct chm_lru_index *x, uint64_t line, uint32_t nlines, 
 	x->lines = calloc(nlines, sizeof(*x->lines));
 	if (!x->lines)
 		goto err_lines;
-	for (x->hbits = 4; (1ull << x->hbits) < nlines; x->hbits++)
+	/* at least two buckets a line: most misses find an empty bucket and
+	 * touch no line */
+	for (x->hbits = 4; (1ull << x->hbits) < 2ull * nlines; x->hbits++)
 		;
 	x->htab = calloc(1ull << x->hbits, sizeof(*x->htab));
 	if (!x->htab)
@@ -243,6 +272,7 @@ int chm_lru_index_init(struct chm_lru_index *x, uint64_t line, uint32_t nlines, 
 		chm_lru_index_free_push(x, &x->lines[i]);
 	}
 	x->count[CHM_LINE_INVALID] = nlines;
+	legal_init(x);
 	return 0;
 
 err_evicted:

@@ -13,7 +13,7 @@ struct lru_line {
 	int state;     /* enum chm_line_state */
 	bool busy;     /* being filled or evicted: others wait (lru.c's) */
 	bool hashed;
-	uint32_t hnext;        /* hash chain (index+1, 0 = end) */
+	uint32_t hnext, hprev; /* hash chain (index+1; 0 = end, or the bucket) */
 	uint32_t prev, next;   /* recency list, or free stack (next only) */
 	uint32_t dprev, dnext; /* unclean FIFO */
 };
@@ -31,6 +31,7 @@ struct chm_lru_index {
 	uint64_t seq;          /* last dseq handed out */
 	uint64_t *evicted;     /* one bit per line-sized chunk of the address space */
 	uint64_t count[4];     /* lines per state */
+	bool legal[4][4];      /* derived: [from][to] is in chm_line_transitions */
 	/* optional mirrors, kept with relaxed atomics for lock-free readers:
 	 * lines not INVALID, lines DIRTY or WRITING_BACK (NULL: none) */
 	uint64_t *n_valid, *n_dirty;

@@ -51,6 +51,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "dev.h"
@@ -107,6 +108,32 @@ void chm_timing_init(struct chm_timing_state *ts, const struct chm_timing *p)
 	              ts->p.link_bw_bps || ts->p.link_lat_ns;
 }
 
+/* The channel that frees earliest, the lowest-numbered one on a tie, as one
+ * scan in channel order finds it. The earliest time is taken first with
+ * four independent running minima, then its first channel: one chain of
+ * compare-and-select over every channel is a serial dependency that costs
+ * more than the rest of a transfer's arithmetic. */
+static unsigned earliest_channel(const uint64_t *free_ns, unsigned c)
+{
+	uint64_t m0 = free_ns[0], m1 = m0, m2 = m0, m3 = m0;
+	unsigned i = 1;
+
+	for (; i + 4 <= c; i += 4) {
+		m0 = free_ns[i] < m0 ? free_ns[i] : m0;
+		m1 = free_ns[i + 1] < m1 ? free_ns[i + 1] : m1;
+		m2 = free_ns[i + 2] < m2 ? free_ns[i + 2] : m2;
+		m3 = free_ns[i + 3] < m3 ? free_ns[i + 3] : m3;
+	}
+	for (; i < c; i++)
+		m0 = free_ns[i] < m0 ? free_ns[i] : m0;
+	m0 = m1 < m0 ? m1 : m0;
+	m2 = m3 < m2 ? m3 : m2;
+	m0 = m2 < m0 ? m2 : m0;
+	for (i = 0; free_ns[i] != m0; i++)
+		;
+	return i;
+}
+
 /* One SSD transfer; ts->lock held. */
 static uint64_t ssd_locked(struct chm_timing_state *ts, int write, uint64_t now_ns, uint64_t len)
 {
@@ -118,9 +145,7 @@ static uint64_t ssd_locked(struct chm_timing_state *ts, int write, uint64_t now_
 
 	if (!ts->enabled)
 		return now_ns;
-	for (unsigned i = 1; i < c; i++)
-		if (ts->chan_free_ns[i] < ts->chan_free_ns[ch])
-			ch = i;
+	ch = earliest_channel(ts->chan_free_ns, c);
 	start = max_u64(now_ns, ts->chan_free_ns[ch]);
 	t_chan = sat_add(sat_add(start, lat), xfer_ns(len, c, bw));
 	ts->chan_free_ns[ch] = t_chan;
@@ -137,6 +162,93 @@ uint64_t chm_timing_ssd(struct chm_timing_state *ts, int write, uint64_t now_ns,
 		return now_ns;
 	pthread_mutex_lock(&ts->lock);
 	done = ssd_locked(ts, write, now_ns, len);
+	pthread_mutex_unlock(&ts->lock);
+	return done;
+}
+
+/* Channel a frees before channel b: earlier, or as early and lower-numbered
+ * (the order in which one scan picks channels). */
+static bool chan_before(const uint64_t *free_ns, unsigned a, unsigned b)
+{
+	return free_ns[a] < free_ns[b] || (free_ns[a] == free_ns[b] && a < b);
+}
+
+/* Slot j after slot h of a ring of c slots (h, j < c). */
+static inline unsigned ring_at(unsigned h, unsigned j, unsigned c)
+{
+	return h + j >= c ? h + j - c : h + j;
+}
+
+/*
+ * n transfers at one now, as n ssd_locked() calls: each takes the channel
+ * that frees earliest (lowest-numbered on a tie). The channels are kept in
+ * that order in a ring, earliest first: a pick takes the head, and the
+ * channel, now busy until later, goes back in order, which for equal
+ * transfers is nearly always the tail, so a pick costs O(1) instead of a
+ * scan of C. Same channel, same times, call for call.
+ */
+uint64_t chm_timing_ssd_ios(struct chm_timing_state *ts, uint64_t now_ns, struct chm_io *ios,
+                            unsigned n)
+{
+	uint64_t done = now_ns, *f = ts->chan_free_ns;
+	uint8_t ring[MAX_CHANNELS];
+	unsigned c, head = 0;
+
+	if (!ts->enabled) {
+		for (unsigned i = 0; i < n; i++)
+			ios[i].model_done_ns = now_ns;
+		return now_ns;
+	}
+	pthread_mutex_lock(&ts->lock);
+	c = channels(ts);
+	if (n < 8) { /* too few to pay for the sort */
+		for (unsigned i = 0; i < n; i++) {
+			ios[i].model_done_ns =
+			        ssd_locked(ts, ios[i].op == CHM_IO_WRITE, now_ns, ios[i].len);
+			done = max_u64(done, ios[i].model_done_ns);
+		}
+		pthread_mutex_unlock(&ts->lock);
+		return done;
+	}
+	for (unsigned i = 0; i < c; i++) { /* insertion sort, earliest first */
+		unsigned j = i;
+		for (; j > 0 && chan_before(f, (unsigned)i, ring[j - 1]); j--)
+			ring[j] = ring[j - 1];
+		ring[j] = (uint8_t)i;
+	}
+	/* the transfer times of the last (op, len) seen: a batch is mostly
+	 * lines of one size */
+	int last_write = -1;
+	uint32_t last_len = 0;
+	uint64_t x_chan = 0, x_pipe = 0;
+	for (unsigned i = 0; i < n; i++) {
+		int write = ios[i].op == CHM_IO_WRITE;
+		uint64_t lat = write ? ts->p.ssd_write_lat_ns : ts->p.ssd_read_lat_ns;
+		uint64_t bw = write ? ts->p.ssd_write_bw_bps : ts->p.ssd_read_bw_bps;
+		uint64_t *pipe = write ? &ts->ssd_write_free_ns : &ts->ssd_read_free_ns;
+		if (write != last_write || ios[i].len != last_len) {
+			last_write = write;
+			last_len = ios[i].len;
+			x_chan = xfer_ns(last_len, c, bw);
+			x_pipe = xfer_ns(last_len, 1, bw);
+		}
+		unsigned ch = ring[head];
+		uint64_t start = max_u64(now_ns, f[ch]);
+		uint64_t t_chan = sat_add(sat_add(start, lat), x_chan);
+		f[ch] = t_chan;
+		/* the others follow the new head in order; ch goes back in
+		 * after the last of them it does not come before (the tail,
+		 * the slot it left, unless another channel frees later) */
+		head = ring_at(head, 1, c);
+		unsigned j = c - 1;
+		for (; j > 0 && chan_before(f, ch, ring[ring_at(head, j - 1, c)]); j--)
+			ring[ring_at(head, j, c)] = ring[ring_at(head, j - 1, c)];
+		ring[ring_at(head, j, c)] = (uint8_t)ch;
+		uint64_t t_pipe = sat_add(max_u64(now_ns, *pipe), x_pipe);
+		*pipe = t_pipe;
+		ios[i].model_done_ns = max_u64(t_chan, t_pipe);
+		done = max_u64(done, ios[i].model_done_ns);
+	}
 	pthread_mutex_unlock(&ts->lock);
 	return done;
 }

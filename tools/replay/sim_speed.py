@@ -7,9 +7,9 @@ hits and writes of the blocks it lacks) through chm.replay.CxlhmReplay on
 ghost devices in virtual time, open loop, in prefetch mode and lru mode, at
 each device capacity given (default 2 TB and 16 TB, 64 GB of DRAM; lru
 mode with --lru-line lines, default 1 MiB: the cache's cost is per line, and
-64 KiB lines make a 64 MiB access 1,024 line lookups, about 0.3 ms of host
-time, so lru mode at 64 KiB replays about 4x slower than this target). Each
-replay runs in its own process, so its peak resident memory is its own.
+64 KiB lines make a 64 MiB access 1,024 line lookups, about 0.08 ms of host
+time, so lru mode at 64 KiB replays in about twice this target's 60 s).
+Each replay runs in its own process, so its peak resident memory is its own.
 Prints per run the accesses, the wall time of the replay, accesses per
 second, the CPU time (the wall time on a shared host includes waiting for
 a core) and the peak RSS, then the verdicts (last; exit 1 on a miss):
