@@ -16,10 +16,35 @@ CXL-HM tier on a :class:`chm.kv.Store`) without sharing their code.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
+from chm.workloads import (
+    ChatWorkload,
+    read_mooncake,
+    synthetic_trace,
+    trace_requests,
+    write_mooncake,
+)
 from chm.workloads.records import Request
 
-__all__ = ["Fenwick", "offline_lru_hits", "unbounded_hit_rate"]
+__all__ = ["Fenwick", "chat_trace", "offline_lru_hits", "unbounded_hit_rate"]
+
+
+def chat_trace(directory: Path) -> list[Request]:
+    """The trace both LRU checks replay: 24 users x 6 turns of chat with a
+    2,048-token system prompt (seed 13), written in the Mooncake format to
+    ``directory/chat.jsonl``, read back and re-blocked to 128 tokens."""
+    wl = ChatWorkload(
+        users=24,
+        turns=6,
+        system_prompt_tokens=2048,
+        user_tokens=(4000, 8000),
+        output_tokens=(200, 1000),
+        seed=13,
+    )
+    path = Path(directory) / "chat.jsonl"
+    write_mooncake(path, synthetic_trace(wl))
+    return trace_requests(read_mooncake(path), block_tokens=128)
 
 
 class Fenwick:

@@ -15,21 +15,12 @@ from an LRU's, as they should.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from chm.replay.cxlhm_run import GhostSetup, replay_virtual
 from chm.replay.prefill import GPUS, MODELS, PrefillModel
-from chm.testing.offline_lru import offline_lru_hits, unbounded_hit_rate
-from chm.workloads import (
-    ChatWorkload,
-    Request,
-    read_mooncake,
-    synthetic_trace,
-    trace_requests,
-    write_mooncake,
-)
+from chm.testing.offline_lru import chat_trace, offline_lru_hits, unbounded_hit_rate
+from chm.workloads import Request
 
 LLAMA = PrefillModel(MODELS["llama-3.1-8b"], GPUS["a100-80g"])
 BLOCK = 16 << 20  # Llama-3.1-8B, 128 tokens
@@ -37,17 +28,7 @@ BLOCK = 16 << 20  # Llama-3.1-8B, 128 tokens
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory) -> list[Request]:
-    wl = ChatWorkload(
-        users=24,
-        turns=6,
-        system_prompt_tokens=2048,
-        user_tokens=(4000, 8000),
-        output_tokens=(200, 1000),
-        seed=13,
-    )
-    path = Path(tmp_path_factory.mktemp("trace")) / "chat.jsonl"
-    write_mooncake(path, synthetic_trace(wl))
-    return trace_requests(read_mooncake(path), block_tokens=128)
+    return chat_trace(tmp_path_factory.mktemp("trace"))
 
 
 @pytest.mark.parametrize("system", ["cxlhm-lru", "cxlhm-prefetch"])
