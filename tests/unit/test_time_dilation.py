@@ -10,7 +10,7 @@ a noisy machine can only add time, and generous where it cannot.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,24 +22,18 @@ from chm.errors import InvalidArgument
 LAT_NS = 20_000_000  # the read's one modeled cost: 20 ms of SSD latency
 
 
-def _open(tmp_path: Path, dilation: int) -> chm.Device:
-    try:
-        return chm.Device.open(
-            backend="pread",
-            targets=[tmp_path / f"d{dilation}.img"],
-            create=True,
-            capacity="16M",
-            mode="direct",
-            ssd_read_lat_ns=LAT_NS,
-            time_dilation=dilation,
-        )
-    except chm.ChmError as exc:  # e.g. no O_DIRECT on this tmpfs
-        pytest.skip(f"cannot open a pread device in {tmp_path}: {exc}")
+def _open(make_device: Callable[..., chm.Device], dilation: int) -> chm.Device:
+    # the shared factory: a sparse file in tmp_backing (O_DIRECT-capable), closed at teardown
+    return make_device(
+        "pread", capacity="16M", mode="direct", ssd_read_lat_ns=LAT_NS, time_dilation=dilation
+    )
 
 
 @pytest.mark.parametrize("dilation", [1, 8])
-def test_paced_read_takes_d_times_longer_in_wall_time(tmp_path: Path, dilation: int) -> None:
-    with _open(tmp_path, dilation) as dev:
+def test_paced_read_takes_d_times_longer_in_wall_time(
+    make_device: Callable[..., chm.Device], dilation: int
+) -> None:
+    with _open(make_device, dilation) as dev:
         dev.read(0, 4096)  # the first read opens nothing lazily later
         w0, t0 = time.monotonic_ns(), dev.clock_ns()
         dev.read(1 << 20, 4096)
@@ -55,9 +49,9 @@ def test_paced_read_takes_d_times_longer_in_wall_time(tmp_path: Path, dilation: 
         assert device < LAT_NS + 500_000_000 // dilation, device
 
 
-def test_clock_advances_wall_over_d(tmp_path: Path) -> None:
+def test_clock_advances_wall_over_d(make_device: Callable[..., chm.Device]) -> None:
     d = 16
-    with _open(tmp_path, d) as dev:
+    with _open(make_device, d) as dev:
         t0, w0 = dev.clock_ns(), time.monotonic_ns()
         time.sleep(0.1)
         w1, t1 = time.monotonic_ns(), dev.clock_ns()
