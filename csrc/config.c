@@ -124,20 +124,8 @@ static const char *const opt_type_names[] = {
         [OPT_TARGETS] = "targets", [OPT_PRESET] = "preset",
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-        __attribute__((format(printf, 3, 4)));
 /* Writes the reason into err (if non-NULL) and the thread's error detail. */
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	char msg[CHM_ERRMSG_MAX];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (err && errlen)
-		snprintf(err, errlen, "%s", msg);
-	return chm_detail(-EINVAL, "%s", msg);
-}
+#define fail(err, errlen, ...) chm_detail_to(err, errlen, -EINVAL, __VA_ARGS__)
 
 /* Parses "123", "64K", "1.5G", "4KiB", "16MB" (binary multiples): digits with
  * an optional fraction of at most 19 significant digits, then an optional

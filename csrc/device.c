@@ -65,7 +65,7 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 	if (err && errlen)
 		err[0] = '\0';
 	if (!cfg || !out)
-		return chm_open_fail(err, errlen, -EINVAL, "cfg or out is NULL");
+		return chm_detail_to(err, errlen, -EINVAL, "cfg or out is NULL");
 	int rc = chm_config_validate(cfg, err, errlen);
 	if (rc)
 		return rc;
@@ -73,7 +73,7 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 	struct chm_ident ids[CHM_MAX_TARGETS];
 	struct chm_dev *dev = calloc(1, sizeof(*dev));
 	if (!dev)
-		return chm_open_fail(err, errlen, -ENOMEM, "no host memory for the device");
+		return chm_detail_to(err, errlen, -ENOMEM, "no host memory for the device");
 	dev->cfg = *cfg;
 	chm_config_derive(&dev->cfg);
 	dev->mode = modes[dev->cfg.mode];
@@ -115,7 +115,7 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 		rc = chm_pool_create(&dev->pool, &dev->cfg, pb);
 		if (rc) {
 			static const char *const kinds[] = {"anon", "hugetlb", "memfd", "file"};
-			chm_open_fail(err, errlen, rc, "pool=%s of %llu bytes%s%s: %s",
+			chm_detail_to(err, errlen, rc, "pool=%s of %llu bytes%s%s: %s",
 			              kinds[dev->cfg.pool_kind], (unsigned long long)pb,
 			              dev->cfg.pool_kind == CHM_POOL_FILE ? " at " : "",
 			              dev->cfg.pool_kind == CHM_POOL_FILE ? dev->cfg.pool_path : "",
@@ -137,7 +137,7 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 	}
 	rc = dev->be_ops->init(dev, &dev->be);
 	if (rc) {
-		chm_open_fail(err, errlen, rc, "backend %s: %s", dev->be_ops->name,
+		chm_detail_to(err, errlen, rc, "backend %s: %s", dev->be_ops->name,
 		              chm_strerror(rc));
 		goto err_pool;
 	}
@@ -164,7 +164,7 @@ err_targets:
 	pthread_mutex_destroy(&dev->lock);
 	free(dev);
 	if (err && errlen && !err[0])
-		chm_open_fail(err, errlen, rc, "%s", chm_strerror(rc));
+		chm_detail_to(err, errlen, rc, "%s", chm_strerror(rc));
 	return rc;
 }
 

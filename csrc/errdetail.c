@@ -29,6 +29,18 @@ int chm_detail(int err, const char *fmt, ...)
 	return err;
 }
 
+int chm_detail_to(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	detail_err = rc;
+	if (err && errlen)
+		snprintf(err, errlen, "%s", detail);
+	return rc;
+}
+
 const char *chm_last_error_detail(int err)
 {
 	if (err == 0 || err != detail_err)

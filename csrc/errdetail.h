@@ -8,10 +8,17 @@
 #ifndef CHM_ERRDETAIL_H
 #define CHM_ERRDETAIL_H
 
+#include <stddef.h>
+
 /* Forgets this thread's detail. */
 void chm_detail_clear(void);
 
 /* Records a one-line reason for err on this thread; returns err. */
 int chm_detail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* As chm_detail, and also writes the reason into err (when given): the
+ * configuration and open paths, whose callers pass a message buffer. */
+int chm_detail_to(char *err, size_t errlen, int rc, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
 
 #endif /* CHM_ERRDETAIL_H */

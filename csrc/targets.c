@@ -29,19 +29,6 @@ static uint64_t target_need(const struct chm_config *c, unsigned i)
 	return mine * c->stripe_unit;
 }
 
-/* A one-line reason for a failed open, returned as rc. */
-int chm_open_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-	char msg[CHM_ERRMSG_MAX];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (err && errlen)
-		snprintf(err, errlen, "%s", msg);
-	return chm_detail(rc, "%s", msg); /* the reason of chm_dev_open too */
-}
-
 /* Opens target i O_DIRECT (block devices exclusively). A missing regular file
  * is created (mode 0600, sparse) and a short one extended only with
  * cfg.create; otherwise -ENOENT / -ENOSPC naming the path and the sizes. */
@@ -56,10 +43,10 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 	if (stat(path, &st) < 0) {
 		int e = errno;
 		if (e != ENOENT)
-			return chm_open_fail(err, errlen, -e, "target %u: %s: %s", i, path,
+			return chm_detail_to(err, errlen, -e, "target %u: %s: %s", i, path,
 			                     strerror(e));
 		if (!c->create)
-			return chm_open_fail(
+			return chm_detail_to(
 			        err, errlen, -ENOENT,
 			        "target %u: %s does not exist (create=1 creates it, sparse, "
 			        "at %llu bytes)",
@@ -68,7 +55,7 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 	} else if (S_ISBLK(st.st_mode)) {
 		flags |= O_EXCL; /* a mounted or otherwise claimed drive: -EBUSY */
 	} else if (!S_ISREG(st.st_mode)) {
-		return chm_open_fail(err, errlen, -EINVAL,
+		return chm_detail_to(err, errlen, -EINVAL,
 		                     "target %u: %s is neither a regular file nor a block device",
 		                     i, path);
 	}
@@ -76,16 +63,16 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 	if (fd < 0) {
 		int e = errno;
 		if (e == EINVAL)
-			return chm_open_fail(err, errlen, -EOPNOTSUPP,
+			return chm_detail_to(err, errlen, -EOPNOTSUPP,
 			                     "target %u: %s: no O_DIRECT on its filesystem", i,
 			                     path);
 		if (e == EBUSY)
-			return chm_open_fail(
+			return chm_detail_to(
 			        err, errlen, -EBUSY,
 			        "target %u: %s is in use (mounted, or opened exclusively "
 			        "elsewhere)",
 			        i, path);
-		return chm_open_fail(err, errlen, -e, "target %u: %s: %s", i, path, strerror(e));
+		return chm_detail_to(err, errlen, -e, "target %u: %s: %s", i, path, strerror(e));
 	}
 	undo->created = flags & O_CREAT;
 	if (fstat(fd, &st) < 0)
@@ -101,7 +88,7 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 			goto err_errno;
 		if (lbs > 4096) { /* staging fills are widened to 4 KiB only */
 			close(fd);
-			return chm_open_fail(
+			return chm_detail_to(
 			        err, errlen, -EOPNOTSUPP,
 			        "target %u: %s has %d-byte logical blocks (at most 4096)", i, path,
 			        lbs);
@@ -110,7 +97,7 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 			dev->write_align = (uint32_t)lbs;
 		if (have < need) {
 			close(fd);
-			return chm_open_fail(
+			return chm_detail_to(
 			        err, errlen, -ENOSPC,
 			        "target %u: %s has %llu bytes, its share of capacity needs "
 			        "%llu",
@@ -121,7 +108,7 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 		if (have < need) {
 			if (!c->create) {
 				close(fd);
-				return chm_open_fail(
+				return chm_detail_to(
 				        err, errlen, -ENOSPC,
 				        "target %u: %s is %llu bytes, smaller than its share "
 				        "of capacity (%llu bytes); create=1 extends it",
@@ -144,7 +131,7 @@ err_errno:;
 	if (undo->created)
 		unlink(path);
 	undo->created = false;
-	return chm_open_fail(err, errlen, -e, "target %u: %s: %s", i, path, strerror(e));
+	return chm_detail_to(err, errlen, -e, "target %u: %s: %s", i, path, strerror(e));
 }
 
 /* Undoes what open_target did to the targets of a failed open: removes the
@@ -210,11 +197,11 @@ int chm_targets_check_distinct(struct chm_dev *dev, struct chm_ident *ids, char 
 	for (unsigned i = 0; i < dev->cfg.n_targets; i++) {
 		int rc = ident_of(dev->fds[i], NULL, &ids[i]);
 		if (rc)
-			return chm_open_fail(err, errlen, rc, "target %u: %s: %s", i,
+			return chm_detail_to(err, errlen, rc, "target %u: %s: %s", i,
 			                     dev->cfg.targets[i], strerror(-rc));
 		for (unsigned j = 0; j < i; j++)
 			if (ident_overlap(&ids[i], &ids[j]))
-				return chm_open_fail(
+				return chm_detail_to(
 				        err, errlen, -EINVAL,
 				        "targets %u (%s) and %u (%s) are the same file or "
 				        "device",
@@ -236,7 +223,7 @@ int chm_pool_check_not_target(struct chm_dev *dev, const struct chm_ident *ids, 
 		return 0; /* missing: the pool's own open reports it */
 	for (unsigned i = 0; i < dev->cfg.n_targets; i++)
 		if (ident_overlap(&pool, &ids[i]))
-			return chm_open_fail(
+			return chm_detail_to(
 			        err, errlen, -EINVAL,
 			        "pool_path %s is target %u (%s), or backs it: the DRAM pool "
 			        "and the SSD would overwrite each other",

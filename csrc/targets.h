@@ -33,11 +33,6 @@ struct chm_ident {
 	} id[2];
 };
 
-/* Writes a one-line reason for a failed open into err (when given) and
- * returns rc. */
-int chm_open_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
-
 /* Opens target i O_DIRECT (block devices exclusively). A missing regular file
  * is created (mode 0600, sparse) and a short one extended only with
  * cfg.create; otherwise -ENOENT / -ENOSPC naming the path and the sizes.
