@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def test_a_skipped_put_length_is_not_indexed(tmp_path: Path) -> None:
         assert st.stats().puts_skipped == out.count(K)
 
 
-def test_put_lengths_bad_input(tmp_path: Path) -> None:
+def test_put_lengths_bad_input(tmp_path: Path, make_device: Callable[..., chm.Device]) -> None:
     with _ghost() as dev, _lru_store(dev, tmp_path, 4) as st:
         with pytest.raises(InvalidArgument, match="2 keys but 3 lengths"):
             st.put_lengths([1, 2], [MiB, MiB, MiB])
@@ -127,15 +128,7 @@ def test_put_lengths_bad_input(tmp_path: Path) -> None:
         with pytest.raises(InvalidArgument, match=r"1\.\.1048576 bytes"):
             st.put_lengths([1], 0)
     with (
-        chm.Device.open(
-            backend="pread",
-            targets=[tmp_path / "d.img"],
-            create=True,
-            capacity="64M",
-            dram="16M",
-            slot_size="1M",
-            wbuf="4M",
-        ) as dev,
+        make_device("pread") as dev,
         Store(dev) as st,
         pytest.raises(InvalidArgument, match="moves data"),
     ):
@@ -152,17 +145,11 @@ def test_lru_mode_ghost_loads_run_without_verifying(tmp_path: Path) -> None:
         assert dev.stats().lru_hits + dev.stats().lru_misses > 0
 
 
-def test_data_put_with_touch_orders_eviction(tmp_path: Path) -> None:
+def test_data_put_with_touch_orders_eviction(
+    tmp_path: Path, make_device: Callable[..., chm.Device]
+) -> None:
     with (
-        chm.Device.open(
-            backend="pread",
-            targets=[tmp_path / "d.img"],
-            create=True,
-            capacity="64M",
-            dram="16M",
-            slot_size="1M",
-            wbuf="8M",
-        ) as dev,
+        make_device("pread", wbuf="8M") as dev,
         _lru_store(dev, tmp_path, 3) as st,
     ):
         b = np.ones(MiB, np.uint8)

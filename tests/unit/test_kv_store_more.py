@@ -176,17 +176,10 @@ def _v1_journal(path: Path, capacity: int, segment: int, n: int) -> None:
     path.write_bytes(jn._header(capacity, segment, version=1) + jn._seal(recs))
 
 
-def test_old_journal_opens_and_is_upgraded(tmp_backing: Path) -> None:
-    img = tmp_backing / "kv.img"
-    with chm.Device.open(
-        targets=[img],
-        backend="pread",
-        create=True,
-        capacity="64M",
-        dram="16M",
-        slot_size="1M",
-        wbuf="4M",
-    ) as dev:
+def test_old_journal_opens_and_is_upgraded(
+    tmp_backing: Path, make_device: Callable[..., chm.Device]
+) -> None:
+    with make_device("pread") as dev:
         seg = 8 * dev.slot_bytes
         j = tmp_backing / "old.kvjournal"
         _v1_journal(j, dev.capacity, seg, 5)
@@ -205,17 +198,10 @@ def test_old_journal_opens_and_is_upgraded(tmp_backing: Path) -> None:
             assert st.meta([b"new"]) == [b"with meta"]
 
 
-def test_newer_journal_is_refused_by_name(tmp_backing: Path) -> None:
-    img = tmp_backing / "kv.img"
-    with chm.Device.open(
-        targets=[img],
-        backend="pread",
-        create=True,
-        capacity="64M",
-        dram="16M",
-        slot_size="1M",
-        wbuf="4M",
-    ) as dev:
+def test_newer_journal_is_refused_by_name(
+    tmp_backing: Path, make_device: Callable[..., chm.Device]
+) -> None:
+    with make_device("pread") as dev:
         j = tmp_backing / "new.kvjournal"
         j.write_bytes(jn._header(dev.capacity, 8 * dev.slot_bytes, version=jn.VERSION + 1))
         with pytest.raises(InvalidArgument, match=f"journal version {jn.VERSION + 1}; this chm"):
@@ -223,18 +209,11 @@ def test_newer_journal_is_refused_by_name(tmp_backing: Path) -> None:
         assert j.read_bytes()[:8] == jn.MAGIC  # left as it was
 
 
-def test_meta_record_in_a_v1_journal_ends_it(tmp_backing: Path) -> None:
+def test_meta_record_in_a_v1_journal_ends_it(
+    tmp_backing: Path, make_device: Callable[..., chm.Device]
+) -> None:
     """Version 1 had no META type: such a record is where the log ends."""
-    img = tmp_backing / "kv.img"
-    with chm.Device.open(
-        targets=[img],
-        backend="pread",
-        create=True,
-        capacity="64M",
-        dram="16M",
-        slot_size="1M",
-        wbuf="4M",
-    ) as dev:
+    with make_device("pread") as dev:
         seg = 8 * dev.slot_bytes
         j = tmp_backing / "old.kvjournal"
         _v1_journal(j, dev.capacity, seg, 3)
