@@ -35,6 +35,16 @@ static int failures, checks;
 
 /* Sets a configuration option, or exits 1 with the reason (a broken test
  * setup, not a device failure). */
+/* xorshift64: the tests' reproducible pseudo-random sequence from *s (nonzero). */
+static inline uint64_t check_rng(uint64_t *s)
+{
+	uint64_t x = *s;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *s = x;
+}
+
 static inline void cfg_set(struct chm_config *c, const char *key, const char *value)
 {
 	char err[256];

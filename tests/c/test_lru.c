@@ -43,15 +43,6 @@ static uint8_t pat(uint64_t a, unsigned seed)
 	return (uint8_t)(x >> 56);
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-	uint64_t x = *s;
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return *s = x;
-}
-
 static void fill(uint8_t *buf, uint64_t addr, uint64_t len, unsigned seed)
 {
 	for (uint64_t i = 0; i < len; i++)
@@ -180,9 +171,9 @@ static void test_reads_match_file(void)
 	uint64_t s = 0x1234567;
 	unsigned bad = 0, n = 300;
 	for (unsigned i = 0; i < n; i++) {
-		uint64_t addr = rng_next(&s) % CAP;
+		uint64_t addr = check_rng(&s) % CAP;
 		uint64_t max = CAP - addr < 300000 ? CAP - addr : 300000;
-		uint64_t len = 1 + rng_next(&s) % max;
+		uint64_t len = 1 + check_rng(&s) % max;
 		if (!read_cmp(dev, addr, len))
 			bad++;
 		check_capacity(dev);
@@ -352,18 +343,18 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 	uint8_t *buf = malloc(BLOCK);
 	for (unsigned i = 0; i < w->ops; i++) {
-		uint64_t blk = (rng_next(&w->seed) % (CAP / BLOCK / 2)) * 2 + w->id;
+		uint64_t blk = (check_rng(&w->seed) % (CAP / BLOCK / 2)) * 2 + w->id;
 		uint64_t base = blk * BLOCK;
-		if (rng_next(&w->seed) % 2) {
-			uint64_t sec = rng_next(&w->seed) % (BLOCK / 512);
-			uint64_t n = 1 + rng_next(&w->seed) % (BLOCK / 512 - sec);
+		if (check_rng(&w->seed) % 2) {
+			uint64_t sec = check_rng(&w->seed) % (BLOCK / 512);
+			uint64_t n = 1 + check_rng(&w->seed) % (BLOCK / 512 - sec);
 			uint64_t addr = base + sec * 512, len = n * 512;
 			fill(shadow + addr, addr, len, 100 + i);
 			if (chm_write_object(w->dev, addr, shadow + addr, len, 0))
 				w->errs++;
 		} else {
-			uint64_t off = rng_next(&w->seed) % BLOCK;
-			uint64_t len = 1 + rng_next(&w->seed) % (BLOCK - off);
+			uint64_t off = check_rng(&w->seed) % BLOCK;
+			uint64_t len = 1 + check_rng(&w->seed) % (BLOCK - off);
 			if (chm_read(w->dev, base + off, buf, len))
 				w->errs++;
 			else if (memcmp(buf, shadow + base + off, len))

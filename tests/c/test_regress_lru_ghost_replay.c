@@ -34,15 +34,6 @@ struct scenario {
 	uint64_t digest, clock_ns, hits, misses, refills, dirty_evictions, writeback_bytes;
 };
 
-static uint64_t rng_next(uint64_t *s)
-{
-	uint64_t x = *s;
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return *s = x;
-}
-
 static uint64_t fold(uint64_t h, uint64_t v)
 {
 	for (int i = 0; i < 8; i++) {
@@ -91,7 +82,7 @@ static void run(const struct scenario *sc)
 	/* objects sit spread over the first 2 TiB, some past 8 TiB */
 	const uint64_t stride = (2ull << 40) / sc->nobjects / obj * obj;
 	for (unsigned op = 0; op < sc->ops; op++) {
-		uint64_t r = rng_next(&seed), kind = r % 100;
+		uint64_t r = check_rng(&seed), kind = r % 100;
 		/* skewed: 3/4 of the accesses go to a sixteenth of the objects */
 		uint64_t o = (r >> 8) % (r & 0xc0 ? sc->nobjects / 16 : sc->nobjects);
 		uint64_t addr = o * stride + ((r >> 40) & 1 ? (8ull << 40) : 0);

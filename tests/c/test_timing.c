@@ -19,12 +19,7 @@ static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint64_t rng(void)
 {
-	uint64_t x = rng_state;
-
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
+	return check_rng(&rng_state);
 }
 
 /* ceil(a * 1e9 / b) in 128-bit, the test's own arithmetic. */

@@ -20,11 +20,7 @@ static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
 static uint64_t rng(void)
 {
-	uint64_t x = rng_state;
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
+	return check_rng(&rng_state);
 }
 
 static struct chm_timing random_params(unsigned k)
