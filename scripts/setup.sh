@@ -42,6 +42,7 @@ if [ "$LEVEL" = test ]; then
 	command -v fio >/dev/null 2>&1 || need+=(fio)
 	command -v spin >/dev/null 2>&1 || need+=(spin)
 	command -v clang-format >/dev/null 2>&1 || need+=(clang-format)
+	command -v redis-server >/dev/null 2>&1 || need+=(redis-server) # the Master on Redis tests
 fi
 if ! command -v "$PY" >/dev/null 2>&1; then
 	need+=(python3 python3-venv python3-dev)
