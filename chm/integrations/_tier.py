@@ -1,0 +1,273 @@
+"""How every adapter opens its tier: one call, the same rules for all engines.
+
+    tier = open_tier(TierOptions(path="/var/lib/chm/kv", capacity="1T"),
+                     namespace=Namespace(model=..., dtype=..., tp_rank=...),
+                     chunk_bytes=16 << 20, batch=8, rank=3, log=logger, what="LMCache")
+    tier.store      # a chm.kv.Store (embedded) or the daemon's store (socket)
+    tier.staging    # the StagingQueue every asynchronous put goes through
+    tier.stats()    # the store's and the queue's counters, one dict
+    tier.close()
+
+What it decides, so that no adapter decides it differently:
+
+- where: ``socket`` (a ``chm-emu serve`` daemon, through ``chm.connect``:
+  every rank and replica of the node shares one tier and one index) or
+  ``path`` (an embedded store, this process only). With ``per_rank_dir``
+  the store is ``path/rank<N>`` (each rank its own tier). An embedded path
+  another process holds raises Busy, after an ERROR line starting
+  ``chm: tier not in use`` (engines that swallow a backend's exception still
+  leave that line in their log);
+- capacity: a file-backed tier must fit its filesystem
+  (:func:`chm.kv.capacity.check_fits`) unless ``sparse_overcommit``;
+- the write buffer: unless ``wbuf`` is given, sized to hold one engine store
+  call (``chunk_bytes * batch``), within what the device's DRAM allows;
+- durability: ``flush_interval`` starts the store's periodic flusher (the
+  daemon's store: the staging queue's flusher);
+- staging: ``staging`` bytes of host staging queue (default 1 GiB).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chm.errors import Busy, InvalidArgument
+from chm.kv import Namespace, Store
+from chm.kv.capacity import check_fits
+from chm.kv.staging import DEFAULT_STAGING, StagingQueue
+from chm.sizes import parse_size
+
+__all__ = ["RemoteTierStore", "Tier", "TierOptions", "default_wbuf", "open_tier"]
+
+_MIB = 1 << 20
+_DEFAULT_DRAM = 320 * _MIB  # the device's default dram (chm-emu options)
+
+
+@dataclass
+class TierOptions:
+    """The tier's configuration as an adapter's config names it."""
+
+    path: str | None = None
+    socket: str | None = None
+    capacity: str | int = "64G"
+    dram: str | int | None = None
+    wbuf: str | int | None = None
+    slot_size: str | int = "32M"
+    backend: str = "auto"
+    mode: str = "prefetch"
+    eviction: str = "lru"
+    flush_interval: float | None = 1.0
+    staging: str | int = DEFAULT_STAGING
+    sparse_overcommit: bool = False
+    per_rank_dir: bool = False
+
+
+def default_wbuf(
+    chunk_bytes: int | None, batch: int, dram: int | str | None, slot: int | str
+) -> int | None:
+    """The write buffer for ``batch`` chunks of ``chunk_bytes`` (one store call),
+    rounded up to MiB and capped so the staging window keeps two slots of the
+    DRAM; None (the device's default) when the chunk size is unknown or the
+    default is already larger."""
+    if not chunk_bytes or batch <= 0:
+        return None
+    dram_b = parse_size(dram) if dram is not None else _DEFAULT_DRAM
+    slot_b = parse_size(slot)
+    want = -(-(chunk_bytes + 4096) * batch // _MIB) * _MIB
+    cap = dram_b - 2 * slot_b
+    wbuf = min(want, cap)
+    if wbuf <= 2 * slot_b:  # the device's default with object_size = slot
+        return None
+    return wbuf
+
+
+class RemoteTierStore:
+    """The daemon's KV store (``chm.remote.RemoteStore``) with the calls the
+    adapters use of a :class:`Store`. Pins are the daemon's, taken by each
+    load for as long as it runs, so ``pin``/``unpin`` only answer presence."""
+
+    def __init__(self, socket_path: str, namespace: Namespace) -> None:
+        import chm
+
+        self.device = chm.connect(socket_path)
+        try:
+            self.kv = self.device.kv(namespace)
+            self.max_block = int(min(self.device.slot_bytes, self.device.area_bytes))
+        except BaseException:
+            self.device.close()
+            raise
+        self.namespace = namespace
+        self.socket = socket_path
+
+    def contains(self, keys: Any) -> list[bool]:
+        return self.kv.contains(keys)
+
+    def prefix_len(self, keys: Any) -> int:
+        return self.kv.prefix_len(keys)
+
+    def put(self, keys: Any, srcs: Any, meta: Any = None) -> list[Any]:
+        return self.kv.put(keys, srcs, meta)
+
+    def get(self, keys: Any, dsts: Any, timeout: float | None = None) -> list[bool]:
+        return self.kv.get(keys, dsts, timeout)
+
+    def load_prefix(self, keys: Any, dsts: Any, timeout: float | None = None) -> int:
+        return self.kv.load_prefix(keys, dsts, timeout)
+
+    def info(self, key: Any) -> dict[str, Any] | None:
+        return self.kv.entries([key])[0]
+
+    def entries(self, keys: Any) -> list[dict[str, Any] | None]:
+        return self.kv.entries(keys)
+
+    def pin(self, keys: Any) -> list[bool]:
+        return self.kv.contains(keys)
+
+    def unpin(self, keys: Any) -> None:
+        return None
+
+    def remove(self, keys: Any) -> list[bool]:
+        return self.kv.remove(keys)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.kv.flush(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        return self.kv.stats()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.device.closed)
+
+    def close(self, *, flush: bool = True) -> None:
+        if self.device.closed:
+            return
+        try:
+            if flush:
+                self.kv.flush()
+        finally:
+            self.device.close()
+
+
+class Tier:
+    """An opened tier: its store, its staging queue, their stats."""
+
+    def __init__(self, store: Any, staging: StagingQueue, where: str) -> None:
+        self.store = store
+        self.staging = staging
+        self.where = where  # the directory or the socket
+
+    @property
+    def remote(self) -> bool:
+        return isinstance(self.store, RemoteTierStore)
+
+    def stats(self) -> dict[str, Any]:
+        st = self.store.stats()
+        out: dict[str, Any] = dict(st if isinstance(st, dict) else st.to_dict())
+        out.update({f"staging_{k}": v for k, v in self.staging.stats().to_dict().items()})
+        return out
+
+    def close(self, *, flush: bool = True, timeout: float | None = 30.0) -> None:
+        """Writes what the staging queue holds (up to ``timeout``), then
+        flushes and closes the store."""
+        try:
+            self.staging.close(timeout)
+        finally:
+            self.store.close(flush=flush)
+
+
+def open_tier(
+    opts: TierOptions,
+    *,
+    namespace: Namespace,
+    chunk_bytes: int | None = None,
+    batch: int = 8,
+    rank: int = 0,
+    log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+    what: str = "chm",
+) -> Tier:
+    """Opens the tier ``opts`` describes (see the module doc)."""
+    log = log or logging.getLogger("chm.integrations")
+    if bool(opts.path) == bool(opts.socket):
+        raise InvalidArgument(
+            None,
+            f"{what}: give exactly one of 'path' (an embedded store, this process only) "
+            "and 'socket' (a chm-emu serve daemon, shared by every rank)",
+        )
+    if opts.flush_interval is not None and opts.flush_interval <= 0:
+        opts.flush_interval = None  # 0: no periodic flush
+    if opts.socket:
+        for name in ("dram", "wbuf"):
+            if getattr(opts, name) is not None:
+                raise InvalidArgument(
+                    None,
+                    f"{what}: '{name}' is the daemon's setting (chm-emu serve --{name}), "
+                    "not the client's",
+                )
+        store: Any = RemoteTierStore(os.fspath(opts.socket), namespace)
+        try:
+            staging = StagingQueue(
+                store,
+                opts.staging,
+                flush_interval=opts.flush_interval,
+                name=f"chm[{what}]",
+                logger=log,
+            )
+        except BaseException:
+            store.close(flush=False)
+            raise
+        return Tier(store, staging, opts.socket)
+    assert opts.path is not None
+    directory = Path(opts.path)
+    if opts.per_rank_dir:
+        directory = directory / f"rank{int(rank)}"
+    directory.mkdir(parents=True, exist_ok=True)
+    check_fits(
+        directory / "kv.img",
+        opts.capacity,
+        sparse_overcommit=opts.sparse_overcommit,
+        option=f"{what}'s sparse_overcommit",
+    )
+    dev_opts: dict[str, Any] = {}
+    wbuf = opts.wbuf
+    if wbuf is None:
+        wbuf = default_wbuf(chunk_bytes, batch, opts.dram, opts.slot_size)
+    if wbuf is not None:
+        dev_opts["wbuf"] = wbuf
+    try:
+        store = Store.open(
+            directory,
+            capacity=opts.capacity,
+            dram=opts.dram,
+            slot_size=opts.slot_size,
+            backend=opts.backend,
+            mode=opts.mode,
+            device_options=dev_opts,
+            eviction=opts.eviction,
+            namespace=namespace,
+            flush_interval=opts.flush_interval,
+        )
+    except Busy as exc:
+        log.error(
+            "chm: tier not in use: %s is held by another process (%s); give every rank "
+            "and replica the daemon's 'socket' (chm-emu serve) or set per_rank_dir",
+            directory,
+            exc.strerror,
+        )
+        raise
+    try:
+        staging = StagingQueue(store, opts.staging, name=f"chm[{what}]", logger=log)
+    except BaseException:
+        store.close()
+        raise
+    return Tier(store, staging, os.fspath(directory))
+
+
+def chunk_nbytes(shape: Any, itemsize: int) -> int:
+    """Bytes of a chunk of ``shape`` elements of ``itemsize`` bytes."""
+    return int(np.prod([int(x) for x in shape], dtype=np.int64)) * int(itemsize)
