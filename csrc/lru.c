@@ -1,5 +1,5 @@
 /* lru.c - lru mode: the whole DRAM pool as one transparent LRU cache of
- * lru_line_bytes lines, the commercial CMM-H baseline (DESIGN.md §3).
+ * lru_line_bytes lines, the commercial CMM-H baseline (docs/design.md §3).
  *
  * Line i lives at pool.base + i * line. A line that names a device address
  * is in the hash table (line address -> line) and on the recency list (MRU

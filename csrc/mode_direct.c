@@ -1,5 +1,5 @@
 /* mode_direct.c - direct mode, the lower bound: no DRAM, every read and
- * write goes to the SSD (DESIGN.md §3). Also the SSD read of any range that
+ * write goes to the SSD (docs/design.md §3). Also the SSD read of any range that
  * prefetch mode uses for a miss (chm_direct_read): through an aligned bounce
  * buffer, with the write-buffer overlay on top when the device has one.
  * No device lock is held for I/O or copies (the overlay is copied from the

@@ -1,4 +1,4 @@
-/* mode_prefetch.c - prefetch mode (HyMCache, DESIGN.md §3): a staging
+/* mode_prefetch.c - prefetch mode (HyMCache, docs/design.md §3): a staging
  * window of slots filled from the SSD on the serving runtime's request,
  * reads of staged ranges served from DRAM, reads of anything else from the
  * SSD without polluting DRAM, and writes isolated in the write buffer

@@ -1,4 +1,4 @@
-"""The C core calls only downwards (DESIGN.md §3, "Modes and layers in C").
+"""The C core calls only downwards (docs/design.md §2 and §3).
 
 Every file of ``csrc/`` (and ``include/chm.h``) belongs to one module, named by
 its stem (``staging.c`` and ``staging.h`` are ``staging``), and every module to
