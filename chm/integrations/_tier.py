@@ -125,6 +125,9 @@ class RemoteTierStore:
     def entries(self, keys: Any) -> list[dict[str, Any] | None]:
         return self.kv.entries(keys)
 
+    def meta(self, keys: Any) -> list[bytes | None]:
+        return self.kv.meta(keys)
+
     def pin(self, keys: Any) -> list[bool]:
         return self.kv.contains(keys)
 
