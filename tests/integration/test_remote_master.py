@@ -1,0 +1,187 @@
+"""The Master on a real redis-server (started and stopped by the fixture on a free port).
+
+Entries, prefix lookups of at most 32 keys per round trip with early hits,
+node leases and epochs (a dead or restarted node's entries are never hits),
+and Redis going away (a clear error at start, misses while it is down,
+recovery when it is back): the server is killed with SIGKILL to test that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from chm.errors import InvalidArgument
+from chm.kv.keys import Namespace
+from chm.remote.master import (
+    ENTRY_BYTES,
+    LOOKUP_BATCH,
+    Entry,
+    Lease,
+    MasterUnreachable,
+    RedisMaster,
+    key_bytes,
+)
+from chm.testing.redisd import RedisServer, free_port, redis_server_path
+
+pytestmark = [
+    pytest.mark.skipif(
+        redis_server_path() is None,
+        reason="redis-server is not installed (apt-get install redis-server)",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("redis") is None,
+        reason="the 'remote' extra (the redis client) is not installed",
+    ),
+]
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def master(server: RedisServer) -> Iterator[RedisMaster]:
+    with RedisMaster(server.url, lease=1.0, timeout=0.3) as m:
+        yield m
+
+
+def _keys(n: int, tag: str = "t") -> list[bytes]:
+    return key_bytes(Namespace(model=tag).keys(range(n)))
+
+
+def _entries(keys: list[bytes], node: int, epoch: int) -> list[Entry]:
+    return [
+        Entry(k, node, addr=i << 20, length=4096 + i, checksum=0xABC0 + i, epoch=epoch)
+        for i, k in enumerate(keys)
+    ]
+
+
+def test_entry_is_64_bytes_and_round_trips() -> None:
+    e = Entry(bytes(range(16)), node=7, addr=1 << 40, length=16 << 20, checksum=2**64 - 1, epoch=9)
+    raw = e.pack()
+    assert len(raw) == ENTRY_BYTES == 64
+    assert Entry.unpack(raw) == e
+    with pytest.raises(InvalidArgument):
+        Entry.unpack(raw[:63])
+
+
+def test_keys_from_namespace_match_bytes() -> None:
+    ns = Namespace(model="m")
+    arr = ns.keys([1, 2])
+    ks = key_bytes(arr)
+    assert [len(k) for k in ks] == [16, 16] and ks[0] != ks[1]
+    assert key_bytes(ks) == ks
+    with pytest.raises(InvalidArgument):
+        key_bytes([b"short"])
+    with pytest.raises(InvalidArgument):
+        key_bytes(np.zeros(2, dtype=np.uint64))
+
+
+def test_publish_lookup_prefix_and_round_trips(master: RedisMaster) -> None:
+    node, epoch = master.register("n1", {"data": "127.0.0.1:1"})
+    keys = _keys(100)
+    # publish all but key 70: the prefix stops there
+    ents = _entries(keys, node, epoch)
+    assert master.publish(ents[:70] + ents[71:])
+    rounds: list[int] = []
+    before = master.stats["round_trips"]
+    hits = master.lookup(keys, on_hits=lambda got: rounds.append(len(got)))
+    assert hits == ents[:70]
+    # 70 hits need three rounds of at most 32; the third stops at the miss
+    assert rounds == [32, 32, 6]
+    assert master.stats["round_trips"] - before == 3
+    # a miss in the first key: one round trip, no hits, no callback
+    rounds.clear()
+    assert master.lookup([keys[70], *keys[:5]], on_hits=lambda got: rounds.append(len(got))) == []
+    assert rounds == []
+    assert master.prefix_len(keys[:10]) == 10
+    with pytest.raises(InvalidArgument):
+        master.lookup(keys, batch=LOOKUP_BATCH + 1)
+
+
+def test_restart_bumps_epoch_and_hides_old_entries(master: RedisMaster) -> None:
+    node, e1 = master.register("n1")
+    keys = _keys(8)
+    assert master.publish(_entries(keys, node, e1))
+    assert len(master.lookup(keys)) == 8
+    node2, e2 = master.register("n1")  # the node restarted
+    assert node2 == node and e2 == e1 + 1
+    assert master.lookup(keys) == []
+    assert master.stats["stale"] >= 1
+    # the old process cannot renew its lease any more
+    assert not master.renew(node, e1)
+    assert master.renew(node, e2)
+    # the restarted node re-publishes what it flushed, under its new epoch
+    assert master.publish(_entries(keys[:5], node, e2))
+    assert [h.key for h in master.lookup(keys)] == keys[:5]
+
+
+def test_dead_node_lease_expires(master: RedisMaster) -> None:
+    a, ea = master.register("a")
+    b, eb = master.register("b")
+    ka, kb = _keys(4, "a"), _keys(4, "b")
+    master.publish(_entries(ka, a, ea) + _entries(kb, b, eb))
+    lease = Lease(master, b, eb)  # b renews; a does not (it "died")
+    try:
+        deadline = time.monotonic() + 5
+        while master.lookup(ka) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert master.lookup(ka) == []
+        assert len(master.lookup(kb)) == 4
+        infos = {n.name: n for n in master.nodes()}
+        assert not infos["a"].live and infos["b"].live and infos["b"].epoch == eb
+    finally:
+        lease.stop()
+    assert master.lookup(kb) == []  # a clean stop ends the lease now
+
+
+def test_lease_of_a_restarted_node_is_lost(master: RedisMaster) -> None:
+    node, e1 = master.register("n")
+    old = Lease(master, node, e1)
+    _, e2 = master.register("n")
+    deadline = time.monotonic() + 5
+    while not old.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    old.stop(deregister=True)  # must not end the new epoch's lease
+    assert old.lost
+    assert master.node(node).live and master.node(node).epoch == e2
+
+
+def test_unreachable_at_start_is_a_clear_error() -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(MasterUnreachable) as ei:
+        RedisMaster(f"redis://127.0.0.1:{port}/0", timeout=0.3)
+    assert isinstance(ei.value, ConnectionError)
+    assert f"127.0.0.1:{port}" in str(ei.value.strerror)
+    assert time.monotonic() - t0 < 3
+    with pytest.raises(InvalidArgument):
+        RedisMaster("nonsense://x", timeout=0.3)
+
+
+def test_down_while_running_misses_then_recovers(server: RedisServer) -> None:
+    m = RedisMaster(server.url, lease=30.0, timeout=0.3)
+    node, epoch = m.register("n")
+    keys = _keys(40)
+    ents = _entries(keys, node, epoch)
+    assert m.publish(ents)
+    assert len(m.lookup(keys)) == 40
+    server.kill()
+    t0 = time.monotonic()
+    assert m.lookup(keys) == []  # a miss, not a hang
+    assert not m.publish(ents)
+    assert not m.renew(node, epoch)
+    assert time.monotonic() - t0 < 3
+    assert m.stats["errors"] >= 3
+    server.start()  # back (empty: this server keeps nothing on disk)
+    node2, epoch2 = m.register("n")
+    assert m.publish(_entries(keys, node2, epoch2))
+    assert len(m.lookup(keys)) == 40
+    m.close()
