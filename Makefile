@@ -19,6 +19,10 @@ BUILD := build/c
 CSRC := $(sort $(wildcard csrc/*.c))
 HDRS := $(wildcard include/*.h csrc/*.h)
 CTESTS := $(sort $(wildcard tests/c/test_*.c))
+# The slow tier: a C test whose source has a line `/* tier: slow */` runs in
+# `make test-all`, not in `make test`.
+CTESTS_SLOW := $(sort $(shell grep -l '^/\* tier: slow \*/' $(CTESTS) 2>/dev/null))
+CTESTS_FAST := $(filter-out $(CTESTS_SLOW),$(CTESTS))
 CFORMAT := $(wildcard csrc/*.c csrc/*.h include/*.h tests/c/*.c tests/c/*.h chm/*.c)
 
 OBJ_plain := $(patsubst csrc/%.c,$(BUILD)/plain/obj/%.o,$(CSRC))
@@ -27,8 +31,10 @@ BIN_plain := $(patsubst tests/c/%.c,$(BUILD)/plain/%,$(CTESTS))
 BIN_san := $(patsubst tests/c/%.c,$(BUILD)/san/%,$(CTESTS))
 OBJ_tsan := $(patsubst csrc/%.c,$(BUILD)/tsan/obj/%.o,$(CSRC))
 BIN_tsan := $(patsubst tests/c/%.c,$(BUILD)/tsan/%,$(CTESTS))
+c_bins = $(foreach v,plain san tsan,$(patsubst tests/c/%.c,$(BUILD)/$(v)/%,$(1)))
 
-.PHONY: all demo test setup setup-runtime integrations ext c-build c-tests pytest lint lint-py lint-c format clean distclean
+
+.PHONY: all demo test test-all c-tests-slow pytest-slow setup setup-runtime integrations ext c-build c-tests pytest lint lint-py lint-c format clean distclean
 
 all: setup
 
@@ -37,13 +43,23 @@ all: setup
 demo: setup-runtime
 	$(VENV)/bin/chm-emu demo
 
-## test: install what is missing, then the Python lint (ruff, mypy), the C tests
-## (plain + ASan/UBSan) and pytest; any failure fails the whole run
+## test: install what is missing, then the lint (ruff, mypy, clang-format),
+## the fast C tests (plain, ASan/UBSan, TSan) and pytest without the slow tier;
+## any failure fails the whole run
 test: setup
 	@rc=0; \
 	$(MAKE) --no-print-directory lint-py || rc=1; \
+	$(MAKE) --no-print-directory lint-c || rc=1; \
 	$(MAKE) --no-print-directory c-tests || rc=1; \
 	$(MAKE) --no-print-directory pytest || rc=1; \
+	exit $$rc
+
+## test-all: the slow tier that `make test` leaves out (C tests marked
+## `/* tier: slow */`, pytest -m slow); CI runs both
+test-all: setup
+	@rc=0; \
+	$(MAKE) --no-print-directory c-tests-slow || rc=1; \
+	$(MAKE) --no-print-directory pytest-slow || rc=1; \
 	exit $$rc
 
 ## setup: what `make test` needs (system packages, .venv with chm and its test tools)
@@ -100,14 +116,22 @@ $(BUILD)/san/test_%: tests/c/test_%.c $(BUILD)/san/libchm.a $(HDRS)
 
 c-build: $(BIN_plain) $(BIN_san) $(BIN_tsan)
 
-c-tests: c-build
-	@scripts/run-c-tests.sh $(BIN_plain) $(BIN_san) $(BIN_tsan)
+c-tests: $(call c_bins,$(CTESTS_FAST))
+	@scripts/run-c-tests.sh $^
+
+c-tests-slow: $(call c_bins,$(CTESTS_SLOW))
+	@scripts/run-c-tests.sh $^
 
 # ---- Python tests (exit code 5, "no tests collected", counts as success)
 
+PYTEST = $(VENV)/bin/python -m pytest tests -q
+PYTEST_OK5 = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+
 pytest: ext
-	@$(VENV)/bin/python -m pytest tests -q; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+	@$(PYTEST) -m "not slow"; $(PYTEST_OK5)
+
+pytest-slow: ext
+	@$(PYTEST) -m slow; $(PYTEST_OK5)
 
 # ---- lint: the tools' own settings are in pyproject.toml and .clang-format
 

@@ -1,4 +1,4 @@
-"""The README's Troubleshooting texts are what chm says today: each error is
+"""The Troubleshooting texts (docs/troubleshooting.md) are what chm says today: each error is
 reproduced for real (skipped, with the reason, where this host cannot) and
 must appear in one of the section's ``text`` blocks. The io_uring ones are
 checked in test_backend_default.py, under a real seccomp filter."""
@@ -23,14 +23,12 @@ SMALL: dict[str, Any] = {"capacity": "64M", "dram": "16M", "wbuf": "4M", "slot_s
 
 
 def troubleshooting_texts() -> str:
-    text = (ROOT / "README.md").read_text()
-    m = re.search(r"^## Troubleshooting\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert m, "README.md has no '## Troubleshooting' section"
-    return "\n".join(re.findall(r"^```text\n(.*?)^```", m[1], re.M | re.S))
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    return "\n".join(re.findall(r"^```text\n(.*?)^```", text, re.M | re.S))
 
 
 def _shown(exc: BaseException, *, path: str = "", as_shown: str = "") -> str:
-    """The exception as a traceback's last line, with path put as the README has it."""
+    """The exception as a traceback's last line, with path put as the page has it."""
     line = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
     return line.replace(path, as_shown) if path else line
 
