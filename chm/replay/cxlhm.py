@@ -30,10 +30,43 @@ In virtual time the device clock also moves by each request's modeled
 prefill compute between its load and its writes (the new blocks exist only
 once computed; the device is idle meanwhile and its write buffer drains).
 
-``open_loop`` (virtual time only) moves the device clock to each request's
-arrival time before serving it (``advance_clock``), so the trace's gaps are
-idle time in which the write buffer drains; without it requests run back to
-back.
+Concurrent workers (virtual time, ``open_loop`` or ``closed_loop``). Each
+worker -- a prefill instance, with its own G1 -- has its own timeline and
+serves one request at a time; a request goes to worker ``session % workers``
+(its conversation's G1 stays with it) and queues there in arrival order. The
+replay is an event queue in simulated time over the one device clock
+(``advance_clock``): events are a request's arrival, its start on a free
+worker (lookup and load), and the end of its prefill compute (its saves).
+Events run in timestamp order; each moves the device clock to its time
+before issuing its device calls, so the loads and saves of different
+workers interleave on the device in the order of their issue times, and a
+worker computing leaves the device to the others. One device call (one
+request's load, one request's saves) runs to its end on the clock before
+the next event: a call issued while the clock is past its issue time (the
+device still busy with an earlier call) starts when the clock is, and that
+wait counts in the request's ``device_wait_s``. So the device serves the
+calls one after another in issue order (a load issued during another
+worker's saves waits for their end, though the link is full duplex: an
+upper bound on that interference, visible in ``device_wait_s``); within a
+call the timing model overlaps the blocks over the SSD's channels as it
+always does. A request with nothing to load does not wait: its lookup is the
+host's index. (The alternative, per-operation issue times in the C core,
+would let calls overlap on the timing model's resources; the device clock
+is one monotonic counter, so the event queue cannot rewind it.)
+
+``open_loop``: requests arrive at their trace times (``arrival_s``) whatever
+the service time; the trace's gaps are idle time in which the write buffer
+drains. ``closed_loop``: each session's first turn arrives at its trace
+time, each later turn ``think_s`` after its previous turn's first token.
+Without either (the default) requests run back to back in trace order, one
+at a time, as an offline LRU sees them. A request's ``queue_s`` is the time
+from its arrival to its start on the worker, ``device_wait_s`` and
+``save_wait_s`` the times its load and its saves waited for the device, and
+``first_token_s`` = start + device wait + load + compute; its TTFT
+(``ttft_s``) is ``first_token_s - arrival_s``. Times are model seconds:
+the device clock runs in device time, ``1 / scale`` of it (see
+``device_block_bytes``), and arrivals, think and compute times are divided
+by the scale on the way to it.
 
 ``tier_bytes`` (0: the whole device) bounds the address range the tier
 places blocks in, so one workload can be replayed unchanged on devices of
@@ -54,6 +87,9 @@ load time.
 
 from __future__ import annotations
 
+import collections
+import heapq
+import itertools
 import tempfile
 import time
 import weakref
@@ -132,6 +168,16 @@ class CxlhmRequest:
     writes_offered: int
     writes_skipped: int
     clock_end_s: float  # device clock after the request
+    queue_s: float = 0.0  # model s from arrival to the start on its worker
+    device_wait_s: float = 0.0  # model s its load waited for the device
+    save_wait_s: float = 0.0  # model s its saves waited for the device
+    first_token_s: float = 0.0  # model s: start + device wait + load + compute
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token including the waits: queue + device wait + load + compute."""
+        r = self.result
+        return self.queue_s + self.device_wait_s + r.load_s + r.compute_s
 
     @property
     def load_bw_Bps(self) -> float:
@@ -150,8 +196,33 @@ class CxlhmRequest:
             writes_offered=self.writes_offered,
             writes_skipped=self.writes_skipped,
             clock_end_s=self.clock_end_s,
+            queue_s=self.queue_s,
+            device_wait_s=self.device_wait_s,
+            save_wait_s=self.save_wait_s,
+            first_token_s=self.first_token_s,
+            ttft_queued_s=self.ttft_s,
         )
         return d
+
+
+@dataclass(slots=True)
+class _Started:
+    """A request between its load and its saves (see :meth:`CxlhmReplay._begin`)."""
+
+    r: Request
+    worker: int
+    arrival_s: float  # model s (re-timed in a closed loop)
+    arrival_ns: int  # device ns
+    start_ns: int  # device ns: free worker and arrival
+    t0_s: float  # device clock at the load's start (s)
+    t1_s: float  # and at its end
+    p1: int
+    p2: int
+    n_load: int
+    host: int
+    dram_bytes: int
+    ssd_bytes: int
+    compute_s: float  # model s
 
 
 class CxlhmReplay:
@@ -177,6 +248,7 @@ class CxlhmReplay:
         window_bytes: int = WINDOW_BYTES,
         wait_timeout_s: float = 30.0,
         open_loop: bool = False,
+        closed_loop: bool = False,
         pinned_prefix: int = 0,
         tier_bytes: int = 0,
     ) -> None:
@@ -205,8 +277,12 @@ class CxlhmReplay:
         self._hbm = hbm_kv_bytes or prefill.hbm_kv_bytes()
         self._dev_block = device_block_bytes
         self._virtual = dev.config["clock"] == "virtual"
-        if open_loop and not self._virtual:
-            raise ValueError("open_loop needs a device in virtual time (clock='virtual')")
+        if (open_loop or closed_loop) and not self._virtual:
+            raise ValueError(
+                "open_loop and closed_loop need a device in virtual time (clock='virtual')"
+            )
+        if open_loop and closed_loop:
+            raise ValueError("open_loop and closed_loop exclude each other")
         if pinned_prefix < 0:
             raise ValueError(f"pinned_prefix must be >= 0, got {pinned_prefix}")
         if tier_bytes < 0 or tier_bytes > int(dev.capacity):
@@ -215,6 +291,7 @@ class CxlhmReplay:
             )
         self.tier_bytes = tier_bytes or int(dev.capacity)
         self.open_loop = open_loop
+        self.closed_loop = closed_loop
         self.pinned = HostPrefixCache(pinned_prefix)
         self._moves_data = dev.config.backend != "ghost"
         # a chm.Device reads its clock without a stats snapshot; other devices
@@ -344,16 +421,16 @@ class CxlhmReplay:
         exists = out.count(PutStatus.EXISTS)
         return n - exists, out.count(PutStatus.SKIPPED)
 
-    def step(self, r: Request) -> CxlhmRequest:
-        """Looks the request up, loads its tier hits, saves its blocks."""
-        if self._closed:
-            raise ValueError("CxlhmReplay.step: the replay is closed")
-        bb = self._setup(r)
+    def worker_of(self, r: Request) -> int:
+        """The worker serving ``r``: its session's (or its index's) modulo ``workers``."""
+        return (r.session if r.session is not None else r.index) % self.workers
+
+    def _begin(
+        self, r: Request, w: int, arrival_s: float, arrival_ns: int, start_ns: int
+    ) -> _Started:
+        """The request's lookup and load, from the device clock's present."""
         tier = self._tier
         assert tier is not None
-        if self.open_loop:
-            self.dev.advance_clock(int(r.arrival_s * 1e9))  # type: ignore[attr-defined]
-        w = (r.session if r.session is not None else r.index) % self.workers
         keys = r.block_keys
         ks = tier.namespace.keys(keys)
         gpu = self._g1[w] if self._g1 else None
@@ -365,52 +442,197 @@ class CxlhmReplay:
         t0 = self._now_s()
         p2, n_load = self._lookup_load(ks[p1:], held, r)
         t1 = self._now_s()
-        host = min(held, p2)
+        if not n_load:
+            # a lookup is the host's index: without a load the request
+            # does not wait for the device, however far its clock has run
+            t0 = t1 = start_ns / 1e9
         mid = self.dev.stats()
         cached = (p1 + p2) * r.block_tokens
-        compute_s = self.prefill.compute_s(r.input_tokens - cached, cached)
-        if self._advance is not None:
-            # the new blocks exist once the prefill computed them: that time
-            # passes on the device too (scaled like the device's bytes), and
-            # its flusher drains the write buffer meanwhile
-            self._advance(int((t1 + compute_s / self.scale) * 1e9))
+        return _Started(
+            r=r,
+            worker=w,
+            arrival_s=arrival_s,
+            arrival_ns=arrival_ns,
+            start_ns=start_ns,
+            t0_s=t0,
+            t1_s=t1,
+            p1=p1,
+            p2=p2,
+            n_load=n_load,
+            host=min(held, p2),
+            dram_bytes=mid.bytes_from_dram - before.bytes_from_dram,
+            ssd_bytes=mid.bytes_read_ssd - before.bytes_read_ssd,
+            compute_s=self.prefill.compute_s(r.input_tokens - cached, cached),
+        )
+
+    def _finish(self, st: _Started, issue_ns: int = -1) -> CxlhmRequest:
+        """The request's saves, from the device clock's present; its result.
+        ``issue_ns``: when the saves were due (device ns; -1: now)."""
+        tier = self._tier
+        assert tier is not None
+        r, w, sc = st.r, st.worker, self.scale
+        keys = r.block_keys
+        gpu = self._g1[w] if self._g1 else None
         if gpu is not None:
             gpu.access(keys)
-        self.pinned.keep(keys[: p1 + p2])
-        offered, skipped = self._save(ks)
+        self.pinned.keep(keys[: st.p1 + st.p2])
+        begin = self._now_s()
+        offered, skipped = self._save(tier.namespace.keys(keys))
         end = self._now_s()
-        device_load_s = t1 - t0 if n_load else 0.0
+        device_load_s = st.t1_s - st.t0_s if st.n_load else 0.0
+        bb = self._block_bytes
         result = RequestResult(
             system=self.system,
             index=r.index,
             session=r.session,
             turn=r.turn,
             worker=w,
-            arrival_s=r.arrival_s,
+            arrival_s=st.arrival_s,
             input_tokens=r.input_tokens,
             blocks=len(keys),
-            gpu_hit_blocks=p1,
-            tier_hit_blocks=p2,
+            gpu_hit_blocks=st.p1,
+            tier_hit_blocks=st.p2,
             block_tokens=r.block_tokens,
-            gpu_bytes=p1 * bb,
+            gpu_bytes=st.p1 * bb,
             tier_name=self.system,
-            tier_bytes=p2 * bb,
-            compute_s=compute_s,
-            load_s=device_load_s * self.scale,
+            tier_bytes=st.p2 * bb,
+            compute_s=st.compute_s,
+            load_s=device_load_s * sc,
         )
         out = CxlhmRequest(
             result=result,
-            device_load_bytes=n_load * self._dev_block,
-            host_prefix_blocks=host,
+            device_load_bytes=st.n_load * self._dev_block,
+            host_prefix_blocks=st.host,
             device_load_s=device_load_s,
-            dram_bytes=mid.bytes_from_dram - before.bytes_from_dram,
-            ssd_bytes=mid.bytes_read_ssd - before.bytes_read_ssd,
+            dram_bytes=st.dram_bytes,
+            ssd_bytes=st.ssd_bytes,
             writes_offered=offered,
             writes_skipped=skipped,
             clock_end_s=end,
+            queue_s=(st.start_ns - st.arrival_ns) / 1e9 * sc,
+            device_wait_s=max(0.0, st.t0_s - st.start_ns / 1e9) * sc,
+            save_wait_s=max(0.0, begin - issue_ns / 1e9) * sc if issue_ns >= 0 else 0.0,
+            first_token_s=st.t1_s * sc + st.compute_s,
         )
         self.results.append(out)
         return out
+
+    def step(self, r: Request) -> CxlhmRequest:
+        """Serves one request now, alone: looks it up, loads its tier hits,
+        lets its prefill compute pass (virtual time), saves its blocks.
+
+        With ``open_loop`` the clock first moves to the request's arrival.
+        :func:`replay_cxlhm` runs the concurrent workers of ``open_loop`` /
+        ``closed_loop``; this is the back-to-back path.
+        """
+        if self._closed:
+            raise ValueError("CxlhmReplay.step: the replay is closed")
+        self._setup(r)
+        sc = self.scale
+        if self.open_loop:
+            self.dev.advance_clock(int(r.arrival_s / sc * 1e9))  # type: ignore[attr-defined]
+        now_ns = int(self._now_s() * 1e9)
+        st = self._begin(r, self.worker_of(r), r.arrival_s, int(r.arrival_s / sc * 1e9), now_ns)
+        if not self.open_loop:  # back to back: no queue
+            st.arrival_ns = st.start_ns = now_ns
+        if self._advance is not None:
+            # the new blocks exist once the prefill computed them: that time
+            # passes on the device too (scaled like the device's bytes), and
+            # its flusher drains the write buffer meanwhile
+            self._advance(int((st.t1_s + st.compute_s / sc) * 1e9))
+        return self._finish(st)
+
+    def run(
+        self, requests: Iterable[Request], progress: Callable[[int], None] | None = None
+    ) -> list[CxlhmRequest]:
+        """Serves ``requests``: back to back (:meth:`step`), or with
+        ``open_loop`` / ``closed_loop`` on concurrent workers in simulated
+        time (see the module doc). Results in completion order."""
+        if not (self.open_loop or self.closed_loop):
+            for r in requests:
+                self.step(r)
+                if progress is not None:
+                    progress(1)
+            return self.results
+        return self._run_events(list(requests), progress)
+
+    def _run_events(
+        self, reqs: list[Request], progress: Callable[[int], None] | None
+    ) -> list[CxlhmRequest]:
+        if self._closed:
+            raise ValueError("CxlhmReplay.run: the replay is closed")
+        if not reqs:
+            return self.results
+        self._setup(reqs[0])
+        for r in reqs[1:]:
+            self._setup(r)  # one block size, checked before any device work
+        advance = self._advance
+        assert advance is not None
+        sc = self.scale
+
+        def dev_ns(model_s: float) -> int:
+            return round(model_s / sc * 1e9)
+
+        # (device ns, kind, sequence, payload); at one time saves run before
+        # arrivals and arrivals before starts, each kind in push order
+        save_k, arrive_k, start_k = 0, 1, 2
+        heap: list[tuple[int, int, int, Any]] = []
+        seq = itertools.count()
+
+        def push(t: int, kind: int, item: Any) -> None:
+            heapq.heappush(heap, (t, kind, next(seq), item))
+
+        nxt: dict[int, Request] = {}  # closed loop: a turn -> its session's next
+        if self.closed_loop:
+            by_session: dict[int, list[Request]] = {}
+            for r in reqs:
+                if r.session is None or r.turn is None:
+                    raise ValueError(
+                        f"request {r.index} has no session/turn: cannot close the loop"
+                    )
+                by_session.setdefault(r.session, []).append(r)
+            for turns in by_session.values():
+                turns.sort(key=lambda q: (q.turn, q.index))
+                for a, b in itertools.pairwise(turns):
+                    nxt[a.index] = b
+                push(dev_ns(turns[0].arrival_s), arrive_k, turns[0])
+        else:
+            for r in reqs:
+                push(dev_ns(r.arrival_s), arrive_k, r)
+        queues: list[collections.deque[tuple[Request, int]]] = [
+            collections.deque() for _ in range(self.workers)
+        ]
+        busy = [False] * self.workers
+        arrival_s: dict[int, float] = {}  # model s, by request index
+        while heap:
+            t, kind, _, item = heapq.heappop(heap)
+            if kind == arrive_k:
+                w = self.worker_of(item)
+                arrival_s[item.index] = t / 1e9 * sc if self.closed_loop else item.arrival_s
+                queues[w].append((item, t))
+                if not busy[w]:
+                    busy[w] = True
+                    push(t, start_k, w)
+            elif kind == start_k:
+                r, arrived = queues[item].popleft()
+                advance(t)
+                st = self._begin(r, item, arrival_s.pop(r.index), arrived, t)
+                push(int(st.t1_s * 1e9) + dev_ns(st.compute_s), save_k, st)
+            else:
+                advance(t)
+                out = self._finish(item, t)
+                w = item.worker
+                end = int(out.clock_end_s * 1e9)
+                if queues[w]:
+                    push(end, start_k, w)
+                else:
+                    busy[w] = False
+                following = nxt.get(item.r.index)
+                if following is not None:
+                    push(dev_ns(out.first_token_s + following.think_s), arrive_k, following)
+                if progress is not None:
+                    progress(1)
+        return self.results
 
 
 def replay_cxlhm(
@@ -419,13 +641,10 @@ def replay_cxlhm(
     *,
     progress: Callable[[int], None] | None = None,
 ) -> list[CxlhmRequest]:
-    """Feeds ``requests`` in order to ``replay``, then closes it; its results."""
+    """Serves ``requests`` through ``replay`` (:meth:`CxlhmReplay.run`), then
+    closes it; its results, in completion order."""
     with replay:
-        for r in requests:
-            replay.step(r)
-            if progress is not None:
-                progress(1)
-    return replay.results
+        return replay.run(requests, progress)
 
 
 def _close_tier(store: Store, tmp: tempfile.TemporaryDirectory[str]) -> None:

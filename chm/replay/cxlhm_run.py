@@ -77,6 +77,7 @@ def replay_virtual(
     workers: int = 1,
     hbm_kv_bytes: int = 0,
     open_loop: bool = False,
+    closed_loop: bool = False,
     pinned_prefix: int = 0,
     gpu_cache: bool = True,
     progress: Callable[[int], None] | None = None,
@@ -84,7 +85,8 @@ def replay_virtual(
     """Replays ``requests`` through ``system`` (cxlhm-lru / cxlhm-prefetch) on ghost.
 
     ``hbm_kv_bytes`` is G1's size per worker (0: from the GPU preset);
-    ``open_loop``, ``pinned_prefix`` and ``gpu_cache`` as in :class:`CxlhmReplay`.
+    ``open_loop``, ``closed_loop`` (concurrent workers in simulated time),
+    ``pinned_prefix`` and ``gpu_cache`` as in :class:`CxlhmReplay`.
     """
     if not requests:
         raise ValueError("replay_virtual needs at least one request")
@@ -106,6 +108,7 @@ def replay_virtual(
             hbm_kv_bytes=hbm_kv_bytes,
             device_block_bytes=block,
             open_loop=open_loop,
+            closed_loop=closed_loop,
             pinned_prefix=pinned_prefix,
             gpu_cache=gpu_cache,
         )

@@ -157,12 +157,17 @@ def test_open_loop_moves_the_clock_to_arrivals_and_needs_virtual_time() -> None:
             dev, "cxlhm-prefetch", PREFILL, gpu_cache=False, device_block_bytes=MiB, open_loop=True
         )
         res = replay_cxlhm(reqs, rp)
-        assert res[1].clock_end_s >= 5.0 > res[0].clock_end_s
+        # 16 MiB model blocks on 1 MiB device blocks: the device clock runs
+        # 16 times faster than the model's, arrivals included
+        assert res[1].clock_end_s >= 5.0 / 16 > res[0].clock_end_s
+        assert res[1].first_token_s > 5.0 and res[1].result.arrival_s == 5.0
     with (
         chm.Device.open(backend="ghost", capacity="1G", dram="64M", wbuf="8M", slot_size="1M") as d,
         pytest.raises(ValueError, match="virtual time"),
     ):
         CxlhmReplay(d, "cxlhm-prefetch", PREFILL, open_loop=True)
+    with _dev("prefetch") as dev, pytest.raises(ValueError, match="exclude"):
+        CxlhmReplay(dev, "cxlhm-prefetch", PREFILL, open_loop=True, closed_loop=True)
 
 
 def test_host_prefix_buffer_serves_the_pinned_blocks_by_hand() -> None:
