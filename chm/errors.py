@@ -14,6 +14,7 @@ __all__ = [
     "Busy",
     "Cancelled",
     "ChmError",
+    "Damaged",
     "DeviceIOError",
     "InvalidArgument",
     "NoMemory",
@@ -118,6 +119,13 @@ class DeviceIOError(ChmError):
     default_errno = _errno.EIO
 
 
+class Damaged(ChmError):
+    """EUCLEAN: stored state is damaged or inconsistent (e.g. a KV journal
+    lost beside a backing that holds blocks); the message names the repair."""
+
+    default_errno = _errno.EUCLEAN
+
+
 class StaleHandle(ChmError):
     """ESTALE: the handle was already released or never issued."""
 
@@ -161,6 +169,7 @@ _BY_ERRNO: dict[int, type[ChmError]] = {
     _errno.ETIMEDOUT: WaitTimeout,
     _errno.EIO: DeviceIOError,
     _errno.ESTALE: StaleHandle,
+    _errno.EUCLEAN: Damaged,
     _errno.ECANCELED: Cancelled,
     _errno.EOPNOTSUPP: NotSupported,
     _errno.ENOMEM: NoMemory,
