@@ -98,11 +98,13 @@ class SegmentLog:
 
     # ---- allocation
 
-    def alloc(self, length: int) -> tuple[int, int] | None:
+    def alloc(self, length: int, footprint: int = 0) -> tuple[int, int] | None:
         """``(segment, addr)`` for a block, or None when a victim is needed
         (call :meth:`victim`, drop its blocks, :meth:`reuse` it, then retry)
-        or when ``length`` does not fit a segment."""
-        need = _align_up(length)
+        or when ``length`` does not fit a segment. ``footprint`` (default:
+        ``length``) is the device bytes the block takes (with its header);
+        ``length`` counts as live."""
+        need = _align_up(max(length, footprint))
         if need > self.segment_bytes:
             return None
         s = self._open
@@ -120,9 +122,9 @@ class SegmentLog:
         self.last_use[s] = self._tick()
         return s, addr
 
-    def unalloc(self, segment: int, addr: int, length: int) -> None:
+    def unalloc(self, segment: int, addr: int, length: int, footprint: int = 0) -> None:
         """Takes back the last allocation (a write that was skipped)."""
-        need = _align_up(length)
+        need = _align_up(max(length, footprint))
         if segment == self._open and segment * self.segment_bytes + self.used[segment] == (
             addr + need
         ):

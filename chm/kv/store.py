@@ -22,6 +22,7 @@ import enum
 import os
 import stat
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ from typing import Any, TypeVar
 import numpy as np
 import xxhash
 
-from chm.errors import Busy, ChmError, InvalidArgument
+from chm.errors import Busy, Cancelled, ChmError, InvalidArgument
+from chm.kv import blockhdr
 from chm.kv import journal as jn
 from chm.kv.alloc import ALIGN, SegmentLog
 from chm.kv.buffers import as_dst, as_src
@@ -43,13 +45,18 @@ from chm.kv.residency import Admission, make_admission
 from chm.kv.tickets import Ticket
 from chm.kv.window import WINDOW_BYTES, KVManager
 
-__all__ = ["MAX_META", "PutStatus", "Store", "StoreStats"]
+__all__ = ["MAX_META", "JournalDamageWarning", "PutStatus", "Store", "StoreStats"]
 
 _T = TypeVar("_T")
 MAX_META = jn.MAX_META  # metadata bytes per key
 _ENTRY_FIELDS = ("addr", "length", "checksum", "epoch", "segment", "device", "pins", "state")
 _hash = xxhash.xxh3_64_intdigest
 _ZEROS = bytes(512)
+
+
+class JournalDamageWarning(UserWarning):
+    """Opening a store found damaged journal records (skipped, counted in
+    :class:`StoreStats`, the journal kept aside): run ``chm-emu kv check``."""
 
 
 class PutStatus(enum.IntEnum):
@@ -101,6 +108,9 @@ class StoreStats:
     recovered_entries: int
     recovery_dropped: int
     torn_journal_bytes: int
+    journal_damaged_records: int  # bad records skipped in the middle of the journal at open
+    journal_missing_records: int  # records a gap in the sequence numbers showed were lost
+    journal_kept_aside: str  # where the damaged journal was copied at open ("" if it was clean)
     puts_stored: int
     puts_exists: int
     puts_skipped: int
@@ -148,6 +158,22 @@ def _admission(choice: str | Admission | None, entries: int) -> Admission | None
     if isinstance(choice, str):
         return make_admission(_DEFAULT_ADMISSION if choice == "auto" else choice, entries)
     return choice
+
+
+def _local_backing(dev: DeviceLike) -> str | None:
+    """The device's first target when it is a local device on a regular
+    file (where a lost journal's blocks can be looked for), else None."""
+    from chm.device import Device
+
+    if not isinstance(dev, Device):
+        return None
+    targets = dev.config.targets
+    if not targets:
+        return None
+    try:
+        return str(targets[0]) if stat.S_ISREG(os.stat(targets[0]).st_mode) else None
+    except OSError:
+        return None
 
 
 def _default_journal(dev: DeviceLike) -> str:
@@ -249,13 +275,29 @@ class Store:
                 f"Store: block_bytes={block_bytes!r}: expected bytes in 1..{self.slot_bytes} "
                 "(a slot)",
             )
-        seg = segment_bytes if segment_bytes is not None else 8 * self.slot_bytes
+        path = os.fspath(journal) if journal is not None else _default_journal(device)
+        if segment_bytes is not None:
+            seg = segment_bytes
+        elif (stored := jn.stored_segment_bytes(path)) is not None:
+            seg = stored  # an existing store keeps its geometry
+        elif self.has_bytes:  # 8 blocks (fewer on a small device), each with its header
+            fp = -(-blockhdr.footprint(block_bytes) // ALIGN) * ALIGN
+            seg = max(1, min(8, capacity // (2 * fp))) * fp
+        else:
+            seg = 8 * self.slot_bytes
         if seg < block_bytes:
             what = "a slot" if block_bytes == self.slot_bytes else "block_bytes"
             raise InvalidArgument(
                 None,
                 f"Store: segment_bytes={seg} is smaller than {what} ({block_bytes}): "
                 "a block must fit a segment",
+            )
+        if self.has_bytes and seg < blockhdr.footprint(block_bytes):
+            raise InvalidArgument(
+                None,
+                f"Store: segment_bytes={seg} cannot hold a block of {block_bytes} bytes and "
+                f"its {blockhdr.SECTOR}-byte header ({blockhdr.footprint(block_bytes)} bytes); "
+                "pass a larger segment_bytes or a smaller block_bytes",
             )
         self.max_block = block_bytes
         self.window_bytes = window_bytes
@@ -279,8 +321,13 @@ class Store:
             raise InvalidArgument(
                 None, f"Store: flush_interval={flush_interval!r}: expected seconds > 0, or None"
             )
-        path = os.fspath(journal) if journal is not None else _default_journal(device)
-        self._journal = jn.Journal(path, capacity, seg)
+        self._journal = jn.Journal(
+            path,
+            capacity,
+            seg,
+            backing=_local_backing(device) if self.has_bytes else None,
+            block_bytes=block_bytes,
+        )
         try:
             self._recover()
         except BaseException:
@@ -352,6 +399,7 @@ class Store:
         rep = self._journal.replay
         puts = rep.puts
         seg_bytes = self._alloc.segment_bytes
+        self._refuse_smaller_blocks(puts)
         ok = (
             (puts["addr"] % ALIGN == 0)
             & (puts["length"] > 0)
@@ -389,14 +437,59 @@ class Store:
         self._meta: dict[int, bytes] = {
             int(r): m for r, m in zip(rows.tolist(), metas, strict=False) if m and r >= 0
         }
-        ends = puts["addr"].astype(np.int64) + puts["length"].astype(np.int64)
+        ends = puts["addr"].astype(np.int64) + self._footprints(puts["length"])
         self._alloc.restore(puts["segment"], ends, puts["length"], puts["epoch"])
         self._epoch = rep.max_epoch + 1
         self.recovered_entries = int(puts.size)
         self.journal_upgraded_from = 0
-        if rep.version < jn.VERSION:  # rewritten in the current format before any append
+        self.journal_damaged_records = rep.damaged + rep.out_of_order
+        self.journal_missing_records = rep.missing
+        self.journal_kept_aside = self._journal.kept_aside or ""
+        if not rep.clean:
+            if rep.damaged or rep.missing or rep.out_of_order:
+                warnings.warn(
+                    f"{self._journal.path}: {self.journal_damaged_records} damaged journal "
+                    f"records skipped (at offsets {rep.damaged_at[:8]}), "
+                    f"{rep.missing} missing; {self.recovered_entries} entries recovered from "
+                    f"the rest; the damaged journal is kept at {self.journal_kept_aside}. "
+                    "Blocks it lost can be found on the device: chm-emu kv check / kv repair",
+                    JournalDamageWarning,
+                    stacklevel=4,
+                )
+            self._compact()  # the kept-aside copy holds the file as it was
+        elif rep.version < jn.VERSION:  # rewritten in the current format before any append
             self.journal_upgraded_from = rep.version
             self._compact()
+
+    def _footprints(self, lengths: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Device bytes of blocks of ``lengths`` (with their headers, on a
+        backend that stores bytes)."""
+        n = lengths.astype(np.int64)
+        if not self.has_bytes:
+            return n
+        out: np.ndarray[Any, Any] = -(-n // blockhdr.SECTOR) * blockhdr.SECTOR + blockhdr.SECTOR
+        return out
+
+    def _refuse_smaller_blocks(self, puts: np.ndarray[Any, Any]) -> None:
+        """InvalidArgument (nothing changed) when the journal holds blocks
+        longer than this store takes: opening would drop them for good."""
+        if puts.size == 0:
+            return
+        longest = int(puts["length"].max())
+        if longest <= self.max_block:
+            return
+        n = int(np.count_nonzero(puts["length"] > self.max_block))
+        hdr = self._journal.header
+        stored = hdr.block_bytes if hdr is not None and hdr.block_bytes else longest
+        raise InvalidArgument(
+            None,
+            f"{self._journal.path}: the store holds {n} blocks of up to {longest} bytes "
+            f"(written with block_bytes={stored}, segment_bytes={self._alloc.segment_bytes}), "
+            f"but this open takes blocks of at most {self.max_block} bytes "
+            f"(slot_size={self.slot_bytes}); opening would drop them. Reopen with "
+            f"slot_size={stored} (Store.open(slot_size=...), chm-emu --slot-size) "
+            f"and block_bytes={stored}; nothing was changed",
+        )
 
     # ---- helpers
 
@@ -405,8 +498,6 @@ class Store:
 
     def _check_open(self, what: str) -> None:
         if self._closed:
-            from chm.errors import Cancelled
-
             raise Cancelled(None, f"Store.{what}: the store is closed", call=f"Store.{what}")
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -490,9 +581,9 @@ class Store:
         self._alloc.reuse(segment)
         self._counts["evicted_blocks"] += int(rows.size)
 
-    def _allocate(self, length: int) -> tuple[int, int] | None:
+    def _allocate(self, length: int, footprint: int = 0) -> tuple[int, int] | None:
         while True:
-            got = self._alloc.alloc(length)
+            got = self._alloc.alloc(length, footprint)
             if got is not None:
                 return got
             victim = self._alloc.victim()
@@ -504,12 +595,14 @@ class Store:
 
     def contains(self, keys: Any) -> list[bool]:
         """Per key: is it in the store (readable)."""
+        self._check_open("contains")
         ks = self._keys(keys)
         with self._lock:
             return [bool(x) for x in self._index.contains(ks)]
 
     def prefix_len(self, keys: Any) -> int:
         """How many leading keys are in the store (stops at the first miss)."""
+        self._check_open("prefix_len")
         ks = self._keys(keys)
         with self._lock:
             return self._prefix_rows(ks).size
@@ -621,6 +714,7 @@ class Store:
         index entry or None. An entry has ``addr``, ``length``,
         ``checksum``, ``epoch``, ``segment``, ``device``, ``pins``,
         ``state`` (ints) and ``meta`` (bytes, b"" when none was put)."""
+        self._check_open("entries")
         ks = self._keys(keys)
         with self._lock:
             rows = self._index.find(ks)
@@ -637,6 +731,7 @@ class Store:
     def meta(self, keys: Any) -> list[bytes | None]:
         """Per key: the metadata put with its block (b"" when none), None
         where the key is not in the store."""
+        self._check_open("meta")
         ks = self._keys(keys)
         with self._lock:
             rows = self._index.find(ks)
@@ -709,28 +804,41 @@ class Store:
         self, key: np.ndarray[Any, Any], b: np.ndarray[Any, Any], meta: bytes = b""
     ) -> PutStatus:
         n = int(b.size)
-        got = self._allocate(n)
+        fp = blockhdr.footprint(n)
+        got = self._allocate(n, fp)
         if got is None:
             return PutStatus.SKIPPED
         seg, addr = got
-        data: Any = b
-        if n % 512:  # the device writes whole 512-byte sectors
-            data = np.concatenate([b, np.frombuffer(_ZEROS[: 512 - n % 512], np.uint8)])
+        epoch = self._epoch
+        check = _hash(b.data)
+        # payload, zeros to its sector's end, then the block's header sector:
+        # one device write (the device writes whole 512-byte sectors)
+        hdr = blockhdr.header_sector(
+            hi=int(key["hi"][0]),
+            lo=int(key["lo"][0]),
+            length=n,
+            checksum=check,
+            epoch=epoch,
+            addr=addr,
+            segment_bytes=self._alloc.segment_bytes,
+            device=self.device_id,
+        )
+        pad = _ZEROS[: -n % 512]
+        data = np.concatenate([b, np.frombuffer(pad + hdr, np.uint8)])
         try:
             admitted = self.device.write(addr, data)
         except ChmError:
-            self._alloc.unalloc(seg, addr, n)
+            self._alloc.unalloc(seg, addr, n, fp)
             return PutStatus.ERROR
         if not admitted:
-            self._alloc.unalloc(seg, addr, n)
+            self._alloc.unalloc(seg, addr, n, fp)
             return PutStatus.SKIPPED
-        epoch = self._epoch
         self._epoch += 1
         rows = self._index.put(
             key,
             addr=addr,
             length=n,
-            checksum=_hash(b.data),
+            checksum=check,
             epoch=epoch,
             segment=seg,
             device=self.device_id,
@@ -868,18 +976,25 @@ class Store:
         # a segment none of whose blocks was journaled needs no RECLAIM
         # record: replay has no PUT of it to drop
         reclaims = [(sg, ep) for sg, ep in reclaims if sg in self._journaled]
-        if reclaims:
-            self._journaled.difference_update(sg for sg, _ in reclaims)
-            recs = np.zeros(len(reclaims), dtype=jn.REC_DTYPE)
-            recs["type"] = jn.RECLAIM
-            recs["segment"] = [sg for sg, _ in reclaims]
-            recs["epoch"] = [ep for _, ep in reclaims]
-            self._journal.append(recs)
         if drop:
             for r in drop:
                 self._pending.pop(r, None)
                 self._meta.pop(r, None)
             self._index.delete_rows(np.asarray(drop, dtype=np.int64))
+        try:
+            self._put_new(ks, new)
+        finally:
+            # after the index is right: a failed append (a full disk) leaves
+            # the store consistent, and the segments listed for a later RECLAIM
+            if reclaims:
+                recs = np.zeros(len(reclaims), dtype=jn.REC_DTYPE)
+                recs["type"] = jn.RECLAIM
+                recs["segment"] = [sg for sg, _ in reclaims]
+                recs["epoch"] = [ep for _, ep in reclaims]
+                self._journal.append(recs)
+                self._journaled.difference_update(sg for sg, _ in reclaims)
+
+    def _put_new(self, ks: np.ndarray[Any, Any], new: list[tuple[int, int, int, int, int]]) -> None:
         if not new:
             return
         cols = np.asarray(new, dtype=np.int64)
@@ -900,6 +1015,7 @@ class Store:
 
     def pin(self, keys: Any) -> list[bool]:
         """Keeps the blocks from eviction until unpin(); per key whether it was there."""
+        self._check_open("pin")
         ks = self._keys(keys)
         with self._lock:
             rows = self._index.find(ks)
@@ -910,6 +1026,7 @@ class Store:
 
     def unpin(self, keys: Any) -> None:
         """Undoes pin(); InvalidArgument (nothing changed) for a key that is not pinned."""
+        self._check_open("unpin")
         ks = self._keys(keys)
         with self._lock:
             rows = self._index.find(ks)
@@ -977,10 +1094,13 @@ class Store:
                     recs[f] = e[f][rows]
                 self._journal.append(jn.records(recs, self._metas_of(rows)))
                 self._journaled.update(recs["segment"].tolist())
+            # durable (and no longer pending) only once the records are synced:
+            # a failed append or sync leaves them pending for the next flush
+            self._journal.sync()
+            if rows.size:
                 e["state"][rows] = DURABLE
                 for r in rows.tolist():
                     del self._pending[r]
-            self._journal.sync()
             live_recs = len(self._index) + self._meta_records()
             if self._journal.records > self._compact_ratio * live_recs + 4096:
                 self._compact()
@@ -1019,7 +1139,9 @@ class Store:
 
     def compact(self) -> None:
         """Rewrites the journal as the durable entries only (flush() does it when due)."""
+        self._check_open("compact")
         with self._lock:
+            self._check_open("compact")
             self._compact()
 
     # ---- asynchronous forms
@@ -1087,6 +1209,9 @@ class Store:
                 recovered_entries=self.recovered_entries,
                 recovery_dropped=self.recovery_dropped,
                 torn_journal_bytes=self.torn_journal_bytes,
+                journal_damaged_records=self.journal_damaged_records,
+                journal_missing_records=self.journal_missing_records,
+                journal_kept_aside=self.journal_kept_aside,
                 **self._counts,
             )
 

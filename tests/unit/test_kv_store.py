@@ -23,6 +23,9 @@ GEOM: dict[str, Any] = {
     "device_options": {"wbuf": "4M"},
 }
 S, E, K = PutStatus.STORED, PutStatus.EXISTS, PutStatus.SKIPPED
+# a segment of 8 blocks of 1 MiB, each followed by its 4 KiB-aligned header;
+# a 72 MiB device holds 8 of them
+SEG8 = 8 * (MiB + 4096)
 
 
 def blk(i: int, n: int = MiB) -> np.ndarray[Any, Any]:
@@ -140,7 +143,7 @@ def test_full_write_buffer_is_a_skip_not_a_stall(open_store: Callable[..., Store
 
 
 def test_eviction_lru_keeps_what_is_read(open_store: Callable[..., Store]) -> None:
-    st = open_store(segment_bytes=8 * MiB, eviction="lru")  # 8 segments of 8 blocks
+    st = open_store(segment_bytes=SEG8, capacity="72M", eviction="lru")  # 8 segments of 8 blocks
     assert put_flushed(st, list(range(56))) == [S] * 56  # segments 0..6
     out = [np.zeros(MiB, np.uint8)]
     assert st.get([0], out) == [True]  # segment 0 becomes the most recent
@@ -153,7 +156,7 @@ def test_eviction_lru_keeps_what_is_read(open_store: Callable[..., Store]) -> No
 
 
 def test_eviction_fifo_drops_the_oldest(open_store: Callable[..., Store]) -> None:
-    st = open_store(segment_bytes=8 * MiB, eviction="fifo")
+    st = open_store(segment_bytes=SEG8, capacity="72M", eviction="fifo")
     put_flushed(st, list(range(56)))
     st.get([0], [np.zeros(MiB, np.uint8)])
     put_flushed(st, list(range(100, 116)))
@@ -162,7 +165,7 @@ def test_eviction_fifo_drops_the_oldest(open_store: Callable[..., Store]) -> Non
 
 
 def test_pinned_blocks_are_never_reclaimed(open_store: Callable[..., Store]) -> None:
-    st = open_store(segment_bytes=8 * MiB)
+    st = open_store(segment_bytes=SEG8, capacity="72M")
     put_flushed(st, list(range(64)))  # every segment used
     assert st.pin([*range(0, 64, 8), 999]) == [True] * 8 + [False]  # one per segment
     assert st.stats().segments_pinned == 8
@@ -246,7 +249,8 @@ def test_reopen_finds_everything_and_compacts(open_store: Callable[..., Store]) 
     assert st.get(list(range(2, 10)), out) == [True] * 8
     assert all(np.array_equal(o, blk(i + 2)) for i, o in enumerate(out))
     st.close()
-    with pytest.raises(InvalidArgument, match="segment_bytes=8388608, the store now has"):
+    seg = s.segment_bytes
+    with pytest.raises(InvalidArgument, match=f"segment_bytes={seg}, the store now has"):
         Store.open(st.stats().journal_path.rsplit("/", 1)[0], backend="pread",
                    segment_bytes=16 * MiB, **GEOM)  # fmt: skip
 

@@ -35,13 +35,15 @@ def _ghost(mode: str = "prefetch", **kw: Any) -> chm.Device:
 
 
 def _lru_store(dev: chm.Device, tmp: Path, blocks: int, **kw: Any) -> Store:
-    # one 1 MiB block per segment over ``blocks`` places: exact block LRU
+    # one 1 MiB block per segment over ``blocks`` places: exact block LRU (a
+    # block that has bytes takes 4 KiB more: its header)
+    seg = MiB if dev.config.backend == "ghost" else MiB + 4096
     return Store(
         dev,
         journal=tmp / "j.kvjournal",
-        segment_bytes=MiB,
+        segment_bytes=seg,
         block_bytes=MiB,
-        capacity=blocks * MiB,
+        capacity=blocks * seg,
         residency=None,
         **kw,
     )
