@@ -25,6 +25,8 @@ def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r}: port {int(port)} is not in 0..65535")
     host = host.strip("[]") or "127.0.0.1"
     try:
         loop = ipaddress.ip_address(host).is_loopback

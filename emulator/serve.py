@@ -13,11 +13,13 @@ writes), so staged objects are read with zero copies.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import grp
 import json
 import logging
 import os
+import pwd
 import socket
 import stat
 import sys
@@ -28,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 import chm
-from chm.errors import ChmError
-from chm.kv import Store
-from chm.remote.protocol import config_options
+from chm.errors import Busy, ChmError
+from chm.kv import KEY_DTYPE, Store
+from chm.remote.protocol import Op, config_options, encode
 
 from .devices import check_target, reason_key
 from .metrics import Metrics
@@ -64,6 +68,15 @@ class ServeOptions:
     # request entries (slots + queue) one client's session may hold at once
     # (default: all of the device's, sessions.default_quota)
     client_quota: int | None = None
+    # bytes at the top of the device that clients may read and write raw
+    # (their addresses 0..raw_bytes-1); None: the whole device without a KV
+    # store, none at all with one (its segments are never raw-addressable)
+    raw_bytes: int | None = None
+    # who may put and remove keys of the shared store (user names, uids,
+    # @groups); None: every client that may connect; the others only read
+    kv_writers: list[str] | None = None
+    hello_timeout: float = 2.0  # seconds a new connection has to send HELLO
+    idle_timeout: float = 900.0  # seconds a client may send nothing (0: forever)
 
 
 class JsonFormatter(logging.Formatter):
@@ -133,7 +146,15 @@ class Daemon:
             "protocol_errors": 0,
             "kv_lookup_hits": 0,
             "kv_checksum_errors": 0,
+            "kv_checksum_reports_ignored": 0,
+            "idle_timeouts": 0,
+            "handshakes_dropped": 0,
         }
+        self._condemned: set[tuple[int, int]] = set()
+        self.raw_base = 0
+        self.raw_bytes = 0
+        self._writer_uids: set[int] | None = None
+        self._writer_gids: set[int] = set()
         self._next_cid = 1
         self.dev: chm.Device
         self.store: Store | None = None
@@ -175,17 +196,34 @@ class Daemon:
             self.pool_bytes = int(self.dev.stats().pool_bytes)
             area = o.area_bytes or max(64 << 20, 4 * cfg.slot_bytes)
             self.area_bytes = -(-area // 4096) * 4096
-            if o.kv and cfg.mode == "prefetch":
+            self._writers()
+            cap = int(cfg.capacity)
+            kv = o.kv and cfg.mode == "prefetch"
+            self.raw_bytes = cap if not kv else (o.raw_bytes or 0)
+            if kv and self.raw_bytes:
+                unit = 1 << 20
+                if self.raw_bytes % unit or self.raw_bytes >= cap:
+                    raise ServeError(
+                        f"raw_bytes={self.raw_bytes}: a multiple of 1 MiB below the capacity "
+                        f"({cap}), so the KV store keeps the rest"
+                    )
+            self.raw_base = cap - self.raw_bytes
+            if kv:
                 kw: dict[str, Any] = {"eviction": o.eviction}
                 if o.segment_bytes:
                     kw["segment_bytes"] = o.segment_bytes
+                if self.raw_bytes:
+                    kw["capacity"] = self.raw_base  # [0, raw_base): its segments only
                 try:
                     self.store = Store(self.dev, journal=o.journal, **kw)
                 except ChmError as exc:
                     raise ServeError(f"could not open the KV store: {exc}") from exc
             self._listen()
             if o.metrics:
-                self.metrics.serve(o.metrics)
+                try:
+                    self.metrics.serve(o.metrics)
+                except (OSError, ValueError) as exc:
+                    raise ServeError(f"--metrics {o.metrics}: {exc}") from None
         except BaseException:
             self.close()
             raise
@@ -203,6 +241,8 @@ class Daemon:
                 "pool": cfg.to_dict()["pool_kind"],
                 "pool_bytes": self.pool_bytes,
                 "kv": self.store is not None,
+                "raw_bytes": self.raw_bytes,
+                "kv_writers": o.kv_writers,
                 "recovered_entries": st.recovered_entries if st else 0,
                 "journal": st.journal_path if st else None,
             },
@@ -273,10 +313,19 @@ class Daemon:
         with self._lock:
             self._reap()
             if len(self._clients) >= self.opts.max_clients:
-                self._counts["clients_refused"] += 1
-                conn.close()
-                self.log.warning("client refused: too many clients", extra={"event": "refuse"})
-                return
+                # a connection that has not said HELLO yet gives way to a new
+                # one: silent connections cannot lock real clients out
+                silent = [c for c, _ in self._clients.values() if not c.greeted and not c.evicted]
+                if silent:
+                    victim = min(silent, key=lambda c: c.cid)
+                    victim.evict(
+                        "no HELLO yet and the daemon is full: dropped for a new connection"
+                    )
+                    self._counts["handshakes_dropped"] += 1
+                else:
+                    self._counts["clients_refused"] += 1
+                    self._refuse(conn)
+                    return
             cid = self._next_cid
             self._next_cid += 1
             self._counts["clients_total"] += 1
@@ -285,6 +334,18 @@ class Daemon:
         with self._lock:
             self._clients[cid] = (c, t)
         t.start()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        """Tells a connection the daemon is full (a fatal ERROR), then closes it."""
+        n = self.opts.max_clients
+        msg = f"the daemon is full: {n} clients connected (max_clients {n}); try again later"
+        with contextlib.suppress(OSError):
+            conn.settimeout(0.5)
+            conn.send(encode(Op.ERROR, 0, {"errno": errno.EBUSY, "message": msg, "fatal": True}))
+        conn.close()
+        self.log.warning(
+            "client refused: too many clients", extra={"event": "refuse", "max_clients": n}
+        )
 
     def _reap(self) -> None:
         for cid in [k for k, (_, t) in self._clients.items() if not t.is_alive()]:
@@ -332,6 +393,59 @@ class Daemon:
             dev.flush(timeout=30.0)
             dev.close()
 
+    # ---- rights and blocks to drop
+
+    def _writers(self) -> None:
+        spec = self.opts.kv_writers
+        if spec is None:
+            return
+        self._writer_uids = set()
+        for w in spec:
+            try:
+                if w.startswith("@"):
+                    self._writer_gids.add(grp.getgrnam(w[1:]).gr_gid)
+                elif w.isdigit():
+                    self._writer_uids.add(int(w))
+                else:
+                    self._writer_uids.add(pwd.getpwnam(w).pw_uid)
+            except KeyError:
+                what = "group" if w.startswith("@") else "user"
+                raise ServeError(f"kv_writers: no {what} {w.lstrip('@')!r}") from None
+
+    def may_write(self, pid: int, uid: int, gid: int) -> bool:
+        """Whether a client (its SO_PEERCRED) may put and remove shared keys."""
+        if self._writer_uids is None:
+            return True
+        if uid in self._writer_uids or gid in self._writer_gids:
+            return True
+        return bool(self._writer_gids & _groups_of(pid))
+
+    def condemn(self, pairs: list[tuple[int, int]]) -> None:
+        """Drops blocks a client found corrupt: now, or once no client holds them."""
+        with self._lock:
+            self._condemned.update(pairs)
+        self.retry_condemned()
+
+    def retry_condemned(self) -> None:
+        with self._lock:
+            todo, st = list(self._condemned), self.store
+        if not todo or st is None:
+            return
+        for p in todo:
+            ks = np.zeros(1, dtype=KEY_DTYPE)
+            ks[0] = p
+            try:
+                st.remove(ks)
+            except Busy:  # another client still loads it: later
+                continue
+            except ChmError as exc:
+                self.log.warning(
+                    "could not drop a corrupt block",
+                    extra={"event": "bad_block", "error": str(exc)},
+                )
+            with self._lock:
+                self._condemned.discard(p)
+
     # ---- introspection
 
     def count(self, name: str, n: int = 1) -> None:
@@ -353,6 +467,18 @@ class Daemon:
                 "socket": self.opts.socket,
             },
         }
+
+
+def _groups_of(pid: int) -> set[int]:
+    """The supplementary groups of a process (empty if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except OSError:
+        pass
+    return set()
 
 
 def setup_logging(level: str = "info") -> logging.Logger:

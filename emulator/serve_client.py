@@ -43,13 +43,34 @@ __all__ = ["Client"]
 
 _FOREVER = 2**64 - 1  # a timeout_ns that never ends (UINT64_MAX)
 _SLICE_NS = 50_000_000  # a wait re-checks the connection and shutdown this often
-_HELLO_TIMEOUT = 10.0
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_GROW", 4)
 
 
 class _Gone(Exception):
-    """The client hung up (not a protocol error)."""
+    """The client hung up (not a protocol error); the reason for the log."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Idle(Exception):
+    """The client sent nothing for idle_timeout seconds."""
+
+
+def _errname(err: int) -> str:
+    return errno.errorcode.get(err, f"errno {err}")
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter of a process (R, S, Z, ...), None when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :][:1].decode() or None
 
 
 def _int(v: Any, what: str, lo: int = 0, hi: int = 2**64 - 1) -> int:
@@ -97,6 +118,9 @@ class Client:
         self.area_np: np.ndarray[Any, Any] | None = None
         self.area_fd = -1
         self.scope = daemon.scopes.open(daemon.dev, daemon.store)
+        self.kv_write = daemon.may_write(self.pid, self.uid, self.gid)
+        self.greeted = False  # HELLO answered
+        self.evicted: str | None = None  # why the daemon ended it before HELLO
 
     # ---- lifecycle
 
@@ -106,28 +130,50 @@ class Client:
         try:
             self._hello()
             while True:
-                op, seq, body = self._recv()
+                op, seq, body = self._recv(self.d.opts.idle_timeout or None)
+                if op == Op.BYE and self.version >= 3:
+                    break
                 if seq != self.seq + 1:
                     raise ProtocolError(f"out-of-order seq {seq} (expected {self.seq + 1})")
                 self.seq = seq
                 t0 = time.perf_counter()
-                reply = self._dispatch(op, body)
+                try:
+                    reply = self._dispatch(op, body)
+                except ChmError as exc:  # the request failed: this client's answer
+                    self._check_alone(op)
+                    self._fail(op, exc.errno or errno.EIO, exc.strerror or str(exc))
+                    continue
+                except (ProtocolError, _Gone, OSError):
+                    raise
+                except Exception as exc:  # a daemon bug: answered, logged, serving on
+                    self.d.log.exception(
+                        "request failed", extra={"client": self.cid, "op": op.name}
+                    )
+                    self._check_alone(op)
+                    self._fail(op, errno.EIO, f"internal error: {type(exc).__name__}: {exc}")
+                    continue
                 self.d.metrics.observe(op.name, time.perf_counter() - t0)
+                self._check_alone(op)
                 self.sock.send(encode(op, seq, reply))
-        except _Gone:
-            pass
+        except _Gone as gone:
+            reason = gone.reason
+        except _Idle as idle:
+            reason = str(idle)
+            self.d.count("idle_timeouts")
+            self._error(errno.ETIMEDOUT, reason)
         except ProtocolError as exc:
             reason, level = f"protocol error: {exc}", logging.WARNING
             self.d.count("protocol_errors")
             self._error(errno.EPROTO, str(exc))
         except OSError as exc:
-            reason = f"connection error: {exc}"
+            reason = self._lost(exc)
         except Exception as exc:  # a daemon bug: log it, keep serving the others
             reason, level = f"internal error: {type(exc).__name__}: {exc}", logging.ERROR
             self.d.log.exception("client handler failed", extra={"client": self.cid})
         finally:
             handles, pins = self.d.scopes.close(self.scope)
             self._close()
+            self.d.retry_condemned()
             self.d.log.log(
                 level,
                 "client disconnected",
@@ -141,6 +187,56 @@ class Client:
                 },
             )
 
+    def _fail(self, op: Op, err: int, message: str) -> None:
+        """Answers a request that failed as a whole: a non-fatal ERROR
+        (version 3). A version 1 or 2 client reads any ERROR as the end of
+        its connection, so for it the connection does end, saying why."""
+        body = {"errno": err, "message": f"{op.name}: {message}", "fatal": self.version < 3}
+        self.sock.send(encode(Op.ERROR, self.seq, body))
+        if self.version < 3:
+            raise _Gone(f"{op.name} failed ({_errname(err)}) on a version {self.version} client")
+
+    def _check_alone(self, op: Op) -> None:
+        """A request that arrived before this answer went out is a protocol
+        error (one request at a time); a hang-up is the client gone."""
+        r, _, _ = select.select([self.sock], [], [], 0)
+        if r:
+            try:
+                peek = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            if not peek:
+                raise _Gone(self._vanished())
+            raise ProtocolError(f"a request arrived before the answer to {op.name}")
+
+    def evict(self, reason: str) -> None:
+        """Ends a connection that has not said HELLO (from the accept loop)."""
+        self.evicted = reason
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def _vanished(self) -> str:
+        """Why the connection ended without BYE: the client process died
+        (killed or exited without closing), or it dropped the connection."""
+        if self.evicted:
+            return self.evicted
+        for _ in range(20):  # the kernel closes a dying process's sockets first
+            state = _proc_state(self.pid)
+            if state in (None, "Z", "X"):
+                return f"the client died (process {self.pid} is gone: killed or exited)"
+            time.sleep(0.005)
+        if self.version < 3:  # no BYE in its protocol: an orderly close
+            return "closed by the client"
+        return f"the client dropped the connection without BYE (process {self.pid} is alive)"
+
+    def _lost(self, exc: OSError) -> str:
+        name = _errname(exc.errno or 0)
+        if exc.errno == errno.ECONNRESET:
+            return f"connection reset by the client ({name}); {self._vanished()}"
+        if exc.errno == errno.EPIPE:
+            return f"the client went away before its answer ({name}); {self._vanished()}"
+        return f"connection error: {exc.strerror or exc} ({name})"
+
     def _close(self) -> None:
         self.area_np = None
         if self.area is not None:
@@ -153,23 +249,26 @@ class Client:
         self.sock.close()
 
     def _error(self, err: int, message: str) -> None:
+        body = {"errno": err, "message": message, "fatal": True}
         with contextlib.suppress(OSError, ProtocolError):
-            self.sock.send(encode(Op.ERROR, self.seq, {"errno": err, "message": message}))
+            self.sock.send(encode(Op.ERROR, self.seq, body))
 
-    def _recv(self, timeout: float | None = None) -> tuple[Op, int, Any]:
+    def _recv(self, timeout: float | None = None, hello: bool = False) -> tuple[Op, int, Any]:
         if timeout is not None:
             r, _, _ = select.select([self.sock], [], [], timeout)
             if not r:
-                raise ProtocolError(f"no HELLO within {timeout:.0f} s")
+                if hello:
+                    raise ProtocolError(f"no HELLO within {timeout:g} s")
+                raise _Idle(f"idle for {timeout:g} s (idle_timeout): the connection is closed")
         data, _, flags, _ = self.sock.recvmsg(MAX_FRAME + 1)
         if not data:
-            raise _Gone
+            raise _Gone(self._vanished())
         if flags & socket.MSG_TRUNC or len(data) > MAX_FRAME:
             raise ProtocolError(f"oversized packet (more than {MAX_FRAME} bytes)")
         return decode(data)
 
     def _hello(self) -> None:
-        op, seq, body = self._recv(_HELLO_TIMEOUT)
+        op, seq, body = self._recv(self.d.opts.hello_timeout, hello=True)
         if op != Op.HELLO or seq != 0:
             raise ProtocolError(f"the first message must be HELLO with seq 0, not {op.name}/{seq}")
         if not isinstance(body, dict) or "version" not in body:
@@ -199,9 +298,12 @@ class Client:
             "config": d.client_config,
             "slots_total": d.slots_total,
             "kv": d.store is not None,
+            "kv_write": self.kv_write,
+            "raw_bytes": d.raw_bytes,
             "max_batch": MAX_BATCH,
         }
         send_fds(self.sock, encode(Op.HELLO, 0, welcome), [d.pool_ro_fd, self.area_fd])
+        self.greeted = True
         self.d.log.info(
             "client connected",
             extra={
@@ -227,16 +329,21 @@ class Client:
         ln = _int(n, f"{what} length", 0, self.d.area_bytes - o)
         return self.area_np[o : o + ln]
 
+    def _raw(self, addr: int, length: int) -> int:
+        """The device address of ``[addr, addr+length)`` of the raw region
+        (a client's raw addresses start at 0 there); -EACCES outside it: the
+        KV store's segments are never a client's to write or read raw."""
+        if addr + length > self.d.raw_bytes or (length == 0 and addr >= self.d.raw_bytes):
+            return -errno.EACCES
+        return self.d.raw_base + addr
+
     def _prefetch(self, body: Any) -> Any:
-        out = []
+        out: list[list[int]] = []
         for e in _list(body, "PREFETCH", 3):
-            out.append(
-                list(
-                    self.scope.prefetch(
-                        _int(e[0], "addr"), _int(e[1], "len"), _int(e[2], "flags", 0, 2**32 - 1)
-                    )
-                )
-            )
+            addr, n = _int(e[0], "addr"), _int(e[1], "len")
+            flags = _int(e[2], "flags", 0, 2**32 - 1)
+            at = self._raw(addr, n)
+            out.append([at, 0] if at < 0 else list(self.scope.prefetch(at, n, flags)))
         return out
 
     def _wait_one(self, token: int, deadline: int | None) -> list[int]:
@@ -244,13 +351,15 @@ class Client:
             left = _FOREVER if deadline is None else max(0, deadline - time.monotonic_ns())
             rc, off, n, addr = self.scope.wait(token, min(left, _SLICE_NS))
             if rc != -errno.ETIMEDOUT or left <= _SLICE_NS:
+                if rc == 0 and addr >= self.d.raw_base:  # raw: the client's address
+                    addr -= self.d.raw_base
                 return [rc, off, n, addr]
             if self.d.stopping.is_set():
                 return [-errno.ECANCELED, 0, 0, 0]
             r, _, _ = select.select([self.sock], [], [], 0)
             if r:  # the client spoke before the answer, or hung up
                 if not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
-                    raise _Gone
+                    raise _Gone(self._vanished())
                 raise ProtocolError("a request arrived before the answer to WAIT")
 
     def _wait(self, body: Any) -> Any:
@@ -268,22 +377,31 @@ class Client:
         if not isinstance(body, list) or len(body) != 3:
             raise ProtocolError("READ body is [addr, len, area_offset]")
         dst = self._area(body[2], body[1], "READ")
+        at = self._raw(_int(body[0], "addr"), dst.size)
+        if at < 0:
+            return at
         try:
-            return self.d.dev.read_into(_int(body[0], "addr"), dst)
+            return self.d.dev.read_into(at, dst)
         except ChmError as exc:
             return -(exc.errno or errno.EIO)
 
     def _write(self, body: Any) -> Any:
         items = _list(body, "WRITE", 3)
-        addrs = [_int(e[0], "addr") for e in items]
         srcs = [self._area(e[1], e[2], "WRITE") for e in items]
-        if not items:
-            return []
+        ats = [self._raw(_int(e[0], "addr"), src.size) for e, src in zip(items, srcs, strict=True)]
+        out = list(ats)  # -EACCES outside the raw region, the device's answer inside
+        ok = [j for j, at in enumerate(ats) if at >= 0]
+        if not ok:
+            return out
         try:  # one device call; a status per element
-            res = self.d.dev.write_many(addrs, srcs)
+            res = [
+                _wrc(r) for r in self.d.dev.write_many([ats[j] for j in ok], [srcs[j] for j in ok])
+            ]
         except ChmError as exc:
-            return [-(exc.errno or errno.EIO)] * len(items)
-        return [_wrc(r) for r in res]
+            res = [-(exc.errno or errno.EIO)] * len(ok)
+        for j, r in zip(ok, res, strict=True):
+            out[j] = r
+        return out
 
     def _flush(self, body: Any) -> Any:
         t = _int(body, "FLUSH timeout_ns")
@@ -303,8 +421,18 @@ class Client:
             raise ProtocolError("this daemon serves no KV store (mode is not prefetch)")
         return self.d.store
 
-    def _kv_put(self, body: Any) -> Any:
+    def _writable(self, what: str) -> Any:
         st = self._store()
+        if not self.kv_write:
+            raise ChmError(
+                errno.EACCES,
+                f"{what}: this client (uid {self.uid}) may only read the shared store; "
+                "the daemon's kv_writers setting names who may put and remove",
+            )
+        return st
+
+    def _kv_put(self, body: Any) -> Any:
+        st = self._writable("KV_PUT")
         items = _list(body, "KV_PUT")
         for e in items:  # [hi, lo, area_offset, len] or, version 2, with metadata
             if not isinstance(e, list) or len(e) not in (4, 5) or (len(e) == 5 and (
@@ -371,7 +499,7 @@ class Client:
         return out
 
     def _kv_done(self, body: Any) -> Any:
-        st = self._store()
+        self._store()
         items = _list(body, "KV_DONE", 4)
         out = []
         bad = []
@@ -384,7 +512,15 @@ class Client:
                 bad.append(pair)
         if bad:  # the client found the block torn or corrupt: a miss from now on
             self.d.count("kv_checksum_errors", len(bad))
-            st.remove(_keys([list(p) for p in bad], "KV_DONE key"))
+            if self.kv_write:  # dropped now, or once no other client holds it
+                self.d.condemn(bad)
+            else:
+                self.d.count("kv_checksum_reports_ignored", len(bad))
+                self.d.log.warning(
+                    "checksum failure reported by a read-only client: block kept",
+                    extra={"event": "bad_block", "client": self.cid, "keys": len(bad)},
+                )
+        self.d.retry_condemned()
         return out
 
     def _kv_contains(self, body: Any) -> Any:
@@ -394,7 +530,7 @@ class Client:
         return self._store().prefix_len(_keys(_list(body, "KV_PREFIX_LEN", 2), "key"))
 
     def _kv_remove(self, body: Any) -> Any:
-        return self._store().remove(_keys(_list(body, "KV_REMOVE", 2), "key"))
+        return self._writable("KV_REMOVE").remove(_keys(_list(body, "KV_REMOVE", 2), "key"))
 
     def _kv_flush(self, body: Any) -> Any:
         t = _int(body, "KV_FLUSH timeout_ns")

@@ -9,6 +9,10 @@ A TOML file has the serve settings at the top level and the device options
     force = []                 # refusal reasons to override, e.g. ["filesystem"]
     metrics = "127.0.0.1:9464" # optional Prometheus endpoint (loopback only)
     client_quota = 16          # slots + queue entries per client (default: all the device's)
+    raw = "1G"                 # raw client access to the top 1 GiB (default: none with KV)
+    kv_writers = ["@chm-writers"]  # who may put/remove shared keys (default: every client)
+    hello_timeout = 2.0        # seconds a new connection has to say HELLO
+    idle_timeout = 900         # seconds a client may stay silent (0: forever)
 
     [device]
     targets = ["/dev/nvme1n1"]
@@ -53,6 +57,10 @@ _TOP = {
     "force",
     "metrics",
     "max_clients",
+    "raw",
+    "kv_writers",
+    "hello_timeout",
+    "idle_timeout",
     "log_level",
     "device",
 }
@@ -93,6 +101,24 @@ def _quota(value: Any) -> int | None:
     return value
 
 
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
+
+
+def _seconds(value: Any, what: str, above: float | None) -> float:
+    """Seconds (> above, or >= 0 when above is None) from a flag or the file."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or (value <= above if above is not None else value < 0):
+        raise click.UsageError(f"{what}: a number of seconds, not {value!r}")
+    return float(value)
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65536:
+        raise click.UsageError(f"{what}: an integer 1..65536, not {value!r}")
+    return value
+
+
 @click.command()
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings.")
 @click.option("--target", "targets", multiple=True, help="Block device or file (repeatable).")
@@ -122,6 +148,32 @@ def _quota(value: Any) -> int | None:
     "--client-quota",
     type=click.IntRange(1, 2**32 - 1),
     help="Slots + queue entries one client may hold at once (default: all the device's).",
+)
+@click.option(
+    "--raw",
+    "raw",
+    help="Bytes at the top of the device clients may read and write raw, e.g. 1G "
+    "(default: the whole device with --no-kv, none with the KV store).",
+)
+@click.option(
+    "--kv-writer",
+    "kv_writers",
+    multiple=True,
+    help="User, uid or @group that may put and remove shared KV keys (repeatable; "
+    "default: every client; the others only read).",
+)
+@click.option(
+    "--hello-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a new connection has to say HELLO [default: 2].",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0),
+    help="Seconds a client may send nothing before it is disconnected; 0: never [default: 900].",
+)
+@click.option(
+    "--max-clients", type=click.IntRange(1, 65536), help="Clients at once [default: 256]."
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), help="Log level.")
 def serve(config_file: str | None, **flags: Any) -> None:
@@ -153,7 +205,14 @@ def serve(config_file: str | None, **flags: Any) -> None:
         try:
             parse_listen(metrics)
         except ValueError as exc:
-            raise click.UsageError(f"--metrics {exc}") from None
+            raise click.BadParameter(str(exc), param_hint="'--metrics'") from None
+    writers = list(flags["kv_writers"]) or data.get("kv_writers")
+    if writers is not None and (
+        not isinstance(writers, list) or not all(isinstance(w, str) and w for w in writers)
+    ):
+        raise click.UsageError(
+            f"kv_writers: a list of user names, uids or @groups, not {writers!r}"
+        )
     force = list(flags["force"]) or list(data.get("force", []))
     bad = sorted(set(force) - set(FORCE_KEYS))
     if bad:
@@ -169,7 +228,15 @@ def serve(config_file: str | None, **flags: Any) -> None:
         area_bytes=_size(data.get("area_bytes"), "area_bytes"),
         force=force,
         metrics=metrics,
-        max_clients=int(data.get("max_clients", 256)),
+        max_clients=_count(flags["max_clients"] or data.get("max_clients", 256), "max_clients"),
+        raw_bytes=_size(flags["raw"] or data.get("raw"), "--raw"),
+        kv_writers=writers,
+        hello_timeout=_seconds(
+            _first(flags["hello_timeout"], data.get("hello_timeout"), 2.0), "hello_timeout", 0
+        ),
+        idle_timeout=_seconds(
+            _first(flags["idle_timeout"], data.get("idle_timeout"), 900.0), "idle_timeout", None
+        ),
         client_quota=_quota(flags["client_quota"] or data.get("client_quota")),
     )
     log = setup_logging(flags["log_level"] or data.get("log_level", "info"))

@@ -30,7 +30,7 @@ BLOCK = 128 << 10
 def serve_args(tmp: Path) -> list[str]:
     return [
         "--target", str(tmp / "t0.img"), "--create", "--capacity", "256M",
-        "--dram", "40M", "--slot-size", "1M", "--backend", "pread",
+        "--dram", "40M", "--slot-size", "1M", "--backend", "pread", "--raw", "64M",
     ]  # fmt: skip
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import select
+import signal
 import time
 from typing import Any
 
@@ -52,14 +56,14 @@ def _table(s: dict[str, Any]) -> Table:
 )
 def stats(socket_path: str, as_json: bool, watch: float | None) -> None:
     """Show a running daemon's device, KV and client counters."""
-    try:
-        dev = chm.connect(socket_path)
-    except (ChmError, OSError) as exc:
-        raise click.ClickException(f"cannot reach the daemon at {socket_path}: {exc}") from None
-    con = Console(highlight=False)
-    with dev:
+    with _Interrupt() as stop:
         try:
-            while True:
+            dev = chm.connect(socket_path)
+        except (ChmError, OSError) as exc:
+            raise click.ClickException(f"cannot reach the daemon at {socket_path}: {exc}") from None
+        con = Console(highlight=False)
+        with dev:
+            while not stop.set:
                 try:
                     s = dev.daemon_stats()
                 except ChmError as exc:
@@ -70,6 +74,41 @@ def stats(socket_path: str, as_json: bool, watch: float | None) -> None:
                     con.print(_table(s))
                 if watch is None:
                     return
-                time.sleep(watch)
-        except KeyboardInterrupt:  # the way to end --watch
-            return
+                stop.sleep(watch)
+
+
+class _Interrupt:
+    """SIGINT (Ctrl-C) as a flag, not an exception: a KeyboardInterrupt can
+    land anywhere (inside a lock's acquisition, between a request and its
+    answer) and leave the connection or a lock in a state nothing undoes.
+    The handler only sets ``set``; ``sleep`` returns at once when it has
+    (the signal also writes to a wakeup pipe, so a SIGINT that arrives just
+    before the sleep is not missed either)."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.set = True
+
+    def __enter__(self) -> _Interrupt:
+        self._old_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        self._old = signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self.set:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            select.select([self._r], [], [], left)
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._r, 512)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._old)
+        signal.set_wakeup_fd(self._old_fd)
+        os.close(self._r)
+        os.close(self._w)

@@ -58,10 +58,32 @@ _hash = xxhash.xxh3_64_intdigest
 _WIRE_BUDGET = MAX_FRAME - 8192  # bytes of metadata a request or an answer may carry
 _ENTRY_NAMES = ("addr", "length", "checksum", "epoch", "state", "meta")
 _WAIT_SLICE = 20_000_000  # ns: a load hands staged blocks back at least this often
+_WAIT_CHUNK = 1_000_000_000  # ns: the longest WAIT or FLUSH a client asks in one round trip
 
 
 class DaemonGone(Cancelled, ConnectionError):
-    """The daemon closed the connection (it exited, was killed, or refused us)."""
+    """The connection to the daemon is over: it exited, was killed, refused
+    us (full), closed it (idle, a protocol error), or stopped answering
+    within the call's deadline. The message says which."""
+
+    def __str__(self) -> str:
+        return f"{self.strerror} ({_errname(self.errno or errno.ECANCELED)})"
+
+
+def _errname(err: int) -> str:
+    return errno.errorcode.get(err, f"errno {err}")
+
+
+def _oserr(exc: OSError) -> str:
+    """An OSError of the socket, its errno spelled out."""
+    return f"{exc.strerror or exc} ({_errname(exc.errno or 0)})"
+
+
+_LOST = {
+    errno.EPIPE: "the daemon closed the connection",
+    errno.ECONNRESET: "the daemon reset the connection",
+    errno.ECONNREFUSED: "no daemon is serving on the socket",
+}
 
 
 def _raise(rc: int, call: str, what: str = "") -> None:
@@ -174,34 +196,37 @@ class RemoteHandle:
 class RemoteDevice:
     """The daemon's device, as seen by one client (see the module doc)."""
 
-    def __init__(self, path: str, timeout: float = 10.0) -> None:
+    def __init__(self, path: str, timeout: float = 10.0, request_timeout: float = 30.0) -> None:
+        if not timeout > 0 or not request_timeout > 0:
+            raise InvalidArgument(
+                None,
+                f"connect: timeout={timeout!r}, request_timeout={request_timeout!r}: "
+                "expected seconds > 0",
+            )
         self.path = path
+        self.request_timeout = float(request_timeout)
         self._lock = threading.Lock()
         self._seq = 0
         self._closed = False
+        self._broken: str | None = None  # why the connection can no longer be used
         # Handles that were handed a view (weakly: a view keeps its handle
         # alive), so close() can refuse or end them as Device.close() does;
         # _vlock orders wait_many()'s publishing of a view with close().
         self._viewed: weakref.WeakSet[RemoteHandle] = weakref.WeakSet()
         self._vlock = threading.Lock()
         self._ending = False
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        s = _dial(path, timeout)
+        fds: list[int] = []
+        data = b""
         try:
-            s.settimeout(timeout)
+            s.settimeout(max(0.001, timeout))
+            # refused at once: the daemon's ERROR, if any, is still to be read
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                s.send(encode(Op.HELLO, 0, {"version": VERSION, "pid": os.getpid()}))
             try:
-                s.connect(path)
-            except FileNotFoundError:
-                raise DaemonGone(None, f"no daemon socket at {path}") from None
-            except ConnectionRefusedError:
-                raise DaemonGone(None, f"no daemon is serving on {path}") from None
-            except PermissionError:
-                raise PermissionError(
-                    errno.EACCES,
-                    f"{path}: not allowed to connect (socket mode 0660: "
-                    "the daemon's user or group only)",
-                ) from None
-            s.send(encode(Op.HELLO, 0, {"version": VERSION, "pid": os.getpid()}))
-            data, fds = recv_fds(s, 2)
+                data, fds = recv_fds(s, 2)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise DaemonGone(None, f"{path}: {_LOST[exc.errno or 0]} during HELLO") from None
             s.settimeout(None)
         except TimeoutError:
             s.close()
@@ -212,10 +237,13 @@ class RemoteDevice:
         self._sock = s
         try:
             if not data:
-                raise DaemonGone(None, f"{path}: the daemon closed the connection")
+                raise DaemonGone(None, f"{path}: the daemon closed the connection during HELLO")
             op, _, body = decode(data)
             if op == Op.ERROR:
-                raise DaemonGone(None, f"{path}: refused: {body.get('message')}")
+                err = int(body.get("errno") or errno.ECANCELED)
+                raise DaemonGone(
+                    None, f"{path}: refused by the daemon: {body.get('message')} ({_errname(err)})"
+                )
             if len(fds) != 2:
                 raise ProtocolError(f"WELCOME carried {len(fds)} descriptors, expected 2")
             self.welcome = body
@@ -232,32 +260,92 @@ class RemoteDevice:
             s.close()
             raise
         self._config = Config(body["config"])
-        self._capacity = int(self._config.capacity)
+        # the addresses raw calls may use: a daemon with a KV store keeps its
+        # segments out of them (raw_bytes, 0 by default)
+        self._capacity = int(body.get("raw_bytes", self._config.capacity))
         self.area_bytes = int(body["area_bytes"])
         self.session = int(body["session"])
         self.instance = str(body["instance"])
+        self.version = int(body["version"])
 
     # ---- transport
 
-    def _call(self, op: Op, body: Any) -> Any:
+    def _call(self, op: Op, body: Any, wait: float = 0.0) -> Any:
+        """One request and its answer. The daemon has ``wait`` seconds (the
+        request's own timeout) plus ``request_timeout`` to answer; past that,
+        or if the call is interrupted between the request and its answer,
+        the connection is closed (it can no longer be trusted to pair
+        answers with requests) and DaemonGone raised."""
         with self._lock:
             if self._closed:
                 raise Cancelled(None, f"{op.name}: connection is closed")
+            if self._broken:
+                raise DaemonGone(None, f"{op.name}: {self._broken}")
             self._seq += 1
             seq = self._seq
+            limit = wait + self.request_timeout
+            done = False
             try:
-                self._sock.send(encode(op, seq, body))
+                self._sock.settimeout(limit)
+                try:
+                    self._sock.send(encode(op, seq, body))
+                except OSError as exc:
+                    if exc.errno not in _LOST:
+                        raise
+                    # the daemon may have said why before closing
+                    self._sock.settimeout(0.001)
                 data = self._sock.recv(MAX_FRAME + 1)
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise DaemonGone(None, f"{op.name}: daemon connection lost ({exc})") from None
+                done = True
+            except TimeoutError:
+                self._break(
+                    f"no answer to {op.name} within {limit:g} s: the daemon is stopped or "
+                    "hung; the connection is closed"
+                )
+                raise DaemonGone(None, f"{op.name}: {self._broken}") from None
+            except OSError as exc:
+                self._break(f"{_LOST.get(exc.errno or 0, 'the connection failed')}")
+                raise DaemonGone(None, f"{op.name}: {self._broken} ({_oserr(exc)})") from None
+            finally:
+                if not done and not self._broken:  # interrupted (KeyboardInterrupt, ...)
+                    self._break(f"{op.name} was interrupted before its answer")
             if not data:
-                raise DaemonGone(None, f"{op.name}: the daemon closed the connection")
+                self._break("the daemon closed the connection")
+                raise DaemonGone(None, f"{op.name}: {self._broken}")
             rop, rseq, rbody = decode(data)
             if rop == Op.ERROR:
-                raise DaemonGone(None, f"{op.name}: the daemon ended the connection: {rbody}")
+                err = int(rbody.get("errno") or errno.EIO)
+                msg = str(rbody.get("message"))
+                if rbody.get("fatal", True) or rseq != seq:
+                    self._break(f"the daemon ended the connection: {msg}")
+                    raise DaemonGone(
+                        errno.ECANCELED if err == errno.EPROTO else err,
+                        f"{op.name}: {self._broken}",
+                    )
+                raise _ll.status_error(-err, op.name.lower(), detail=msg)
             if rop != op or rseq != seq:
-                raise ProtocolError(f"answer {rop.name}/{rseq} to {op.name}/{seq}")
+                self._break(f"answer {rop.name}/{rseq} to {op.name}/{seq}")
+                raise ProtocolError(self._broken)
             return rbody
+
+    def _raw_error(self, rc: int, call: str, args: str) -> ChmError:
+        """The exception of a raw call's -errno; -EACCES is an address
+        outside the daemon's raw region, said so."""
+        detail = None
+        if rc == -errno.EACCES:
+            detail = (
+                f"outside the daemon's raw region (raw_bytes={self._capacity}): a daemon "
+                "with a KV store keeps its segments out of raw reach; it serves raw "
+                "addresses only when started with --raw SIZE"
+            )
+        err: ChmError = _ll.status_error(rc, call, args, detail)
+        return err
+
+    def _break(self, why: str) -> None:
+        """The connection cannot be used any more: closes the socket (the
+        daemon then releases everything this client held)."""
+        self._broken = why
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
 
     # ---- prefetch (batched: one round trip per MAX_BATCH elements)
 
@@ -294,7 +382,7 @@ class RemoteDevice:
                 if rc == 0:
                     out.append(RemoteHandle(self, tok))
                 else:
-                    out.append(_ll.status_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
+                    out.append(self._raw_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
         return out
 
     def prefetch(
@@ -308,7 +396,7 @@ class RemoteDevice:
         flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
         ((rc, tok),) = self._call(Op.PREFETCH, [[a, n, flags]])
         if rc:
-            _raise(rc, call, args)
+            raise self._raw_error(rc, call, args)
         return RemoteHandle(self, tok)
 
     def wait_many(
@@ -318,7 +406,8 @@ class RemoteDevice:
         call); raises the first failure (WaitTimeout, DeviceIOError,
         StaleHandle, ...). One round trip per MAX_BATCH handles."""
         out = [memoryview(b"")] * len(handles)
-        tns = timeout_ns(timeout)
+        timeout_ns(timeout)  # refuses what chm.Handle.wait refuses
+        end = None if timeout is None else time.monotonic_ns() + timeout_ns(timeout)
         todo = []
         for j, h in enumerate(handles):
             if h._dev is not self:
@@ -332,11 +421,11 @@ class RemoteDevice:
                 todo.append(j)
         for i in range(0, len(todo), MAX_BATCH):
             part = todo[i : i + MAX_BATCH]
-            res = self._call(Op.WAIT, [tns, [handles[j].token for j in part]])
+            got = self._wait_tokens([handles[j].token for j in part], end)
             with self._vlock:  # a view is either ended by close() or never handed out
                 if self._ending:
                     raise Cancelled(None, "chm_prefetch_wait: connection is closed")
-                for j, (rc, off, n, addr) in zip(part, res, strict=True):
+                for j, (rc, off, n, addr) in zip(part, got, strict=True):
                     if rc:
                         raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
                     h = handles[j]
@@ -347,6 +436,26 @@ class RemoteDevice:
                     self._viewed.add(h)
                     out[j] = mv
         return out
+
+    def _wait_tokens(self, tokens: list[int], end: int | None) -> list[list[int]]:
+        """WAIT answers for the tokens by ``end`` (monotonic ns; None:
+        forever), asked in slices of at most _WAIT_CHUNK, so each round trip
+        has a deadline even when the wait has none."""
+        got: dict[int, list[int]] = {}
+        rest = list(range(len(tokens)))
+        while rest:
+            left = None if end is None else max(0, end - time.monotonic_ns())
+            chunk = _WAIT_CHUNK if left is None else min(left, _WAIT_CHUNK)
+            last = left is not None and chunk >= left  # this slice reaches the deadline
+            res = self._call(Op.WAIT, [chunk, [tokens[k] for k in rest]], wait=chunk / 1e9)
+            nxt = []
+            for k, r in zip(rest, res, strict=True):
+                if r[0] == -errno.ETIMEDOUT and not last:
+                    nxt.append(k)
+                else:
+                    got[k] = r
+            rest = nxt
+        return [got[k] for k in range(len(tokens))]
 
     def release_many(self, handles: Sequence[RemoteHandle]) -> list[ChmError | None]:
         """Releases several handles, as ``chm.Device.release_many``: returns,
@@ -407,7 +516,7 @@ class RemoteDevice:
             step = min(self.area_bytes, n - done)
             rc = self._call(Op.READ, [int(addr) + done, step, 0])
             if rc < 0:
-                _raise(rc, "chm_read", f"addr={addr + done:#x}, len={step}")
+                raise self._raw_error(rc, "chm_read", f"addr={addr + done:#x}, len={step}")
             dst[done : done + step] = self._area_np[:step]
             done += step
         return n
@@ -448,7 +557,7 @@ class RemoteDevice:
             nonlocal used
             for i, rc in zip(where, self._call(Op.WRITE, batch), strict=True):
                 if rc < 0:
-                    out[i] = _ll.status_error(rc, call, f"addr={a[i]:#x}, len={srcs[i].size}")
+                    out[i] = self._raw_error(rc, call, f"addr={a[i]:#x}, len={srcs[i].size}")
                 else:
                     out[i] = rc == 1
             batch.clear()
@@ -475,9 +584,21 @@ class RemoteDevice:
         return [x for x in out if x is not None]
 
     def flush(self, timeout: float | None = None) -> None:
-        rc = self._call(Op.FLUSH, timeout_ns(timeout))
+        rc = self._sliced(Op.FLUSH, timeout)
         if rc:
             _raise(rc, "chm_flush")
+
+    def _sliced(self, op: Op, timeout: float | None) -> int:
+        """A FLUSH or KV_FLUSH asked in slices of at most _WAIT_CHUNK (a
+        flush that times out changes nothing), so each round trip has a
+        deadline even when the flush has none; its last rc."""
+        end = None if timeout is None else time.monotonic_ns() + timeout_ns(timeout)
+        while True:
+            left = None if end is None else max(0, end - time.monotonic_ns())
+            chunk = _WAIT_CHUNK if left is None else min(left, _WAIT_CHUNK)
+            rc = int(self._call(op, chunk, wait=chunk / 1e9))
+            if rc != -errno.ETIMEDOUT or (left is not None and chunk >= left):
+                return rc
 
     # ---- introspection
 
@@ -543,6 +664,10 @@ class RemoteDevice:
                 self.flush(timeout=30.0)
         with self._lock:
             was, self._closed = self._closed, True
+            if not was and not self._broken and self.version >= 3:
+                with contextlib.suppress(OSError, ProtocolError):  # an orderly close
+                    self._sock.settimeout(1.0)
+                    self._sock.send(encode(Op.BYE, self._seq + 1, {}))
         if was:
             return
         with contextlib.suppress(OSError):
@@ -565,6 +690,45 @@ class RemoteDevice:
 
     def __repr__(self) -> str:
         return f"<chm.remote.RemoteDevice {self.path} session={self.session}>"
+
+
+def _dial(path: str, timeout: float) -> socket.socket:
+    """A connected socket to the daemon; waits up to ``timeout`` seconds
+    while its listen backlog is full, then DaemonGone."""
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            s.settimeout(max(0.001, deadline - time.monotonic()))
+            s.connect(path)
+            return s
+        except FileNotFoundError:
+            s.close()
+            raise DaemonGone(None, f"no daemon socket at {path}") from None
+        except ConnectionRefusedError:
+            s.close()
+            raise DaemonGone(None, f"no daemon is serving on {path}") from None
+        except PermissionError:
+            s.close()
+            raise PermissionError(
+                errno.EACCES,
+                f"{path}: not allowed to connect (socket mode 0660: "
+                "the daemon's user or group only)",
+            ) from None
+        except (BlockingIOError, TimeoutError) as exc:  # the backlog is full
+            s.close()
+            if time.monotonic() + pause > deadline:
+                raise DaemonGone(
+                    None,
+                    f"{path}: the daemon accepted no connection within {timeout} s "
+                    f"(its listen backlog is full: {_oserr(exc) if exc.errno else 'timed out'})",
+                ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        except BaseException:
+            s.close()
+            raise
 
 
 def _batch_len(call: str, n: int, *others: int) -> None:
@@ -716,7 +880,8 @@ class RemoteStore:
             try:
                 while pend:
                     left = _WAIT_SLICE if end is None else max(0, end - time.monotonic_ns())
-                    res = dev._call(Op.WAIT, [min(left, _WAIT_SLICE), [e[1] for _, e in pend]])
+                    step = min(left, _WAIT_SLICE)
+                    res = dev._call(Op.WAIT, [step, [e[1] for _, e in pend]], wait=step / 1e9)
                     done, rest = [], []
                     for (j, e), (rc, off, _n, _a) in zip(pend, res, strict=True):
                         if rc == -errno.ETIMEDOUT and left > 0:
@@ -773,7 +938,7 @@ class RemoteStore:
         return out
 
     def flush(self, timeout: float | None = None) -> None:
-        rc = self.device._call(Op.KV_FLUSH, timeout_ns(timeout))
+        rc = self.device._sliced(Op.KV_FLUSH, timeout)
         if rc:
             _raise(rc, "flush")
 
@@ -781,6 +946,12 @@ class RemoteStore:
         return dict(self.device.daemon_stats()["kv"])
 
 
-def connect(path: str, timeout: float = 10.0) -> RemoteDevice:
-    """Connects to a chm-emu daemon's socket; the result is a ``DeviceLike``."""
-    return RemoteDevice(os.fspath(path), timeout)
+def connect(path: str, timeout: float = 10.0, request_timeout: float = 30.0) -> RemoteDevice:
+    """Connects to a chm-emu daemon's socket; the result is a ``DeviceLike``.
+
+    ``timeout`` bounds the connection and its handshake (waiting while the
+    daemon's listen backlog is full); ``request_timeout`` is how long the
+    daemon has to answer any request beyond the request's own timeout (a
+    ``wait(timeout=1)`` gives up after 1 s + request_timeout). Past either,
+    DaemonGone: no call blocks forever on a stopped or hung daemon."""
+    return RemoteDevice(os.fspath(path), timeout, request_timeout)

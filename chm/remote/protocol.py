@@ -5,9 +5,12 @@ One message is one SOCK_SEQPACKET packet holding one msgpack array
 with WELCOME and two file descriptors (SCM_RIGHTS): the DRAM pool (read-only)
 and the client's shared area (read-write). After that the client sends one
 request at a time, with ``seq`` one more than the last; the daemon answers
-each with the same op and seq, or ERROR. Anything else (a frame that does not
-decode, an unknown op, a wrong seq, a second request before the answer, a
-frame over MAX_FRAME bytes) closes that client's connection.
+each with the same op and seq, or (version 3) with a non-fatal ERROR of the
+same seq when the request failed as a whole (the connection stays open). A
+protocol violation (a frame that does not decode, an unknown op, a wrong seq,
+a second request before the answer, a frame over MAX_FRAME bytes) is answered
+with a fatal ERROR and closes that client's connection. A version 3 client
+ends with BYE.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ __all__ = [
     "send_fds",
 ]
 
-VERSION = 2  # 2: KV_PUT metadata, KV_ENTRIES
-VERSIONS = (1, 2)  # what a daemon accepts in HELLO (a version 1 client sends neither)
+VERSION = 3  # 2: KV_PUT metadata, KV_ENTRIES; 3: non-fatal ERROR answers, BYE
+VERSIONS = (1, 2, 3)  # what a daemon accepts in HELLO (a version 1 client sends neither)
 MAX_FRAME = 64 * 1024  # bytes in one packet, either way
 MAX_BATCH = 256  # elements in one batched request
 
@@ -57,6 +60,7 @@ class Op(enum.IntEnum):
     KV_REMOVE = 14
     KV_PREFIX_LEN = 15
     KV_ENTRIES = 16
+    BYE = 17
 
 
 class ProtocolError(Exception):

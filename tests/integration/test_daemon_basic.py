@@ -44,7 +44,7 @@ BLOCK = 256 << 10
 def serve_args(tmp: Path, *extra: str) -> list[str]:
     return [
         "--target", str(tmp / "t0.img"), "--create", "--capacity", "256M",
-        "--dram", "48M", "--slot-size", "1M", "--backend", "pread", *extra,
+        "--dram", "48M", "--slot-size", "1M", "--backend", "pread", "--raw", "64M", *extra,
     ]  # fmt: skip
 
 
@@ -223,7 +223,7 @@ def test_wrong_version_refused(daemon: DaemonProcess) -> None:
     assert s.recv(65536) == b""
     s.close()
     with chm.connect(daemon.socket) as dev:  # the daemon serves on
-        assert dev.capacity == 256 << 20
+        assert dev.config.capacity == 256 << 20 and dev.capacity == 64 << 20  # the raw region
 
 
 def test_prometheus_endpoint_on_loopback(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ def _connect_as(sock: str, gid: int, groups: list[int]) -> str:
             os.setuid(NOBODY)
             try:
                 with chm.connect(sock) as dev:
-                    msg = f"served {dev.capacity}"
+                    msg = f"served {dev.config.capacity}"
             except PermissionError as exc:
                 msg = f"refused {exc.strerror}"
             except BaseException as exc:
