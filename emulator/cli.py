@@ -23,6 +23,7 @@ from chm.sizes import format_size, parse_size
 from .cost_cmd import cost
 from .demo_cmd import demo
 from .devices_cmd import devices
+from .kv_cmd import kv
 from .serve_cmd import serve
 from .stats_cmd import stats
 
@@ -39,6 +40,7 @@ def main() -> None:
 main.add_command(cost)
 main.add_command(demo)
 main.add_command(devices)
+main.add_command(kv)
 main.add_command(serve)
 main.add_command(stats)
 
