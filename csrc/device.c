@@ -477,9 +477,7 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	 * mode's hook reads only atomics too. A stats call never waits. */
 	_Static_assert(sizeof(struct chm_stats) % 8 == 0, "copied in 8-byte words");
 	chm_ctr_copy(out, &dev->st, sizeof(*out));
-	out->clock_now_ns = chm_now_ns(dev);
-	/* summed in wall ns where it is measured (wbuf, lru); reported in device ns */
-	out->read_wait_flush_ns = chm_wall_to_dev_ns(dev, out->read_wait_flush_ns);
+	out->clock_now_ns = chm_now_ns(dev); /* every duration counter is device ns already */
 	out->pool_bytes = dev->pool.base ? dev->pool.bytes : 0;
 	out->pool_kind = dev->cfg.pool_kind;
 	out->pool_numa_node = dev->pool.numa_node;

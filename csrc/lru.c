@@ -137,7 +137,8 @@ struct chm_lru {
 	unsigned batch_lines;        /* derived: lines per fill batch */
 	struct lru_scratch *scratch; /* idle scratch sets, for the next access */
 
-	uint64_t wb_errors; /* failed write-backs (lines) */
+	uint64_t wb_errors;        /* failed write-backs (lines) */
+	uint64_t wb_model_done_ns; /* the model's end of the latest eager write-back */
 
 	pthread_t thread;
 	bool thread_started;
@@ -483,11 +484,17 @@ static int run_batch(struct chm_dev *dev, struct access *a, unsigned n, uint64_t
 	unsigned nwb_total = 0;
 	for (unsigned i = 0; i < n; i++)
 		nwb_total += a->fills[i].dirty_victim ? a->fills[i].nwb : 0;
+	/* a read behind write-back I/O: its own dirty victims', or an eager
+	 * write-back the model has not finished when the batch starts */
+	bool behind_wb = !a->write && (nwb_total || c->wb_model_done_ns > now);
 	pthread_mutex_unlock(&dev->lock);
 
-	uint64_t t0 = chm_mono_ns();
 	chm_ios_run(dev, a->ios, a->ptrs, k, NULL, NULL);
-	uint64_t stalled = nwb_total && !a->write ? chm_mono_ns() - t0 : 0;
+	/* device time: the batch's end on the device clock (the model's
+	 * completion, or the clock if the host was later) minus its start */
+	uint64_t end = chm_now_ns(dev);
+	end = end > done ? end : done;
+	uint64_t stalled = behind_wb ? end - now : 0;
 	for (unsigned i = 0; i < n; i++) {
 		struct lru_fill *f = &a->fills[i];
 		f->wb_err = f->dirty_victim ? ios_err(a->ios, f->wb0, f->nwb) : 0;
@@ -726,6 +733,8 @@ static unsigned wb_collect(struct chm_lru *c, unsigned *nios, uint64_t *done)
 		n++;
 	}
 	*done = chm_timing_ssd_ios(&dev->timing, now, c->wb_ios, k);
+	if (*done > c->wb_model_done_ns)
+		c->wb_model_done_ns = *done;
 	*nios = k;
 	return n;
 }

@@ -95,7 +95,7 @@ int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 		if (a1 > dev->cfg.capacity)
 			a1 = dev->cfg.capacity;
 		struct chm_read_tok tok;
-		uint64_t done;
+		uint64_t done = model;
 		pthread_mutex_lock(&dev->lock);
 		chm_wbuf_read_begin(dev, &tok);
 		pthread_mutex_unlock(&dev->lock);
@@ -103,7 +103,8 @@ int chm_direct_read(struct chm_dev *dev, uint64_t addr, void *buf, uint64_t len)
 		if (!rc) /* the caller's buffer: no lock needed for the bulk copy */
 			memcpy(out, (char *)bounce + (addr - a0), n);
 		pthread_mutex_lock(&dev->lock);
-		chm_wbuf_read_end(dev, &tok);
+		uint64_t now = chm_now_ns(dev);
+		chm_wbuf_read_end(dev, &tok, now > done ? now : done);
 		if (!rc)
 			overlay_unlocked(dev, addr, out, n);
 		pthread_mutex_unlock(&dev->lock);

@@ -46,7 +46,8 @@ static int prefetch_fill_submit(struct chm_dev *dev, struct chm_slot *s)
  * registration here keeps every entry it needs. */
 static void prefetch_fill_end(struct chm_dev *dev, struct chm_slot *s)
 {
-	chm_wbuf_read_end(dev, &s->rtok);
+	uint64_t now = chm_now_ns(dev);
+	chm_wbuf_read_end(dev, &s->rtok, now > s->ready_ns ? now : s->ready_ns);
 	chm_ctr_add(&dev->st.bytes_read_ssd, s->fill_bytes);
 }
 

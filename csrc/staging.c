@@ -336,7 +336,9 @@ void chm_staging_fill_io_done(struct chm_io *io)
 	if (--s->ios_pending == 0) {
 		uint64_t now = chm_now_ns(dev);
 		dev->mode->fill_end(dev, s);
-		lat_record(dev, now - s->issue_ns);
+		/* on the device clock: the fill is done when both the I/O and the
+		 * model are (in virtual time the I/O is done before the clock moves) */
+		lat_record(dev, (now > s->ready_ns ? now : s->ready_ns) - s->issue_ns);
 		if (dev->cfg.clock == CHM_CLOCK_REAL && dev->timing.enabled && now > s->ready_ns) {
 			chm_ctr_add(&dev->st.pacing_late, 1);
 			chm_ctr_add(&dev->st.pacing_late_ns, now - s->ready_ns);

@@ -285,7 +285,7 @@ void chm_wbuf_unpin_log(struct chm_dev *dev)
 void chm_wbuf_read_begin(struct chm_dev *dev, struct chm_read_tok *tok)
 {
 	struct chm_wbuf *w = dev->wbuf;
-	tok->begin_ns = chm_mono_ns();
+	tok->begin_ns = chm_now_ns(dev);
 	if (!w)
 		return;
 	tok->epoch = w->epoch;
@@ -294,15 +294,16 @@ void chm_wbuf_read_begin(struct chm_dev *dev, struct chm_read_tok *tok)
 	w->reads_inflight++;
 }
 
-void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok)
+void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok, uint64_t end_ns)
 {
 	struct chm_wbuf *w = dev->wbuf;
 	if (!w)
 		return;
 	w->inflight[tok->epoch % EPOCHS]--;
 	w->reads_inflight--;
-	if (w->flushing || w->batch_mark != tok->batch_mark)
-		chm_ctr_add(&dev->st.read_wait_flush_ns, chm_mono_ns() - tok->begin_ns);
+	/* device time, so virtual time counts the model's wait, not the host's */
+	if ((w->flushing || w->batch_mark != tok->batch_mark) && end_ns > tok->begin_ns)
+		chm_ctr_add(&dev->st.read_wait_flush_ns, end_ns - tok->begin_ns);
 	if (w->reads_inflight == 0 && w->count)
 		pthread_cond_signal(&w->cond);
 }

@@ -54,7 +54,10 @@ int chm_wbuf_overlay_segs(struct chm_dev *dev, uint64_t addr, uint64_t len,
  * old bytes and needs the overlay), and tells the flusher reads are busy.
  * Lock held; no-ops when the device has no write buffer. */
 void chm_wbuf_read_begin(struct chm_dev *dev, struct chm_read_tok *tok);
-void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok);
+/* end_ns: when the read is done on the device clock (the later of the
+ * clock and the model's completion); a read that overlapped a flush batch
+ * adds end_ns - its begin to read_wait_flush_ns, device time in both clocks. */
+void chm_wbuf_read_end(struct chm_dev *dev, const struct chm_read_tok *tok, uint64_t end_ns);
 /* A log pin keeps every entry from reclaim (a slot that is behind the log
  * needs them for its re-overlay). Lock held. */
 void chm_wbuf_pin_log(struct chm_dev *dev);

@@ -194,8 +194,9 @@ struct chm_stats {
 	uint32_t queue_cap;
 	uint64_t slot_bytes;
 	uint64_t window_bytes;
-	/* refill latency: bucket i counts fills of [2^i, 2^(i+1)) microseconds;
-	 * bucket 0 also counts fills under 1 us */
+	/* refill latency, device time (issue to the later of the I/O and the
+	 * model's completion): bucket i counts fills of [2^i, 2^(i+1))
+	 * microseconds; bucket 0 also counts fills under 1 us */
 	uint64_t refill_lat_hist[32];
 	uint64_t refill_lat_count;
 	uint64_t refill_lat_sum_ns;
@@ -206,7 +207,8 @@ struct chm_stats {
 	uint64_t wr_skipped_bytes;
 	uint64_t wr_flushed_bytes;
 	uint64_t flush_batches;
-	uint64_t read_wait_flush_ns; /* time reads waited behind flush or write-back I/O */
+	uint64_t read_wait_flush_ns; /* device ns of reads that overlapped a flush batch or
+	                              * write-back I/O (model completion in virtual time) */
 	uint64_t wbuf_used_bytes;
 	uint64_t wbuf_bytes;
 	/* lru mode */

@@ -14,7 +14,11 @@
  * below were computed by running this program against the per-line code of
  * commit 6ff730d (one hash lookup, one recency move and one timing-model
  * call per line), before the run batching; a change to any hit, miss,
- * eviction, write-back or simulated time shows up here.
+ * eviction, write-back or simulated time shows up here. The digests were
+ * recomputed once since, when read_wait_flush_ns became device time and
+ * began counting reads behind an eager write-back the model had not
+ * finished (it was 0 in every call here before); the final clocks and
+ * counters are still those of 6ff730d.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -153,12 +157,12 @@ static void run(const struct scenario *sc)
 int main(void)
 {
 	static const struct scenario scs[] = {
-	        {"64K lines", "64K", "32M", "4M", 4u << 20, 64, 1500, 0x841d0ab23dc1f3d8ull,
+	        {"64K lines", "64K", "32M", "4M", 4u << 20, 64, 1500, 0x5ced270431b86c63ull,
 	         640794940, 39318, 54037, 22861, 0, 2946236416ull},
-	        {"1M lines", "1M", "64M", "16M", 16u << 20, 32, 1000, 0xc1108fbf61bf4977ull,
+	        {"1M lines", "1M", "64M", "16M", 16u << 20, 32, 1000, 0x259920c6be148300ull,
 	         1405027351, 6785, 8933, 3813, 0, 7950303232ull},
 	        {"64K lines, batches", "64K", "96M", "64M", 64u << 20, 16, 200,
-	         0xba3d6579b4f01b8aull, 1040843803, 48561, 145681, 63986, 5120, 6308888576ull},
+	         0x90a53736e4e964d9ull, 1040843803, 48561, 145681, 63986, 5120, 6308888576ull},
 	};
 	for (size_t i = 0; i < sizeof(scs) / sizeof(scs[0]); i++)
 		run(&scs[i]);
