@@ -37,12 +37,18 @@ class GhostSetup:
     wbuf_bytes: int = param(1 << 30, "bytes", "write buffer share of DRAM (prefetch mode)")
     timing: str = param("fpga-cxlhm", "", "timing preset")
     scale: int = param(1, "", "divides capacity, DRAM, write buffer and block size")
+    lru_line_bytes: int = param(64 << 10, "bytes", "lru mode cache line (not scaled)")
 
     def __post_init__(self) -> None:
         if self.scale < 1:
             raise ValueError(f"GhostSetup: scale must be >= 1, got {self.scale}")
         if self.wbuf_bytes >= self.dram_bytes:
             raise ValueError("GhostSetup: the write buffer must be smaller than the DRAM")
+        if self.lru_line_bytes < 4096 or self.lru_line_bytes & (self.lru_line_bytes - 1):
+            raise ValueError(
+                f"GhostSetup: lru_line_bytes must be a power of two >= 4096, "
+                f"got {self.lru_line_bytes}"
+            )
 
     def sized(self, nbytes: int) -> int:
         """``nbytes / scale``, rounded down to 1 MiB (the device's granularity)."""
@@ -64,6 +70,8 @@ def open_ghost(setup: GhostSetup, mode: str, block_bytes: int, **options: object
     )
     if mode == "prefetch":
         kw.update(slot_size=block_bytes, wbuf=setup.sized(setup.wbuf_bytes))
+    else:
+        kw.update(lru_line=setup.lru_line_bytes)
     kw.update(options)
     return chm.Device.open(**kw)  # type: ignore[arg-type]
 

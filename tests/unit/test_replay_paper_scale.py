@@ -31,6 +31,12 @@ def test_paper_scale_reduced_covers_seven_systems(tmp_path: Path) -> None:
         "64M",
         "--wbuf-sweep",
         "256M,1G",
+        "--sweep-lru-lines",
+        "256K",
+        "--sweep-scales",
+        "",
+        "--sweep-timings",
+        "",
     ]
     p = subprocess.run(
         [sys.executable, str(TOOL), *args, "--out", str(tmp_path)],
@@ -58,6 +64,13 @@ def test_paper_scale_reduced_covers_seven_systems(tmp_path: Path) -> None:
     )
     bw = doc["load_bw_Bps"]
     assert doc["prefetch_over_lru"] == pytest.approx(bw["cxlhm-prefetch"] / bw["cxlhm-lru"])
+    # the verdict names its modeling choice and the alternative replayed
+    assert doc["modeling_choice"] == {"timing": "fpga-cxlhm", "lru_line_bytes": 65536, "scale": 64}
+    by = doc["prefetch_over_lru_by_choice"]
+    assert [c["lru_line_bytes"] for c in by] == [65536, 262144]
+    assert by[0]["ratio"] == pytest.approx(doc["prefetch_over_lru"])
+    verdict = next(ln for ln in p.stdout.splitlines() if "prefetch/lru load bandwidth [" in ln)
+    assert "lru line 64 KiB, scale 64, fpga-cxlhm" in verdict and "lru line 256 KiB" in verdict
 
 
 def test_ghost_setup_scaling_and_bad_input() -> None:
