@@ -246,6 +246,12 @@ class Client:
         if self.area_fd >= 0:
             os.close(self.area_fd)
             self.area_fd = -1
+        # requests it sent that will not be answered: read, so the close does
+        # not reset the connection before the client reads our last ERROR
+        with contextlib.suppress(OSError):
+            for _ in range(64):
+                if not self.sock.recv(MAX_FRAME + 1, socket.MSG_DONTWAIT):
+                    break
         self.sock.close()
 
     def _error(self, err: int, message: str) -> None:

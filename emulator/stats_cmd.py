@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 import chm
+import chm.remote
 from chm.errors import ChmError
 
 from .serve_cmd import DEFAULT_SOCKET
@@ -62,11 +63,14 @@ def stats(socket_path: str, as_json: bool, watch: float | None) -> None:
         except (ChmError, OSError) as exc:
             raise click.ClickException(f"cannot reach the daemon at {socket_path}: {exc}") from None
         con = Console(highlight=False)
+        stop.device = dev
         with dev:
             while not stop.set:
                 try:
                     s = dev.daemon_stats()
                 except ChmError as exc:
+                    if stop.set:  # interrupted while the daemon was answering
+                        return
                     raise click.ClickException(str(exc)) from None
                 if as_json:
                     click.echo(json.dumps(s))
@@ -81,16 +85,20 @@ class _Interrupt:
     """SIGINT (Ctrl-C) as a flag, not an exception: a KeyboardInterrupt can
     land anywhere (inside a lock's acquisition, between a request and its
     answer) and leave the connection or a lock in a state nothing undoes.
-    The handler only sets ``set``; ``sleep`` returns at once when it has
-    (the signal also writes to a wakeup pipe, so a SIGINT that arrives just
-    before the sleep is not missed either)."""
+    The handler only sets ``set`` and aborts the connection (no lock taken:
+    a call blocked on a stopped daemon returns at once); ``sleep`` returns at
+    once when it has (the signal also writes to a wakeup pipe, so a SIGINT
+    that arrives just before the sleep is not missed either)."""
 
     def __init__(self) -> None:
         self.set = False
+        self.device: chm.remote.RemoteDevice | None = None
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.set = True
+        if self.device is not None:
+            self.device.abort("interrupted (SIGINT)")
 
     def __enter__(self) -> _Interrupt:
         self._old_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)

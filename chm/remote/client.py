@@ -340,6 +340,13 @@ class RemoteDevice:
         err: ChmError = _ll.status_error(rc, call, args, detail)
         return err
 
+    def abort(self, why: str = "the connection was aborted") -> None:
+        """Ends the connection at once, without taking a lock, so it is safe
+        from a signal handler: a call blocked on the daemon raises
+        DaemonGone, and so does every later call; ``close()`` still frees
+        this side."""
+        self._break(why)
+
     def _break(self, why: str) -> None:
         """The connection cannot be used any more: closes the socket (the
         daemon then releases everything this client held)."""

@@ -204,18 +204,19 @@ def test_kv_writers_others_only_read(tmp_path: Path) -> None:
     sockdir.mkdir(mode=0o755, exist_ok=True)
     try:
         args = serve_args(tmp_path, "--group", GROUP, "--kv-writer", "root")
-        with DaemonProcess(args, sockdir / "chm.sock", log=str(tmp_path / "log")) as d:
-            with chm.connect(d.socket) as root:
-                assert root.welcome["kv_write"] is True
-                kv = root.kv()
-                kv.put([b"owned"], [np.full(4096, 9, np.uint8)])
-                kv.flush()
-                got = _as_nobody(d.socket, [gid])
-                assert got == (
-                    f"get=[True] byte=9 errno={errno.EACCES} errno={errno.EACCES} "
-                    "write=False still=2"
-                ), got
-                assert kv.contains([b"owned", b"mine"]) == [True, False]
+        with (
+            DaemonProcess(args, sockdir / "chm.sock", log=str(tmp_path / "log")) as d,
+            chm.connect(d.socket) as root,
+        ):
+            assert root.welcome["kv_write"] is True
+            kv = root.kv()
+            kv.put([b"owned"], [np.full(4096, 9, np.uint8)])
+            kv.flush()
+            got = _as_nobody(d.socket, [gid])
+            assert got == (
+                f"get=[True] byte=9 errno={errno.EACCES} errno={errno.EACCES} write=False still=2"
+            ), got
+            assert kv.contains([b"owned", b"mine"]) == [True, False]
     finally:
         (sockdir / "chm.sock").unlink(missing_ok=True)
         sockdir.rmdir()
