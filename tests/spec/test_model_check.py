@@ -32,6 +32,21 @@ needs_spin = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 EXPECTED = [(p, run, want) for p in BROKEN for run, want in check_model.expectations(p)]
 
+# The default tier runs spin on the write-buffer model only (a few thousand
+# states): it verifies, and a variant broken in it is caught. Every other run
+# (millions of states, minutes each) is the slow tier (`make test-all`).
+FAST_RUN = "wbuf"
+FAST_BROKEN = next((e for e in EXPECTED if e[1] == FAST_RUN and e[2] != "end-state"), None)
+
+
+def _selected(request: pytest.FixtureRequest, test: str) -> list[dict[str, object]]:
+    """The parameters of the tests named ``test`` that this session runs."""
+    return [
+        item.callspec.params
+        for item in request.session.items
+        if getattr(item, "originalname", None) == test and hasattr(item, "callspec")
+    ]
+
 
 def _show(
     request: pytest.FixtureRequest,
@@ -46,21 +61,29 @@ def _show(
 
 
 @pytest.fixture(scope="module")
-def real_results() -> dict[str, check_model.Result]:
-    runs = list(check_model.RUNS.values())
+def real_results(request: pytest.FixtureRequest) -> dict[str, check_model.Result]:
+    names = sorted({str(p["run"]) for p in _selected(request, "test_model_verifies")})
+    runs = [check_model.RUNS[n] for n in names]
     return {r.run.name: r for r in check_model.check_many(MODEL, runs)}
 
 
 @pytest.fixture(scope="module")
-def broken_results() -> dict[tuple[Path, str], check_model.Result]:
-    tasks = sorted({(p, run) for p, run, _ in EXPECTED})
+def broken_results(request: pytest.FixtureRequest) -> dict[tuple[Path, str], check_model.Result]:
+    params = _selected(request, "test_broken_variant_is_caught")
+    tasks = sorted({(Path(str(p["model"])), str(p["run"])) for p in params})
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as ex:
         futs = {t: ex.submit(check_model.check, t[0], check_model.RUNS[t[1]]) for t in tasks}
         return {t: f.result() for t, f in futs.items()}
 
 
 @needs_spin
-@pytest.mark.parametrize("run", sorted(check_model.RUNS))
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(r, marks=[] if r == FAST_RUN else [pytest.mark.slow])
+        for r in sorted(check_model.RUNS)
+    ],
+)
 def test_model_verifies(
     real_results: dict[str, check_model.Result],
     run: str,
@@ -77,7 +100,9 @@ def test_model_verifies(
 
 @needs_spin
 @pytest.mark.parametrize(
-    "model,run,want", EXPECTED, ids=[f"{p.stem}-{r}-{w}" for p, r, w in EXPECTED]
+    "model,run,want",
+    [pytest.param(*e, marks=[] if e == FAST_BROKEN else [pytest.mark.slow]) for e in EXPECTED],
+    ids=[f"{p.stem}-{r}-{w}" for p, r, w in EXPECTED],
 )
 def test_broken_variant_is_caught(
     broken_results: dict[tuple[Path, str], check_model.Result],
