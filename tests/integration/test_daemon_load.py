@@ -1,7 +1,8 @@
 """8 client processes x mixed load on one daemon for a bounded time.
 
 Each client mixes KV puts and prefix loads over a shared key space,
-raw batched prefetch/wait/release, writes and reads, and now and then
+raw batched prefetch/wait/release, writes and reads (in the daemon's raw
+region, which the store's segments never reach), and now and then
 leaves without releasing (a dropped connection). Afterwards the daemon holds
 0 handles and 0 pins, the device 0 held slots and an empty refill queue, and
 the store 0 pinned segments.
@@ -83,8 +84,10 @@ print(json.dumps(ops))
 
 
 def test_eight_clients_mixed_load(tmp_path: Path) -> None:
+    # raw addresses 0..256M (the device's top half), the store below them
     args = ["--target", str(tmp_path / "t0.img"), "--create", "--capacity", "512M",
-            "--dram", "64M", "--slot-size", "1M", "--backend", "pread"]  # fmt: skip
+            "--dram", "64M", "--slot-size", "1M", "--backend", "pread",
+            "--raw", "256M"]  # fmt: skip
     with DaemonProcess(args, tmp_path / "chm.sock") as d:
         procs = [
             subprocess.Popen(

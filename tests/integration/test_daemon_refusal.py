@@ -55,9 +55,9 @@ def test_filesystem_refused_unless_forced(ext4_loop: str, tmp_path: Path) -> Non
     r = _serve(*common, "--force", "mounted")  # the wrong reason
     assert r.returncode == 2
     assert "--force filesystem" in r.stderr
-    with DaemonProcess([*common[:-2], "--force", "filesystem"], sock) as d:
+    with DaemonProcess([*common[:-2], "--force", "filesystem", "--raw", "32M"], sock) as d:
         with chm.connect(d.socket) as dev:
-            assert dev.capacity == 64 << 20
+            assert dev.config.capacity == 64 << 20
             assert dev.write(0, bytes(4096))
             dev.flush()
         assert d.stop(signal.SIGTERM) == 0
@@ -88,7 +88,7 @@ def test_toml_configuration(tmp_path: Path) -> None:
     )
     d = DaemonProcess(["--config", str(cfg)], tmp_path / "chm.sock")
     with d, chm.connect(d.socket) as dev:
-        assert dev.capacity == 128 << 20
+        assert dev.config.capacity == 128 << 20
         assert len(dev.config.targets) == 2
         assert dev.slot_bytes == 1 << 20
     bad = tmp_path / "bad.toml"
