@@ -71,6 +71,7 @@ def test_wait_that_returns_while_close_runs_gives_no_view_over_freed_pool() -> N
     assert r.returncode == 0 and "survived" in r.stdout, (r.returncode, r.stderr[-2000:])
 
 
+@pytest.mark.slow  # valgrind: the slow tier
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 def test_call_in_flight_when_close_frees_device_is_not_use_after_free() -> None:
     # Device.read(): `self._p()` hands the raw pointer to chm._lowlevel; if
