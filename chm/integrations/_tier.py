@@ -14,9 +14,9 @@ What it decides, so that no adapter decides it differently:
   every rank and replica of the node shares one tier and one index) or
   ``path`` (an embedded store, this process only). With ``per_rank_dir``
   the store is ``path/rank<N>`` (each rank its own tier). An embedded path
-  another process holds raises Busy, after an ERROR line starting
-  ``chm: tier not in use`` (engines that swallow a backend's exception still
-  leave that line in their log);
+  another process holds raises Busy. Every failure to open is logged at
+  ERROR as ``chm: tier not in use: ...`` before it is raised, so an engine
+  that swallows a backend's exception still leaves that line in its log;
 - capacity: a file-backed tier must fit its filesystem
   (:func:`chm.kv.capacity.check_fits`) unless ``sparse_overcommit``;
 - the write buffer: unless ``wbuf`` is given, sized to hold one engine store
@@ -193,14 +193,45 @@ def open_tier(
     rank: int = 0,
     log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
     what: str = "chm",
+    key_prefix: str = "",
 ) -> Tier:
-    """Opens the tier ``opts`` describes (see the module doc)."""
+    """Opens the tier ``opts`` describes (see the module doc). ``key_prefix``
+    is how the engine's configuration spells the options (``"chm."`` in
+    LMCache's extra_config), for the messages. Any failure to open is also
+    logged at ERROR as ``chm: tier not in use: ...`` before it is raised."""
     log = log or logging.getLogger("chm.integrations")
+    try:
+        return _open_tier(opts, namespace, chunk_bytes, batch, rank, log, what, key_prefix)
+    except BaseException as exc:
+        where = opts.socket or opts.path
+        hint = ""
+        if isinstance(exc, Busy):
+            hint = (
+                f"; give every rank and replica the daemon's {key_prefix}socket "
+                f"(chm-emu serve) or set {key_prefix}per_rank_dir"
+            )
+        log.error(
+            "chm: tier not in use: %s: %s%s", where, getattr(exc, "strerror", None) or exc, hint
+        )
+        raise
+
+
+def _open_tier(
+    opts: TierOptions,
+    namespace: Namespace,
+    chunk_bytes: int | None,
+    batch: int,
+    rank: int,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+    what: str,
+    key_prefix: str,
+) -> Tier:
     if bool(opts.path) == bool(opts.socket):
         raise InvalidArgument(
             None,
-            f"{what}: give exactly one of 'path' (an embedded store, this process only) "
-            "and 'socket' (a chm-emu serve daemon, shared by every rank)",
+            f"{what}: give exactly one of '{key_prefix}path' (an embedded store, this "
+            f"process only) and '{key_prefix}socket' (a chm-emu serve daemon, shared by "
+            "every rank)",
         )
     if opts.flush_interval is not None and opts.flush_interval <= 0:
         opts.flush_interval = None  # 0: no periodic flush
@@ -209,8 +240,8 @@ def open_tier(
             if getattr(opts, name) is not None:
                 raise InvalidArgument(
                     None,
-                    f"{what}: '{name}' is the daemon's setting (chm-emu serve --{name}), "
-                    "not the client's",
+                    f"{what}: '{key_prefix}{name}' is the daemon's setting "
+                    f"(chm-emu serve --{name}), not the client's",
                 )
         store: Any = RemoteTierStore(os.fspath(opts.socket), namespace)
         try:
@@ -234,7 +265,7 @@ def open_tier(
         directory / "kv.img",
         opts.capacity,
         sparse_overcommit=opts.sparse_overcommit,
-        option=f"{what}'s sparse_overcommit",
+        option=f"{key_prefix}sparse_overcommit",
     )
     dev_opts: dict[str, Any] = {}
     wbuf = opts.wbuf
@@ -242,27 +273,18 @@ def open_tier(
         wbuf = default_wbuf(chunk_bytes, batch, opts.dram, opts.slot_size)
     if wbuf is not None:
         dev_opts["wbuf"] = wbuf
-    try:
-        store = Store.open(
-            directory,
-            capacity=opts.capacity,
-            dram=opts.dram,
-            slot_size=opts.slot_size,
-            backend=opts.backend,
-            mode=opts.mode,
-            device_options=dev_opts,
-            eviction=opts.eviction,
-            namespace=namespace,
-            flush_interval=opts.flush_interval,
-        )
-    except Busy as exc:
-        log.error(
-            "chm: tier not in use: %s is held by another process (%s); give every rank "
-            "and replica the daemon's 'socket' (chm-emu serve) or set per_rank_dir",
-            directory,
-            exc.strerror,
-        )
-        raise
+    store = Store.open(
+        directory,
+        capacity=opts.capacity,
+        dram=opts.dram,
+        slot_size=opts.slot_size,
+        backend=opts.backend,
+        mode=opts.mode,
+        device_options=dev_opts,
+        eviction=opts.eviction,
+        namespace=namespace,
+        flush_interval=opts.flush_interval,
+    )
     try:
         staging = StagingQueue(store, opts.staging, name=f"chm[{what}]", logger=log)
     except BaseException:
