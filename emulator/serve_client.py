@@ -411,10 +411,18 @@ class Client:
 
     def _flush(self, body: Any) -> Any:
         t = _int(body, "FLUSH timeout_ns")
+        return self._flushed(lambda: self.d.dev.flush(None if t >= _FOREVER else t / 1e9))
+
+    def _flushed(self, flush: Any) -> int:
+        """A flush's rc: 0, or -ETIMEDOUT (the client asks again); any other
+        failure is raised, so a version 3 client gets its message (which
+        file, what is full) in a non-fatal ERROR."""
         try:
-            self.d.dev.flush(None if t >= _FOREVER else t / 1e9)
+            flush()
         except ChmError as exc:
-            return -(exc.errno or errno.EIO)
+            if isinstance(exc, TimeoutError) or self.version < 3:
+                return -(exc.errno or errno.EIO)
+            raise
         return 0
 
     def _stats(self, body: Any) -> Any:
@@ -540,11 +548,8 @@ class Client:
 
     def _kv_flush(self, body: Any) -> Any:
         t = _int(body, "KV_FLUSH timeout_ns")
-        try:
-            self._store().flush(None if t >= _FOREVER else t / 1e9)
-        except ChmError as exc:
-            return -(exc.errno or errno.EIO)
-        return 0
+        st = self._store()
+        return self._flushed(lambda: st.flush(None if t >= _FOREVER else t / 1e9))
 
 
 _HANDLERS = {

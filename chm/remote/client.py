@@ -36,7 +36,7 @@ from chm import _lowlevel as _ll
 from chm._robuf import ReadOnlyBuffer
 from chm.config import Config
 from chm.device import timeout_ns
-from chm.errors import Cancelled, ChmError, InvalidArgument, ViewInUse
+from chm.errors import Cancelled, ChmError, InvalidArgument, ViewInUse, error_for
 from chm.kv.buffers import as_dst, as_src
 from chm.kv.keys import Namespace
 from chm.kv.store import MAX_META, PutStatus, check_meta
@@ -321,7 +321,7 @@ class RemoteDevice:
                         errno.ECANCELED if err == errno.EPROTO else err,
                         f"{op.name}: {self._broken}",
                     )
-                raise _ll.status_error(-err, op.name.lower(), detail=msg)
+                raise error_for(err)(err, msg, call=op.name, detail=msg)
             if rop != op or rseq != seq:
                 self._break(f"answer {rop.name}/{rseq} to {op.name}/{seq}")
                 raise ProtocolError(self._broken)
