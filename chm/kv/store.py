@@ -292,13 +292,11 @@ class Store:
                 f"Store: segment_bytes={seg} is smaller than {what} ({block_bytes}): "
                 "a block must fit a segment",
             )
-        if self.has_bytes and seg < blockhdr.footprint(block_bytes):
-            raise InvalidArgument(
-                None,
-                f"Store: segment_bytes={seg} cannot hold a block of {block_bytes} bytes and "
-                f"its {blockhdr.SECTOR}-byte header ({blockhdr.footprint(block_bytes)} bytes); "
-                "pass a larger segment_bytes or a smaller block_bytes",
-            )
+        # blocks carry their header on the device unless a segment is too
+        # small for the largest block and its header (a segment of exactly
+        # one block: exact block LRU for a replay's tier); such a store's
+        # blocks cannot be rebuilt from the device (chm-emu kv repair)
+        self.block_headers = self.has_bytes and seg >= blockhdr.footprint(block_bytes)
         self.max_block = block_bytes
         self.window_bytes = window_bytes
         self.device_id = device_id
@@ -465,7 +463,7 @@ class Store:
         """Device bytes of blocks of ``lengths`` (with their headers, on a
         backend that stores bytes)."""
         n = lengths.astype(np.int64)
-        if not self.has_bytes:
+        if not self.block_headers:
             return n
         out: np.ndarray[Any, Any] = -(-n // blockhdr.SECTOR) * blockhdr.SECTOR + blockhdr.SECTOR
         return out
@@ -804,7 +802,7 @@ class Store:
         self, key: np.ndarray[Any, Any], b: np.ndarray[Any, Any], meta: bytes = b""
     ) -> PutStatus:
         n = int(b.size)
-        fp = blockhdr.footprint(n)
+        fp = blockhdr.footprint(n) if self.block_headers else n
         got = self._allocate(n, fp)
         if got is None:
             return PutStatus.SKIPPED
@@ -824,7 +822,11 @@ class Store:
             device=self.device_id,
         )
         pad = _ZEROS[: -n % 512]
-        data = np.concatenate([b, np.frombuffer(pad + hdr, np.uint8)])
+        data: Any = b
+        if self.block_headers:
+            data = np.concatenate([b, np.frombuffer(pad + hdr, np.uint8)])
+        elif pad:
+            data = np.concatenate([b, np.frombuffer(pad, np.uint8)])
         try:
             admitted = self.device.write(addr, data)
         except ChmError:

@@ -261,3 +261,13 @@ def test_an_old_version_journal_keeps_its_meta(tmp_backing: Path) -> None:
         assert st.journal_upgraded_from == 2
         ent = st.entries(np.array([(9, 9)], dtype=KEY_DTYPE))[0]
         assert ent is not None and ent["meta"] == bytes(range(40))
+
+
+def test_a_segment_of_exactly_one_block_stores_without_headers(tmp_backing: Path) -> None:
+    """No room for a header (exact block LRU, as a replay's tier uses): the
+    store still takes full-slot blocks, one a segment."""
+    with Store.open(tmp_backing, **{**GEOM, "segment_bytes": 64 * KiB}) as st:
+        assert not st.block_headers
+        assert st.put([1, 2], [blk(1, 64 * KiB), blk(2, 64 * KiB)]) == [S, S]
+        ents = st.entries([1, 2])
+        assert [e["addr"] for e in ents if e is not None] == [0, 64 * KiB]
