@@ -329,7 +329,19 @@ class Daemon:
             cid = self._next_cid
             self._next_cid += 1
             self._counts["clients_total"] += 1
-        c = Client(self, conn, cid)
+        try:
+            c = Client(self, conn, cid)
+        except (ChmError, OSError) as exc:  # e.g. no device session left for it
+            with self._lock:
+                self._counts["clients_refused"] += 1
+            msg = f"cannot serve another client: {exc.strerror or exc}"
+            err = exc.errno or errno.EIO
+            with contextlib.suppress(OSError):
+                conn.settimeout(0.5)
+                conn.send(encode(Op.ERROR, 0, {"errno": err, "message": msg, "fatal": True}))
+            conn.close()
+            self.log.warning(msg, extra={"event": "refuse", "client": cid})
+            return
         t = threading.Thread(target=c.run, name=f"chm-client-{cid}", daemon=True)
         with self._lock:
             self._clients[cid] = (c, t)

@@ -287,12 +287,17 @@ class Client:
             )
         self.version = int(body["version"])
         d = self.d
-        self.area_fd = os.memfd_create(
-            f"chm-area-{self.cid}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
-        )
-        os.ftruncate(self.area_fd, d.area_bytes)
-        fcntl.fcntl(self.area_fd, _F_ADD_SEALS, _SEALS)
-        self.area = mmap.mmap(self.area_fd, d.area_bytes, mmap.MAP_SHARED)
+        try:
+            self.area_fd = os.memfd_create(
+                f"chm-area-{self.cid}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+            )
+            os.ftruncate(self.area_fd, d.area_bytes)
+            fcntl.fcntl(self.area_fd, _F_ADD_SEALS, _SEALS)
+            self.area = mmap.mmap(self.area_fd, d.area_bytes, mmap.MAP_SHARED)
+        except OSError as exc:  # out of memory for it: told, not just closed
+            why = f"cannot create the {d.area_bytes}-byte shared area: {exc.strerror or exc}"
+            self._error(exc.errno or errno.ENOMEM, why)
+            raise _Gone(why) from None
         self.area_np = np.frombuffer(self.area, dtype=np.uint8)
         welcome = {
             "version": VERSION,
