@@ -811,19 +811,19 @@ class Store:
         check = _hash(b.data)
         # payload, zeros to its sector's end, then the block's header sector:
         # one device write (the device writes whole 512-byte sectors)
-        hdr = blockhdr.header_sector(
-            hi=int(key["hi"][0]),
-            lo=int(key["lo"][0]),
-            length=n,
-            checksum=check,
-            epoch=epoch,
-            addr=addr,
-            segment_bytes=self._alloc.segment_bytes,
-            device=self.device_id,
-        )
         pad = _ZEROS[: -n % 512]
         data: Any = b
         if self.block_headers:
+            hdr = blockhdr.header_sector(
+                hi=int(key["hi"][0]),
+                lo=int(key["lo"][0]),
+                length=n,
+                checksum=check,
+                epoch=epoch,
+                addr=addr,
+                segment_bytes=self._alloc.segment_bytes,
+                device=self.device_id,
+            )
             data = np.concatenate([b, np.frombuffer(pad + hdr, np.uint8)])
         elif pad:
             data = np.concatenate([b, np.frombuffer(pad, np.uint8)])
