@@ -139,7 +139,7 @@ def test_a_new_store_on_a_fresh_backing_opens(tmp_backing: Path) -> None:
 
 
 def test_reopening_with_smaller_slots_refuses_and_changes_nothing(tmp_backing: Path) -> None:
-    seg = {"segment_bytes": 512 * KiB}  # the same segment size both times
+    seg: dict[str, Any] = {"segment_bytes": 512 * KiB}  # the same segment size both times
     st = Store.open(tmp_backing, **GEOM, **seg)
     assert st.put([1, 2], [blk(1, 64 * KiB), blk(2, 4 * KiB)]) == [S, S]
     st.close()
