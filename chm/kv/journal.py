@@ -77,9 +77,12 @@ __all__ = [
     "Header",
     "Journal",
     "Replay",
+    "del_records",
     "meta_records",
     "parse",
+    "put_records",
     "read_header",
+    "reclaim_records",
     "stored_segment_bytes",
     "records",
     "write_new",
@@ -223,6 +226,40 @@ def records(puts: np.ndarray[Any, Any], metas: list[bytes] | None = None) -> np.
             out.append(meta_records(int(r["hi"]), int(r["lo"]), int(r["epoch"]), m))
         out.append(puts[i : i + 1])
     return np.concatenate(out)
+
+
+_PUT_FIELDS = ("segment", "hi", "lo", "addr", "checksum", "epoch", "length", "device")
+
+
+def put_records(
+    ents: np.ndarray[Any, Any], metas: list[bytes] | None = None
+) -> np.ndarray[Any, Any]:
+    """The PUT records (each after its META records) of index entries
+    (rows with the fields segment, hi, lo, addr, checksum, epoch, length,
+    device), ``metas`` their metadata (None: none)."""
+    recs = np.zeros(ents.size, dtype=REC_DTYPE)
+    recs["type"] = PUT
+    for f in _PUT_FIELDS:
+        recs[f] = ents[f]
+    return records(recs, metas)
+
+
+def del_records(hi: Any, lo: Any, epoch: int) -> np.ndarray[Any, Any]:
+    """DEL records of the keys ``(hi, lo)`` (arrays), at ``epoch``."""
+    recs = np.zeros(np.size(hi), dtype=REC_DTYPE)
+    recs["type"] = DEL
+    recs["hi"], recs["lo"] = hi, lo
+    recs["epoch"] = epoch
+    return recs
+
+
+def reclaim_records(segments: list[int], epochs: list[int]) -> np.ndarray[Any, Any]:
+    """RECLAIM records: every block of ``segments[i]`` below ``epochs[i]`` is gone."""
+    recs = np.zeros(len(segments), dtype=REC_DTYPE)
+    recs["type"] = RECLAIM
+    recs["segment"] = segments
+    recs["epoch"] = epochs
+    return recs
 
 
 def _numbered(recs: np.ndarray[Any, Any], first: int) -> np.ndarray[Any, Any]:

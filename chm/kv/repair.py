@@ -250,12 +250,12 @@ def repair(
                 continue
             if b.addr // seg >= n_seg or b.addr + b.length > n_seg * seg:
                 continue
-            r = np.zeros(1, dtype=jn.REC_DTYPE)
-            r["type"] = jn.PUT
-            r["segment"] = b.addr // seg
-            r["hi"], r["lo"] = b.hi, b.lo
-            r["addr"], r["length"] = b.addr, b.length
-            r["checksum"], r["epoch"], r["device"] = b.checksum, b.epoch, b.device
+            ent = np.zeros(1, dtype=jn.REC_DTYPE)  # the fields of an index entry
+            ent["segment"] = b.addr // seg
+            ent["hi"], ent["lo"] = b.hi, b.lo
+            ent["addr"], ent["length"] = b.addr, b.length
+            ent["checksum"], ent["epoch"], ent["device"] = b.checksum, b.epoch, b.device
+            r = jn.put_records(ent)
             if old is not None:  # a newer put of the key than the journal lists
                 from_journal -= 1
             keep[(b.hi, b.lo)] = (r, b"")

@@ -534,11 +534,9 @@ class Store:
         if journal:
             durable = rows[e["state"][rows] == DURABLE]
             if durable.size:
-                recs = np.zeros(durable.size, dtype=jn.REC_DTYPE)
-                recs["type"] = jn.DEL
-                recs["hi"], recs["lo"] = e["hi"][durable], e["lo"][durable]
-                recs["epoch"] = self._epoch
-                self._journal.append(recs)
+                self._journal.append(
+                    jn.del_records(e["hi"][durable], e["lo"][durable], self._epoch)
+                )
         for r in rows.tolist():
             self._pending.pop(r, None)
             self._meta.pop(r, None)
@@ -569,11 +567,7 @@ class Store:
 
     def _reclaim(self, segment: int) -> None:
         rows = self._segment_rows(segment)
-        rec = np.zeros(1, dtype=jn.REC_DTYPE)
-        rec["type"] = jn.RECLAIM
-        rec["segment"] = segment
-        rec["epoch"] = self._epoch
-        self._journal.append(rec)
+        self._journal.append(jn.reclaim_records([segment], [self._epoch]))
         self._journaled.discard(segment)
         self._drop_rows(rows, journal=False)
         self._alloc.reuse(segment)
@@ -989,11 +983,9 @@ class Store:
             # after the index is right: a failed append (a full disk) leaves
             # the store consistent, and the segments listed for a later RECLAIM
             if reclaims:
-                recs = np.zeros(len(reclaims), dtype=jn.REC_DTYPE)
-                recs["type"] = jn.RECLAIM
-                recs["segment"] = [sg for sg, _ in reclaims]
-                recs["epoch"] = [ep for _, ep in reclaims]
-                self._journal.append(recs)
+                self._journal.append(
+                    jn.reclaim_records([sg for sg, _ in reclaims], [ep for _, ep in reclaims])
+                )
                 self._journaled.difference_update(sg for sg, _ in reclaims)
 
     def _put_new(self, ks: np.ndarray[Any, Any], new: list[tuple[int, int, int, int, int]]) -> None:
@@ -1090,12 +1082,8 @@ class Store:
                 [r for r, ep in snap.items() if self._pending.get(r) == ep], dtype=np.int64
             )
             if rows.size:
-                recs = np.zeros(rows.size, dtype=jn.REC_DTYPE)
-                recs["type"] = jn.PUT
-                for f in ("segment", "hi", "lo", "addr", "checksum", "epoch", "length", "device"):
-                    recs[f] = e[f][rows]
-                self._journal.append(jn.records(recs, self._metas_of(rows)))
-                self._journaled.update(recs["segment"].tolist())
+                self._journal.append(jn.put_records(e[rows], self._metas_of(rows)))
+                self._journaled.update(e["segment"][rows].tolist())
             # durable (and no longer pending) only once the records are synced:
             # a failed append or sync leaves them pending for the next flush
             self._journal.sync()
@@ -1125,11 +1113,7 @@ class Store:
         e = self._index.e
         rows = self._index.live_rows()
         rows = rows[e["state"][rows] == DURABLE]
-        recs = np.zeros(rows.size, dtype=jn.REC_DTYPE)
-        recs["type"] = jn.PUT
-        for f in ("segment", "hi", "lo", "addr", "checksum", "epoch", "length", "device"):
-            recs[f] = e[f][rows]
-        self._journal.compact(jn.records(recs, self._metas_of(rows)))
+        self._journal.compact(jn.put_records(e[rows], self._metas_of(rows)))
 
     def _metas_of(self, rows: np.ndarray[Any, Any]) -> list[bytes] | None:
         if not self._meta:
