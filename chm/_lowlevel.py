@@ -153,6 +153,14 @@ def last_error_detail(rc: int) -> str | None:
     return text or None
 
 
+def last_error_path(rc: int) -> str | None:
+    """chm_last_error_path(): the file the failure ``rc`` of this thread's
+    latest call was about (a target, the pool file), None when it named
+    none. Only meaningful right after that call, on the same thread."""
+    text = os.fsdecode(ffi.string(lib.chm_last_error_path(rc)))
+    return text or None
+
+
 def _check(
     rc: int,
     call: str = "chm",
@@ -172,6 +180,8 @@ def _check(
         return rc
     if detail is None:
         detail = last_error_detail(rc)
+    if filename is None:
+        filename = last_error_path(rc)
     err = status_error(rc, call, args, detail)
     if filename is not None:
         err.filename = filename
@@ -817,6 +827,7 @@ __all__ = [
     "fault_inject",
     "flush",
     "last_error_detail",
+    "last_error_path",
     "name_of",
     "parse_size",
     "prefetch_object",

@@ -718,11 +718,18 @@ def _lock_targets(paths: Sequence[str], fds: dict[str, int]) -> None:
         for p in paths:
             if p in fds:
                 continue
+            # Only regular files are locked here, and only they are opened:
+            # opening a FIFO for reading would block until a writer came, a
+            # character device may act on open. The C core refuses those,
+            # naming the path and what it is; a path this process may not
+            # reach (missing, unsearchable directory) it reports likewise.
             try:
-                fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue  # the C core reports it (or creates it)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                if not stat.S_ISREG(os.stat(p).st_mode):
+                    continue
+                fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+            except OSError:
+                continue
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
                 os.close(fd)
                 continue
             try:

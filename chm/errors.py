@@ -21,6 +21,7 @@ __all__ = [
     "NoSpace",
     "NotFound",
     "NotSupported",
+    "PermissionDenied",
     "StaleHandle",
     "ViewInUse",
     "WaitTimeout",
@@ -89,6 +90,13 @@ class NotFound(ChmError, FileNotFoundError):
     default_errno = _errno.ENOENT
 
 
+class PermissionDenied(ChmError, PermissionError):
+    """EACCES (or EPERM): this process may not open a backing target or pool
+    file; the message names the path and the directory it may not search."""
+
+    default_errno = _errno.EACCES
+
+
 class WouldBlock(ChmError, BlockingIOError):
     """EAGAIN: the refill queue is full (or no free slot with noqueue)."""
 
@@ -96,7 +104,9 @@ class WouldBlock(ChmError, BlockingIOError):
 
 
 class NoSpace(ChmError):
-    """ENOSPC: no capacity (e.g. a backing target is too small)."""
+    """ENOSPC: no capacity: a backing target too small for its share, or
+    the filesystem under a backing file full at a write-back or flush (the
+    message names the file and its free space; the data stays buffered)."""
 
     default_errno = _errno.ENOSPC
 
@@ -173,6 +183,8 @@ _BY_ERRNO: dict[int, type[ChmError]] = {
     _errno.ECANCELED: Cancelled,
     _errno.EOPNOTSUPP: NotSupported,
     _errno.ENOMEM: NoMemory,
+    _errno.EACCES: PermissionDenied,
+    _errno.EPERM: PermissionDenied,
 }
 
 

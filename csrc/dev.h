@@ -225,6 +225,11 @@ struct chm_dev {
 	pthread_mutex_t gate_lock;
 	pthread_cond_t idle_cond; /* signalled when active_calls drops to 0 */
 
+	/* the latest failed backing write or sync (iomap.c, atomics): its
+	 * -errno and target, so a failed flush says what happened */
+	_Atomic int backing_err;
+	_Atomic int backing_err_target;
+
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;  /* lru and write-buffer waits: a line, a flush */
 	bool shut;            /* chm_dev_shutdown finished: resources freed */

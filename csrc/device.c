@@ -37,6 +37,7 @@ const char *chm_strerror(int err)
 	case EBUSY: return "in use";
 	case ETIMEDOUT: return "timed out";
 	case EIO: return "backing I/O error";
+	case EACCES: return "permission denied";
 	case ESTALE: return "stale handle (released or never issued)";
 	case ECANCELED: return "device closing";
 	case ENOMEM: return "out of host memory";

@@ -11,12 +11,14 @@
 #include "errdetail.h"
 
 static __thread char detail[CHM_ERRMSG_MAX];
-static __thread int detail_err; /* the -errno detail was set with; 0: none */
+static __thread int detail_err;                   /* the -errno detail was set with; 0: none */
+static __thread char detail_file[CHM_ERRMSG_MAX]; /* the path it is about, or "" */
 
 void chm_detail_clear(void)
 {
 	detail_err = 0;
 	detail[0] = 0;
+	detail_file[0] = 0;
 }
 
 int chm_detail(int err, const char *fmt, ...)
@@ -26,6 +28,7 @@ int chm_detail(int err, const char *fmt, ...)
 	vsnprintf(detail, sizeof(detail), fmt, ap);
 	va_end(ap);
 	detail_err = err;
+	detail_file[0] = 0;
 	return err;
 }
 
@@ -36,6 +39,7 @@ int chm_detail_to(char *err, size_t errlen, int rc, const char *fmt, ...)
 	vsnprintf(detail, sizeof(detail), fmt, ap);
 	va_end(ap);
 	detail_err = rc;
+	detail_file[0] = 0;
 	if (err && errlen)
 		snprintf(err, errlen, "%s", detail);
 	return rc;
@@ -46,4 +50,17 @@ const char *chm_last_error_detail(int err)
 	if (err == 0 || err != detail_err)
 		return "";
 	return detail;
+}
+
+int chm_detail_path(const char *path, int rc)
+{
+	snprintf(detail_file, sizeof(detail_file), "%s", path ? path : "");
+	return rc;
+}
+
+const char *chm_last_error_path(int err)
+{
+	if (err == 0 || err != detail_err)
+		return "";
+	return detail_file;
 }

@@ -21,4 +21,8 @@ int chm_detail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3
 int chm_detail_to(char *err, size_t errlen, int rc, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
 
+/* Names the file this thread's detail (set just before, with rc) is
+ * about, for chm_last_error_path(); returns rc. */
+int chm_detail_path(const char *path, int rc);
+
 #endif /* CHM_ERRDETAIL_H */

@@ -7,12 +7,15 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 #include "clock.h"
 #include "counters.h"
 #include "dev.h"
+#include "errdetail.h"
 #include "iomap.h"
 
 /* ---- address mapping ---- */
@@ -121,6 +124,10 @@ int chm_ios_run(struct chm_dev *dev, struct chm_io *ios, struct chm_io **ptrs, u
 	pthread_cond_destroy(&w.cond);
 	for (unsigned i = 0; i < n; i++) {
 		const struct chm_io *io = &ios[i];
+		if (io->res < 0 && io->op != CHM_IO_READ) {
+			atomic_store(&dev->backing_err, io->res);
+			atomic_store(&dev->backing_err_target, io->target);
+		}
 		if (io->res < 0 && !err)
 			err = io->res;
 		else if (io->res >= 0 && (uint64_t)io->res != io->len && io->op != CHM_IO_SYNC &&
@@ -203,4 +210,35 @@ int chm_ssd_sync_all(struct chm_dev *dev)
 		ios[i].target = (int)i;
 	}
 	return chm_ios_run(dev, ios, ptrs, n, NULL, NULL);
+}
+
+int chm_backing_error(struct chm_dev *dev, const char *call)
+{
+	int e = atomic_load(&dev->backing_err);
+	int t = atomic_load(&dev->backing_err_target);
+	unsigned n = dev->cfg.n_targets;
+	if (!e || t < 0 || (unsigned)t >= n)
+		return -EIO;
+	const char *path = dev->cfg.targets[t];
+	if (e == -ENOSPC || e == -EDQUOT) {
+		struct statvfs sv;
+		unsigned long long avail = 0;
+		bool known = fstatvfs(dev->fds[t], &sv) == 0;
+		if (known)
+			avail = (unsigned long long)sv.f_bavail * sv.f_frsize;
+		char free_text[64];
+		if (known)
+			snprintf(free_text, sizeof(free_text), "%llu bytes free", avail);
+		else
+			snprintf(free_text, sizeof(free_text), "free space unknown");
+		return chm_detail_path(
+		        path, chm_detail(-ENOSPC,
+		                         "%s: target %d: %s: %s on its filesystem (%s); the data "
+		                         "stays buffered: free space and flush again",
+		                         call, t, path,
+		                         e == -EDQUOT ? "disk quota exceeded" : "no space left",
+		                         free_text));
+	}
+	return chm_detail_path(path, chm_detail(-EIO, "%s: target %d: %s: backing write failed: %s",
+	                                        call, t, path, strerror(-e)));
 }

@@ -38,6 +38,14 @@ int chm_ssd_rw_sync(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint6
 int chm_ssd_rw_data(struct chm_dev *dev, int op, uint64_t addr, void *buf, uint64_t len,
                     uint64_t model_ns, uint64_t *done_ns);
 
+/* The error for a failed write-back or flush (call names the API call):
+ * -ENOSPC when the latest failed backing write or sync ran out of space
+ * (ENOSPC, EDQUOT), naming the target file and the space left on its
+ * filesystem, else -EIO naming the target and the error, or plain -EIO
+ * when no backing write failed (an injected fault). Sets the thread's
+ * detail and path. */
+int chm_backing_error(struct chm_dev *dev, const char *call);
+
 /* fdatasync of every target through the backend (blocks). */
 int chm_ssd_sync_all(struct chm_dev *dev);
 

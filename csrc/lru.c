@@ -649,7 +649,9 @@ static int access_range(struct chm_dev *dev, uint64_t addr, char *rbuf, const ch
 			uint64_t redo = 0;
 			rc = run_batch(dev, &a, n, &redo);
 			if (rc == 1) {
-				rc = ++a.write_retries > WRITE_RETRIES ? -EIO : 0;
+				rc = ++a.write_retries > WRITE_RETRIES
+				             ? chm_backing_error(dev, "write")
+				             : 0;
 				cur = redo;
 			}
 		}
@@ -842,7 +844,7 @@ int chm_lru_flush(struct chm_dev *dev, uint64_t timeout_ns)
 		pthread_cond_signal(&c->wb_cond);
 	while (c->ix.dhead && c->ix.lines[c->ix.dhead - 1].dseq <= target) {
 		if (c->wb_errors != errors) {
-			rc = -EIO;
+			rc = chm_backing_error(dev, "flush");
 			break;
 		}
 		if (inline_wb && wb_drain_inline(c))

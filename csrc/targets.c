@@ -21,6 +21,61 @@
 #include "errdetail.h"
 #include "targets.h"
 
+/* What a path that is neither a regular file nor a block device is. */
+static const char *file_kind(mode_t m)
+{
+	if (S_ISFIFO(m))
+		return "a FIFO (named pipe)";
+	if (S_ISCHR(m))
+		return "a character device";
+	if (S_ISSOCK(m))
+		return "a socket";
+	if (S_ISDIR(m))
+		return "a directory";
+	return "not a regular file";
+}
+
+/* Why path cannot be reached by this process (EACCES): the first directory
+ * on the way that it may not search, or the file itself. */
+static void access_reason(const char *path, char *out, size_t outlen)
+{
+	char dir[CHM_PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+		*slash = 0;
+		if (faccessat(AT_FDCWD, dir, X_OK, AT_EACCESS) < 0 && errno == EACCES) {
+			struct stat st;
+			if (stat(dir, &st) == 0)
+				snprintf(out, outlen,
+				         "directory %s (mode %04o, owner uid %u) is not searchable "
+				         "by uid %u",
+				         dir, (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid,
+				         (unsigned)geteuid());
+			else
+				snprintf(out, outlen, "directory %s is not searchable by uid %u",
+				         dir, (unsigned)geteuid());
+			return;
+		}
+		*slash = '/';
+	}
+	snprintf(out, outlen, "uid %u may not read and write it (or create it in its directory)",
+	         (unsigned)geteuid());
+}
+
+/* A refusal about target i at path: the reason in err and the thread's
+ * detail, the path for chm_last_error_path(). */
+#define TARGET_FAIL(rc, ...) chm_detail_path(path, chm_detail_to(err, errlen, rc, __VA_ARGS__))
+
+static int target_errno(unsigned i, const char *path, int e, char *err, size_t errlen)
+{
+	if (e == EACCES || e == EPERM) {
+		char why[CHM_PATH_MAX + 128];
+		access_reason(path, why, sizeof(why));
+		return TARGET_FAIL(-e, "target %u: %s: %s", i, path, why);
+	}
+	return TARGET_FAIL(-e, "target %u: %s: %s", i, path, strerror(e));
+}
+
 static uint64_t target_need(const struct chm_config *c, unsigned i)
 {
 	uint64_t stripes = c->capacity / c->stripe_unit;
@@ -43,11 +98,10 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 	if (stat(path, &st) < 0) {
 		int e = errno;
 		if (e != ENOENT)
-			return chm_detail_to(err, errlen, -e, "target %u: %s: %s", i, path,
-			                     strerror(e));
+			return target_errno(i, path, e, err, errlen);
 		if (!c->create)
-			return chm_detail_to(
-			        err, errlen, -ENOENT,
+			return TARGET_FAIL(
+			        -ENOENT,
 			        "target %u: %s does not exist (create=1 creates it, sparse, "
 			        "at %llu bytes)",
 			        i, path, (unsigned long long)need);
@@ -55,24 +109,24 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 	} else if (S_ISBLK(st.st_mode)) {
 		flags |= O_EXCL; /* a mounted or otherwise claimed drive: -EBUSY */
 	} else if (!S_ISREG(st.st_mode)) {
-		return chm_detail_to(err, errlen, -EINVAL,
-		                     "target %u: %s is neither a regular file nor a block device",
-		                     i, path);
+		return TARGET_FAIL(-EINVAL,
+		                   "target %u: %s is %s; a target is a regular file or a block "
+		                   "device",
+		                   i, path, file_kind(st.st_mode));
 	}
 	int fd = open(path, flags, 0600);
 	if (fd < 0) {
 		int e = errno;
 		if (e == EINVAL)
-			return chm_detail_to(err, errlen, -EOPNOTSUPP,
-			                     "target %u: %s: no O_DIRECT on its filesystem", i,
-			                     path);
+			return TARGET_FAIL(-EOPNOTSUPP,
+			                   "target %u: %s: no O_DIRECT on its filesystem", i, path);
 		if (e == EBUSY)
-			return chm_detail_to(
-			        err, errlen, -EBUSY,
+			return TARGET_FAIL(
+			        -EBUSY,
 			        "target %u: %s is in use (mounted, or opened exclusively "
 			        "elsewhere)",
 			        i, path);
-		return chm_detail_to(err, errlen, -e, "target %u: %s: %s", i, path, strerror(e));
+		return target_errno(i, path, e, err, errlen);
 	}
 	undo->created = flags & O_CREAT;
 	if (fstat(fd, &st) < 0)
@@ -88,8 +142,8 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 			goto err_errno;
 		if (lbs > 4096) { /* staging fills are widened to 4 KiB only */
 			close(fd);
-			return chm_detail_to(
-			        err, errlen, -EOPNOTSUPP,
+			return TARGET_FAIL(
+			        -EOPNOTSUPP,
 			        "target %u: %s has %d-byte logical blocks (at most 4096)", i, path,
 			        lbs);
 		}
@@ -97,8 +151,8 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 			dev->write_align = (uint32_t)lbs;
 		if (have < need) {
 			close(fd);
-			return chm_detail_to(
-			        err, errlen, -ENOSPC,
+			return TARGET_FAIL(
+			        -ENOSPC,
 			        "target %u: %s has %llu bytes, its share of capacity needs "
 			        "%llu",
 			        i, path, (unsigned long long)have, (unsigned long long)need);
@@ -108,8 +162,8 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 		if (have < need) {
 			if (!c->create) {
 				close(fd);
-				return chm_detail_to(
-				        err, errlen, -ENOSPC,
+				return TARGET_FAIL(
+				        -ENOSPC,
 				        "target %u: %s is %llu bytes, smaller than its share "
 				        "of capacity (%llu bytes); create=1 extends it",
 				        i, path, (unsigned long long)have,
@@ -131,7 +185,7 @@ err_errno:;
 	if (undo->created)
 		unlink(path);
 	undo->created = false;
-	return chm_detail_to(err, errlen, -e, "target %u: %s: %s", i, path, strerror(e));
+	return target_errno(i, path, e, err, errlen);
 }
 
 /* Undoes what open_target did to the targets of a failed open: removes the

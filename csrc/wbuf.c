@@ -547,7 +547,7 @@ static int vt_flush(struct chm_dev *dev, struct chm_wbuf *w)
 	while (durable_upto(w) < target) {
 		uint64_t next = vt_run(dev, w, chm_vclock_now(dev), true, &w->vt_err);
 		if (w->error_gen != err0) {
-			rc = -EIO;
+			rc = chm_backing_error(dev, "flush");
 			break;
 		}
 		if (durable_upto(w) >= target)
@@ -583,7 +583,7 @@ int chm_wbuf_flush(struct chm_dev *dev, uint64_t timeout_ns)
 	pthread_cond_signal(&w->cond);
 	while (durable_upto(w) < target) {
 		if (w->error_gen != err0) {
-			rc = -EIO;
+			rc = chm_backing_error(dev, "flush");
 			break;
 		}
 		if (dev->closing && w->stop) {

@@ -267,6 +267,12 @@ const char *chm_state_name(int kind, int value);
  * thread's next chm call. Never blocks, never fails. */
 const char *chm_last_error_detail(int err);
 
+/* The file the most recent failing chm call of this thread was about (a
+ * backing target, the pool file), when that call returned err and its
+ * failure site named one; "" otherwise. Same lifetime and rules as
+ * chm_last_error_detail(). Never blocks, never fails. */
+const char *chm_last_error_path(int err);
+
 /* The public enumerations chm_enum_name() and chm_enum_value() know (the
  * internal state machines' names come from chm_state_name()). */
 enum chm_enum_kind {

@@ -1,10 +1,17 @@
 /* test_errdetail.c - chm_last_error_detail: a failing call leaves its reason
  * for its own thread only, tagged with its error code; the next call that
  * can set one clears it, so a reason is never attached to a later error.
+ * A refused target names its path (chm_last_error_path) and what it is.
  * Also chm_parse_size, chm_config_get and the enum name tables. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "chm.h"
 #include "check.h"
@@ -174,6 +181,47 @@ static void test_enum_names(void)
 	CHECK_RC(chm_enum_value(CHM_ENUM_MODE, NULL), -EINVAL);
 }
 
+/* A FIFO, a character device, a socket, a directory as a target: -EINVAL
+ * at once (never opened: a FIFO would block), the reason saying what the
+ * path is, chm_last_error_path naming it; a later call clears the path. */
+static void test_non_regular_target_named(void)
+{
+	char dir[] = "/tmp/chm_errdetail_XXXXXX";
+	CHECK(mkdtemp(dir) != NULL);
+	char fifo[64], sock[64];
+	snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+	snprintf(sock, sizeof(sock), "%s/sock", dir);
+	CHECK(mkfifo(fifo, 0600) == 0);
+	int s = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+	CHECK(s >= 0 && bind(s, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	const char *paths[] = {fifo, "/dev/null", sock, dir};
+	const char *kinds[] = {"FIFO", "character device", "socket", "directory"};
+	for (int i = 0; i < 4; i++) {
+		struct chm_config c;
+		chm_config_init(&c);
+		cfg_set(&c, "backend", "pread");
+		cfg_set(&c, "mode", "direct");
+		cfg_set(&c, "capacity", "1M");
+		cfg_set(&c, "targets", paths[i]);
+		chm_dev *dev = NULL;
+		char err[CHM_ERRMSG_MAX];
+		CHECK_RC(chm_dev_open_err(&c, &dev, err, sizeof(err)), -EINVAL);
+		CHECK(strstr(err, paths[i]) && strstr(err, kinds[i]), "err: %s", err);
+		CHECK(strcmp(chm_last_error_path(-EINVAL), paths[i]) == 0, "path: %s",
+		      chm_last_error_path(-EINVAL));
+		CHECK(chm_last_error_path(-ENOENT)[0] == 0);
+	}
+	uint64_t v;
+	CHECK_RC(chm_parse_size("12Q", &v), -EINVAL);
+	CHECK(chm_last_error_path(-EINVAL)[0] == 0, "stale: %s", chm_last_error_path(-EINVAL));
+	close(s);
+	unlink(sock);
+	unlink(fifo);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	test_detail_names_the_reason();
@@ -182,5 +230,6 @@ int main(void)
 	test_parse_size_grammar();
 	test_config_get();
 	test_enum_names();
+	test_non_regular_target_named();
 	return check_summary();
 }

@@ -1,0 +1,205 @@
+"""Errors that say what happened, at device open and at flush.
+
+A target that is a FIFO, a character device, a socket or a directory is
+refused at once as InvalidArgument naming the path and what it is (a FIFO
+used to hang the open: locking it opened it for reading); a target behind a
+directory the caller may not search is PermissionDenied naming the path and
+the directory; a full filesystem under the backing file is NoSpace naming
+the file and its free space, not a bare "backing I/O error".
+
+All real: a real FIFO, socket and /dev/null, a real unprivileged process
+(root bypasses permission checks, so the open runs in a forked child that
+drops to uid/gid 65534), and a real tiny tmpfs filled by the device's own
+write-back.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import chm
+from chm import errors
+
+SMALL = {"capacity": "64M", "dram": "128M", "backend": "pread"}
+
+
+def _open_in_child(target: str, timeout: float = 20.0) -> str:
+    """Opens a device over target in a fresh interpreter (a hang cannot take
+    the test run with it); returns what it printed."""
+    code = textwrap.dedent(
+        f"""
+        import chm
+        try:
+            chm.Device.open(targets=[{target!r}], **{SMALL!r}).close()
+            print("OPENED")
+        except chm.ChmError as e:
+            print(type(e).__name__, e.errno, e.filename, "|", e)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_fifo_target_is_refused_at_once_naming_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    try:
+        line = _open_in_child(str(fifo))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"opening a device over the FIFO {fifo} hung")
+    assert line.startswith(f"InvalidArgument {errno.EINVAL} {fifo} |"), line
+    assert "FIFO" in line and "regular file or a block device" in line
+
+
+def _other_kinds(tmp_path: Path) -> list[tuple[str, str]]:
+    sock_path = tmp_path / "sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock_path))
+    s.close()  # the socket file stays
+    d = tmp_path / "dir"
+    d.mkdir()
+    return [("/dev/null", "character device"), (str(sock_path), "socket"), (str(d), "directory")]
+
+
+def test_other_non_regular_targets_are_refused_naming_them(tmp_path: Path) -> None:
+    for path, kind in _other_kinds(tmp_path):
+        with pytest.raises(errors.InvalidArgument) as exc:
+            chm.Device.open(targets=[path], **SMALL)
+        assert exc.value.filename == path
+        assert path in str(exc.value) and kind in str(exc.value)
+
+
+def _as_nobody(fn_src: str) -> str:
+    """Runs fn_src (which prints its result) in a forked child that dropped
+    to uid/gid 65534; returns what it printed."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            buf: list[str] = []
+            exec(fn_src, {"chm": chm, "out": buf.append, "SMALL": SMALL})
+            os.write(w, "\n".join(buf).encode())
+        except BaseException as e:  # reported to the parent
+            os.write(w, f"CHILD FAILED {e!r}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another uid")
+def test_a_target_in_an_unsearchable_directory_is_permission_denied() -> None:
+    # not under tmp_path: pytest's own base directory is 0700
+    base = Path(tempfile.mkdtemp(prefix="chm-perm-"))
+    try:
+        _check_unsearchable(base)
+    finally:
+        shutil.rmtree(base)
+
+
+def _check_unsearchable(base: Path) -> None:
+    os.chmod(base, 0o755)
+    private = base / "private"
+    private.mkdir(mode=0o700)
+    target = private / "t.img"
+    got = _as_nobody(
+        textwrap.dedent(
+            f"""
+            try:
+                chm.Device.open(targets=[{str(target)!r}], create=True, **SMALL)
+                out("OPENED")
+            except BaseException as e:
+                out(f"{{type(e).__name__}}|{{e.errno}}|{{e.filename}}|"
+                    f"{{isinstance(e, chm.ChmError)}}|{{isinstance(e, PermissionError)}}|{{e}}")
+            """
+        )
+    )
+    name, code, filename, is_chm, is_perm, text = got.split("|", 5)
+    assert (name, int(code), filename) == ("PermissionDenied", errno.EACCES, str(target)), got
+    assert is_chm == "True" and is_perm == "True", got
+    assert f"directory {private}" in text and "not searchable by uid 65534" in text, got
+    assert not target.exists()
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real 8 MiB tmpfs (needs root; tmpfs takes O_DIRECT since Linux 6.6)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    rc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+        capture_output=True,
+        check=False,
+    )
+    if rc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {rc.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("mode", ["prefetch", "lru"])
+def test_a_full_filesystem_is_no_space_naming_the_file(tiny_fs: Path, mode: str) -> None:
+    """The filesystem fills under the device's write-back: flush raises
+    NoSpace naming the file and the free space left; nothing is lost, so
+    once space is freed the next flush succeeds and every byte reads back
+    after a reopen."""
+    ballast = tiny_fs / "ballast"
+    ballast.write_bytes(b"\0" * (6 << 20))  # leaves about 2 MiB of the 8
+    target = tiny_fs / "t.img"
+    opts = {"capacity": "64M", "dram": "128M", "mode": mode, "backend": "pread"}
+    try:
+        dev = chm.Device.open(targets=[target], create=True, **opts)
+    except errors.NotSupported:
+        pytest.skip("no O_DIRECT on tmpfs on this kernel")
+    chunk = 1 << 20
+    data = [bytes([i + 1]) * chunk for i in range(4)]
+    try:
+        for i, d in enumerate(data):
+            dev.write(i * chunk, d)
+        with pytest.raises(errors.NoSpace) as exc:
+            dev.flush()
+        err = exc.value
+        assert err.errno == errno.ENOSPC
+        assert err.filename == str(target)
+        free = os.statvfs(tiny_fs)
+        assert f"({free.f_bavail * free.f_frsize} bytes free)" in str(err), str(err)
+        assert "no space left" in str(err) and str(target) in str(err)
+        assert not isinstance(err, errors.DeviceIOError)
+        ballast.unlink()
+        dev.flush()
+    finally:
+        if ballast.exists():
+            ballast.unlink()
+        dev.close()
+    with chm.Device.open(targets=[target], **opts) as dev:
+        for i, d in enumerate(data):
+            assert dev.read(i * chunk, chunk) == d, f"chunk {i} changed"
