@@ -27,6 +27,22 @@ when the workload has no sessions.
 TTFT = prefill compute of the uncached tokens (:mod:`chm.replay.prefill`)
 + the load time of the tier's bytes (:mod:`chm.replay.tiers`); G1 hits cost
 nothing to load.
+
+Policies a :class:`SystemSpec` can add (all off by default):
+
+- ``store_fails_when_full``: the tier refuses new blocks when full instead
+  of evicting (Redis under ``maxmemory-policy noeviction``, its default): a
+  refused block is a hole that ends every later prefix there.
+- ``l2_capacity_bytes``: a second, shared tier behind the first (LMCache
+  local DRAM in front of Redis); the prefix continues in it where the first
+  tier's ends, and its bytes load at its own ``l2_tier`` cost.
+- ``transfer_buffer_bytes``: the tier's traffic of a request (its loads and
+  the stores of the blocks the tier lacks) crosses a host buffer of which
+  each worker has ``1/workers``; what exceeds the share waits for it to
+  drain at ``transfer_drain_Bps`` (Mooncake's transfer buffer).
+- ``load_timeout_s``: a load (with its buffer wait) longer than the timeout
+  is abandoned at the timeout and the request recomputes everything after
+  G1 (the connector's fallback).
 """
 
 from __future__ import annotations
@@ -65,10 +81,31 @@ class SystemSpec:
     tier_capacity_bytes: int = param(0, "bytes", "tier capacity (per worker or shared)")
     tier_shared: bool = param(False, "", "one tier for all workers (else one per worker)")
     tier: TierParams = field(default_factory=TierParams)
+    store_fails_when_full: bool = param(
+        False, "", "a full tier refuses new blocks instead of evicting (Redis noeviction)"
+    )
+    load_timeout_s: float = param(
+        0.0, "s", "a tier load longer than this falls back to recomputation (0: never)"
+    )
+    transfer_buffer_bytes: int = param(
+        0, "bytes", "host transfer buffer all tier traffic goes through (0: unbounded)"
+    )
+    transfer_drain_Bps: float = param(
+        25e9, "B/s", "rate a full transfer buffer drains at (traffic beyond it waits)"
+    )
+    l2_capacity_bytes: int = param(0, "bytes", "second tier behind the first (0: none), shared")
+    l2_store_fails_when_full: bool = param(False, "", "the second tier refuses blocks when full")
+    l2_tier: TierParams = field(default_factory=lambda: TIERS["redis"])
 
     def __post_init__(self) -> None:
-        if self.hbm_kv_bytes < 0 or self.tier_capacity_bytes < 0:
+        if self.hbm_kv_bytes < 0 or self.tier_capacity_bytes < 0 or self.l2_capacity_bytes < 0:
             raise ValueError(f"SystemSpec {self.name!r}: capacities must be >= 0 bytes")
+        if self.load_timeout_s < 0 or self.transfer_buffer_bytes < 0:
+            raise ValueError(
+                f"SystemSpec {self.name!r}: load_timeout_s and transfer_buffer_bytes must be >= 0"
+            )
+        if self.transfer_drain_Bps <= 0:
+            raise ValueError(f"SystemSpec {self.name!r}: transfer_drain_Bps must be > 0")
 
 
 def baseline_systems(
@@ -132,7 +169,17 @@ class BaselineReplay:
         self._hbm = system.hbm_kv_bytes or prefill.hbm_kv_bytes()
         self._g1: list[LruBlocks] = []
         self._tiers: list[LruBlocks] = []
+        self._l2: LruBlocks | None = None
         self._block_bytes = 0
+        self.timeouts = 0  # tier loads that fell back to recomputation
+        self.buffer_wait_s = 0.0  # summed transfer-buffer waits
+
+    @property
+    def store_failures(self) -> int:
+        """Blocks the tiers refused because they were full."""
+        return sum(t.store_failures for t in self._tiers) + (
+            self._l2.store_failures if self._l2 is not None else 0
+        )
 
     def _caches_for(self, r: Request) -> int:
         """Sizes the caches at the first request; returns the block bytes."""
@@ -144,7 +191,11 @@ class BaselineReplay:
                 self._g1 = [LruBlocks(self._hbm // bb) for _ in range(self.workers)]
             if s.tier_capacity_bytes:
                 n = 1 if s.tier_shared else self.workers
-                self._tiers = [LruBlocks(s.tier_capacity_bytes // bb) for _ in range(n)]
+                ev = not s.store_fails_when_full
+                self._tiers = [LruBlocks(s.tier_capacity_bytes // bb, evict=ev) for _ in range(n)]
+            if s.l2_capacity_bytes:
+                l2_evict = not s.l2_store_fails_when_full
+                self._l2 = LruBlocks(s.l2_capacity_bytes // bb, evict=l2_evict)
         elif bb != self._block_bytes:
             raise ValueError(
                 f"request {r.index} has {r.block_tokens}-token blocks; earlier requests "
@@ -162,12 +213,34 @@ class BaselineReplay:
         tier = None
         if self._tiers:
             tier = self._tiers[0] if system.tier_shared else self._tiers[w]
+        l2 = self._l2
         p1 = gpu.prefix_len(keys) if gpu is not None else 0
         p2 = tier.prefix_len(keys, p1) if tier is not None else 0
+        p3 = l2.prefix_len(keys, p1 + p2) if l2 is not None else 0
+        load_s = system.tier.load_s(p2 * bb) + system.l2_tier.load_s(p3 * bb)
+        if system.transfer_buffer_bytes:
+            # loads and the stores of the blocks the tier lacks cross the
+            # host buffer; each worker has its share, the rest waits for it
+            # to drain
+            held = tier if tier is not None else l2
+            stores = sum(k not in held for k in keys) if held is not None else 0
+            traffic = (p2 + p3 + stores) * bb
+            share = system.transfer_buffer_bytes // self.workers
+            wait = max(0, traffic - share) / system.transfer_drain_Bps
+            self.buffer_wait_s += wait
+            load_s += wait
+        if system.load_timeout_s and load_s > system.load_timeout_s:
+            # the connector gives up at the deadline and recomputes
+            self.timeouts += 1
+            p2 = p3 = 0
+            load_s = system.load_timeout_s
         if gpu is not None:
             gpu.access(keys)
         if tier is not None:
             tier.access(keys)
+        if l2 is not None:
+            l2.access(keys)
+        p2 += p3
         cached = (p1 + p2) * r.block_tokens
         tier_bytes = p2 * bb
         result = RequestResult(
@@ -186,7 +259,7 @@ class BaselineReplay:
             tier_name=system.tier.name if tier is not None else "",
             tier_bytes=tier_bytes,
             compute_s=self.prefill.compute_s(r.input_tokens - cached, cached),
-            load_s=system.tier.load_s(tier_bytes),
+            load_s=load_s,
         )
         self.results.append(result)
         return result

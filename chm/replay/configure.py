@@ -1,7 +1,8 @@
 """One replay's setup from names and ``SCOPE.NAME=VALUE`` overrides.
 
 Scopes: ``model``, ``gpu``, each system name (its :class:`SystemSpec`
-fields) and ``<system>.tier`` (its :class:`TierParams`). For example
+fields), ``<system>.tier`` and ``<system>.l2_tier`` (its
+:class:`TierParams`). For example
 ``gpu.mfu=0.4``, ``local-dram-lru.tier_capacity_bytes=128G``,
 ``fs-ssd.tier.bandwidth_Bps=3e9``.
 """
@@ -48,7 +49,13 @@ def configure(
             raise ValueError(f"unknown system {n!r} (known: {', '.join(every)})")
     if not names:
         raise ValueError("no systems to replay")
-    scopes = ["model", "gpu", *names, *(f"{n}.tier" for n in names)]
+    scopes = [
+        "model",
+        "gpu",
+        *names,
+        *(f"{n}.tier" for n in names),
+        *(f"{n}.l2_tier" for n in names),
+    ]
     by_scope = split_scoped(overrides, scopes)
     m = apply_overrides(MODELS[model], by_scope.get("model", {}))
     g = apply_overrides(GPUS[gpu], by_scope.get("gpu", {}))
@@ -56,5 +63,6 @@ def configure(
     for n in names:
         spec = apply_overrides(every[n], by_scope.get(n, {}))
         tier = apply_overrides(spec.tier, by_scope.get(f"{n}.tier", {}))
-        chosen[n] = dataclasses.replace(spec, tier=tier)
+        l2 = apply_overrides(spec.l2_tier, by_scope.get(f"{n}.l2_tier", {}))
+        chosen[n] = dataclasses.replace(spec, tier=tier, l2_tier=l2)
     return ReplaySetup(PrefillModel(m, g), chosen)

@@ -88,13 +88,15 @@ def replay_virtual(
     closed_loop: bool = False,
     pinned_prefix: int = 0,
     gpu_cache: bool = True,
+    window_bytes: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> list[CxlhmRequest]:
     """Replays ``requests`` through ``system`` (cxlhm-lru / cxlhm-prefetch) on ghost.
 
     ``hbm_kv_bytes`` is G1's size per worker (0: from the GPU preset);
     ``open_loop``, ``closed_loop`` (concurrent workers in simulated time),
-    ``pinned_prefix`` and ``gpu_cache`` as in :class:`CxlhmReplay`.
+    ``pinned_prefix`` and ``gpu_cache`` as in :class:`CxlhmReplay`;
+    ``window_bytes`` the prefetch window in the model's bytes (0: the default).
     """
     if not requests:
         raise ValueError("replay_virtual needs at least one request")
@@ -119,6 +121,7 @@ def replay_virtual(
             closed_loop=closed_loop,
             pinned_prefix=pinned_prefix,
             gpu_cache=gpu_cache,
+            **({"window_bytes": window_bytes} if window_bytes else {}),
         )
         return replay_cxlhm(requests, rp, progress=progress)
 

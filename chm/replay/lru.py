@@ -12,14 +12,19 @@ class LruBlocks:
     """Block keys in recency order; the least recently used go first.
 
     ``capacity`` is in blocks (0: holds nothing). ``evictions`` counts the
-    keys pushed out.
+    keys pushed out. With ``evict=False`` a full set refuses new keys
+    instead (a store that fails when full, as Redis does under its default
+    ``maxmemory-policy noeviction``): ``store_failures`` counts them, and a
+    refused block leaves a hole that ends every later prefix at it.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, evict: bool = True) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0 blocks, got {capacity}")
         self.capacity = capacity
+        self.evict = evict
         self.evictions = 0
+        self.store_failures = 0
         self._keys: OrderedDict[bytes, None] = OrderedDict()
 
     def __len__(self) -> int:
@@ -45,6 +50,8 @@ class LruBlocks:
         for k in keys:
             if k in d:
                 d.move_to_end(k)
+            elif not self.evict and len(d) >= self.capacity:
+                self.store_failures += 1
             else:
                 d[k] = None
                 if len(d) > self.capacity:

@@ -18,7 +18,13 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_capacity_sweep", "plot_load_bandwidth", "plot_per_turn", "plot_wbuf_sweep"]
+__all__ = [
+    "plot_capacity_sweep",
+    "plot_load_bandwidth",
+    "plot_per_turn",
+    "plot_size_sweep",
+    "plot_wbuf_sweep",
+]
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -139,6 +145,34 @@ def plot_wbuf_sweep(
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [format_size(x, exact=False) for x in xs])
         ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=120)
+
+
+def plot_size_sweep(
+    series: Mapping[str, Sequence[tuple[int, float]]],
+    path: str | os.PathLike[str],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+) -> None:
+    """A value vs a size (bytes, log scale), one line per label."""
+    if not series or not any(series.values()):
+        raise ValueError("plot_size_sweep: no points")
+    fig, (ax,) = _figure(6, 4)
+    ticks: set[int] = set()
+    for i, (label, points) in enumerate(series.items()):
+        pts = sorted(points)
+        ticks.update(x for x, _ in pts)
+        m, ls = _MARKERS[i % len(_MARKERS)], _DASHES[i % len(_DASHES)]
+        ax.plot([x for x, _ in pts], [y for _, y in pts], label=label, marker=m, ls=ls)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ticks), [format_size(t, exact=False) for t in sorted(ticks)])
+    ax.set(xlabel=xlabel, ylabel=ylabel, ylim=(0, None))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=120)

@@ -52,4 +52,17 @@ TIERS: dict[str, TierParams] = {
         latency_s=100e-6,
         note="NVMe-oF with XFS mounted: ~6.5 GB/s (paper, Fig. 9)",
     ),
+    "nvmeof-raw": TierParams(
+        name="nvmeof-raw",
+        bandwidth_Bps=23e9,
+        latency_s=100e-6,
+        note="NVMe-oF raw block device over RDMA: ~23 GB/s, near 200 Gb/s (paper, Fig. 9)",
+    ),
+    "redis": TierParams(
+        name="redis",
+        bandwidth_Bps=12.5e9,
+        latency_s=200e-6,
+        note="remote Redis over TCP at 100 Gb/s line rate, single-digit GB/s per stream "
+        "in practice (assumed; the paper gives no figure)",
+    ),
 }
