@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -127,25 +128,41 @@ def verdict(value: float, target: float, *, higher: bool = True) -> str:
 
 @dataclass(frozen=True)
 class Target:
-    """One measured figure against its target."""
+    """One measured figure against its target.
+
+    ``smoke``: judged as a ``--quick`` run judges a speed figure: met when a
+    figure was measured (finite, and above zero when higher is better); the
+    full target is still shown beside it.
+    """
 
     name: str
     value: float
     target: float
     higher: bool = True
     fmt: Callable[[float], str] = fmt_ratio
+    smoke: bool = False
 
     @property
     def met(self) -> bool:
         """NaN (nothing measured) is never met."""
-        if self.value != self.value:
+        v = self.value
+        if v != v:
             return False
-        return self.value >= self.target if self.higher else self.value <= self.target
+        if self.smoke:
+            return math.isfinite(v) and (v > 0 if self.higher else True)
+        return v >= self.target if self.higher else v <= self.target
 
     def line(self) -> str:
         op = ">=" if self.higher else "<="
+        verdict_ = "met" if self.met else "MISSED"
+        if self.smoke:
+            want = "a figure above zero" if self.higher else "a finite figure"
+            return (
+                f"{verdict_}: {self.name} = {self.fmt(self.value)} (--quick smoke target: "
+                f"{want}; a full run's target is {op} {self.fmt(self.target)})"
+            )
         return (
-            f"{'met' if self.met else 'MISSED'}: {self.name} = {self.fmt(self.value)} "
+            f"{verdict_}: {self.name} = {self.fmt(self.value)} "
             f"(target {op} {self.fmt(self.target)})"
         )
 
@@ -157,10 +174,17 @@ class Verdicts:
     ``finish()`` prints one line per target and a summary line, last, and
     returns the exit status: 0 when every target was met (or none was
     measured), 1 when one was missed.
+
+    ``quick``: the run is a ``--quick`` smoke run, whose sizes are too small
+    for speed targets to mean anything. A figure checked with ``speed=True``
+    is then judged only on having been measured (a smoke target: exit 0 when
+    the code works); correctness figures (lost or wrong blocks, hit counts,
+    virtual-time results) keep their targets in every run.
     """
 
-    def __init__(self, benchmark: str) -> None:
+    def __init__(self, benchmark: str, *, quick: bool = False) -> None:
         self.benchmark = benchmark
+        self.quick = quick
         self.targets: list[Target] = []
 
     def check(
@@ -171,9 +195,11 @@ class Verdicts:
         *,
         higher: bool = True,
         fmt: Callable[[float], str] = fmt_ratio,
+        speed: bool = False,
     ) -> str:
-        self.targets.append(Target(name, float(value), float(target), higher, fmt))
-        return verdict(value, target, higher=higher)
+        t = Target(name, float(value), float(target), higher, fmt, smoke=speed and self.quick)
+        self.targets.append(t)
+        return "met" if t.met else ("MISSED (no data)" if value != value else "MISSED")
 
     @property
     def missed(self) -> list[Target]:
@@ -181,8 +207,15 @@ class Verdicts:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "quick": self.quick,
             "targets": [
-                {"name": t.name, "value": t.value, "target": t.target, "met": t.met}
+                {
+                    "name": t.name,
+                    "value": t.value,
+                    "target": t.target,
+                    "smoke": t.smoke,
+                    "met": t.met,
+                }
                 for t in self.targets
             ],
             "all_met": not self.missed,
@@ -192,7 +225,8 @@ class Verdicts:
         """Prints the verdict lines (the run's last output); returns the exit status."""
         out = Console(highlight=False, markup=False, width=10_000)
         out.print()
-        out.print(f"{self.benchmark} verdicts:")
+        kind = " (--quick: speed figures judged as smoke targets)" if self.quick else ""
+        out.print(f"{self.benchmark} verdicts{kind}:")
         for t in self.targets:
             out.print(f"  {t.line()}")
         n, missed = len(self.targets), self.missed

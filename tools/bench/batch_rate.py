@@ -120,10 +120,10 @@ def main(quick: bool, reps: int | None, json_path: str | None) -> None:
     )
     bl.console.print(f"  HandleBatch / one-object calls: {bl.fmt_ratio(speedup)}")
     bl.console.print(f"  HandleBatch / prefetch_many + release_many: {bl.fmt_ratio(speedup_many)}")
-    verd = bl.Verdicts("batch_rate")
-    verd.check("HandleBatch prefetch + release, objects/s", b.median, TARGET, fmt=bl.fmt_rate)
-    if quick:
-        bl.console.print("  (--quick: smoke test, the figures are not meaningful)")
+    verd = bl.Verdicts("batch_rate", quick=quick)
+    verd.check(
+        "HandleBatch prefetch + release, objects/s", b.median, TARGET, fmt=bl.fmt_rate, speed=True
+    )
     sys.exit(verd.finish())
 
 

@@ -270,33 +270,46 @@ def _main(
             dev.close()
 
     us = lambda x: f"{x:.1f} us"  # noqa: E731
-    verd = bl.Verdicts("lock_latency")
+    verd = bl.Verdicts("lock_latency", quick=quick)
     verd.check(
-        "chm_stats() p99 while 16 MiB hits copy", p99_stats, TARGET_P99_US, higher=False, fmt=us
+        "chm_stats() p99 while 16 MiB hits copy",
+        p99_stats,
+        TARGET_P99_US,
+        higher=False,
+        fmt=us,
+        speed=True,
     )
-    verd.check("4 KiB hit p99 while 16 MiB hits copy", p99_hit, TARGET_P99_US, higher=False, fmt=us)
+    verd.check(
+        "4 KiB hit p99 while 16 MiB hits copy",
+        p99_hit,
+        TARGET_P99_US,
+        higher=False,
+        fmt=us,
+        speed=True,
+    )
     verd.check(
         "chm_stats() p99 while 16 MiB lru reads copy (lru mode)",
         p99_lru_stats,
         TARGET_P99_US,
         higher=False,
         fmt=us,
+        speed=True,
     )
     if not latency_only:
         verd.check(
             f"two threads / one thread copying {copy_size // 1024} KiB hits",
             bl.median(scale),
             TARGET_SCALE,
+            speed=True,
         )
         verd.check(
             "two threads copying hits / two threads of plain memcpy",
             bl.median(vs_mem),
             TARGET_VS_MEMCPY,
+            speed=True,
         )
     results["verdicts"] = verd.to_dict()
     bl.write_json(json_path, results)
-    if quick:
-        bl.console.print("  (--quick: smoke test, the figures are not meaningful)")
     sys.exit(verd.finish())
 
 

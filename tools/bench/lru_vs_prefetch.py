@@ -447,7 +447,7 @@ def report_a(clock: Clock, wl: Workload, series: dict[str, bl.Series], reps: int
             rmed = bl.ratio(p.median, ls.median)
             paired = bl.median(bl.paired_ratios(p.values, ls.values))
             what = f"{p.name} / {lru_name}, {clock.name} clock"
-            met = VERDICTS.check(what, rmed, TARGET_LRU_RATIO)
+            met = VERDICTS.check(what, rmed, TARGET_LRU_RATIO, speed=True)
             bl.console.print(
                 f"  {p.name} / {lru_name}: {bl.fmt_ratio(rmed)} (paired {bl.fmt_ratio(paired)})"
                 f" -- paper >= {TARGET_LRU_RATIO}x: [b]{met}[/b]"
@@ -681,7 +681,7 @@ def part_b(
     bl.console.print(
         f"  prefetch keeps {bl.fmt_ratio(pf_keep)} of its read-only bandwidth (target >= "
         f"{TARGET_WRITE_KEEP}: [b]"
-        f"{VERDICTS.check('prefetch read bw kept under writes', pf_keep, TARGET_WRITE_KEEP)}"
+        f"{VERDICTS.check('prefetch read bw kept under writes', pf_keep, TARGET_WRITE_KEEP, speed=True)}"  # noqa: E501
         "[/b]); lru keeps "
         f"{bl.fmt_ratio(lru_keep)} ({'drops' if lru_keep < 1 else 'does not drop'})"
     )
@@ -974,6 +974,7 @@ def main(
         wbuf=chm.parse_size(wbuf or ("8M" if quick else "32M")),
     )
     nreps = reps if reps is not None else (1 if quick else 3)
+    VERDICTS.quick = quick  # --quick: speed figures are judged as smoke targets
     bsec = b_seconds if b_seconds is not None else (0.5 if quick else 3.0)
     b_nblocks = wl.prefix
     b_wblocks = max(wl.growth * wl.turns, 4)
