@@ -21,19 +21,17 @@ import concurrent.futures
 import itertools
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import xxhash
 
 from chm.errors import ChmError, DeviceIOError, InvalidArgument, WaitTimeout
 from chm.kv.buffers import as_dst
-from chm.kv.window import SlidingWindow, w_max
+from chm.kv.protocol import DeviceLike
+from chm.kv.window import KVManager, SlidingWindow, w_max
 
-if TYPE_CHECKING:
-    from chm.kv.store import Store
-
-__all__ = ["LOOKUP_BATCH", "Lookup", "prefix_hits"]
+__all__ = ["LOOKUP_BATCH", "BlockSource", "Lookup", "prefix_hits"]
 
 LOOKUP_BATCH = 32
 _hash = xxhash.xxh3_64_intdigest
@@ -60,6 +58,48 @@ def prefix_hits(found: np.ndarray[Any, Any]) -> int:
     return int(miss[0]) if miss.size else int(found.size)
 
 
+class BlockSource(Protocol):
+    """What a :class:`Lookup` needs of the store whose blocks it loads.
+
+    ``read_path`` is ``"window"`` (prefetch through the staging window),
+    ``"direct"`` (lru mode: reads through the device's cache) or
+    ``"timing"`` (the ghost backend: the calls run, no bytes move);
+    ``has_bytes`` whether blocks have bytes to verify.
+    """
+
+    @property
+    def device(self) -> DeviceLike: ...
+
+    @property
+    def manager(self) -> KVManager: ...
+
+    @property
+    def read_path(self) -> str: ...
+
+    @property
+    def has_bytes(self) -> bool: ...
+
+    @property
+    def window_bytes(self) -> int: ...
+
+    def pin(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Pins index rows against eviction; a copy of their entries."""
+        ...
+
+    def unpin(self, rows: np.ndarray[Any, Any], ents: np.ndarray[Any, Any], bad: list[int]) -> None:
+        """Undoes pin(); the entries at positions ``bad`` failed their
+        checksum and are dropped."""
+        ...
+
+    def retain(self, addrs: list[int]) -> list[bool] | None:
+        """Which blocks the device should keep resident (None: none)."""
+        ...
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Adds ``n`` to the store's counter ``name``."""
+        ...
+
+
 class Lookup:
     """Pinned hits of one request with their prefetches issued.
 
@@ -68,10 +108,12 @@ class Lookup:
     :meth:`close` to give everything back (a context manager).
     """
 
-    def __init__(self, store: Store, rows: np.ndarray[Any, Any], request: object = None) -> None:
+    def __init__(
+        self, store: BlockSource, rows: np.ndarray[Any, Any], request: object = None
+    ) -> None:
         self._store = store
         self._rows = rows
-        self._ents = store._pin_rows(rows)
+        self._ents = store.pin(rows)
         self._request = request if request is not None else ("lookup", next(_requests))
         self._closed = False
         self.hits = int(rows.size)
@@ -85,7 +127,7 @@ class Lookup:
         mgr.admit(self._request, w_max(biggest, self.hits, store.window_bytes))
         ranges = list(zip(self._ents["addr"].tolist(), self._ents["length"].tolist(), strict=True))
         req = self._request
-        retain = store._retain_mask([a for a, _ in ranges])
+        retain = store.retain([a for a, _ in ranges])
         try:
             self._win = SlidingWindow(store.device, ranges, lambda: mgr.window(req), retain)
         except BaseException:
@@ -124,10 +166,10 @@ class Lookup:
                 try:
                     v = h.wait(left)
                 except WaitTimeout:
-                    st._count("timeouts")
+                    st.count("timeouts")
                     break
                 except DeviceIOError:
-                    st._count("io_errors")
+                    st.count("io_errors")
                     if prefix:
                         break
                     continue
@@ -144,20 +186,20 @@ class Lookup:
                         outs[j][: lens[j]] = np.frombuffer(v, np.uint8)
                 del v
                 if not good:
-                    st._count("checksum_errors")
+                    st.count("checksum_errors")
                     bad.append(j)
                     if prefix:
                         break
                     continue
                 ok[j] = True
         except ChmError:
-            st._count("io_errors")
+            st.count("io_errors")
         finally:
             if self._win.blocked:
-                st._count("window_blocked", self._win.blocked)
+                st.count("window_blocked", self._win.blocked)
             self.close(bad)
         self.loaded = sum(ok)
-        st._count("gets_hit", self.loaded)
+        st.count("gets_hit", self.loaded)
         return ok
 
     def _read_direct(
@@ -180,18 +222,18 @@ class Lookup:
                 )
             ):
                 if deadline is not None and time.monotonic() >= deadline:
-                    st._count("timeouts")
+                    st.count("timeouts")
                     break
                 dst = outs[j][:n]
                 try:
                     st.device.read_into(addr, dst)
                 except ChmError:
-                    st._count("io_errors")
+                    st.count("io_errors")
                     if prefix:
                         break
                     continue
                 if verify and _hash(dst.data) != check:
-                    st._count("checksum_errors")
+                    st.count("checksum_errors")
                     bad.append(j)
                     if prefix:
                         break
@@ -200,7 +242,7 @@ class Lookup:
         finally:
             self.close(bad)
         self.loaded = sum(ok)
-        st._count("gets_hit", self.loaded)
+        st.count("gets_hit", self.loaded)
         return ok
 
     def _destinations(self, dsts: Any) -> list[np.ndarray[Any, Any]]:
@@ -233,7 +275,7 @@ class Lookup:
                 win.close()
         finally:
             self._store.manager.leave(self._request)
-            self._store._unpin_rows(self._rows, self._ents, bad or [])
+            self._store.unpin(self._rows, self._ents, bad or [])
 
     def __enter__(self) -> Lookup:
         return self

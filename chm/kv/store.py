@@ -194,6 +194,47 @@ def _default_journal(dev: DeviceLike) -> str:
     )
 
 
+class _Blocks:
+    """The store as a :class:`chm.kv.lookup.BlockSource`: what its lookups use."""
+
+    __slots__ = ("_st",)
+
+    def __init__(self, st: Store) -> None:
+        self._st = st
+
+    @property
+    def device(self) -> DeviceLike:
+        return self._st.device
+
+    @property
+    def manager(self) -> KVManager:
+        return self._st.manager
+
+    @property
+    def read_path(self) -> str:
+        return self._st.read_path
+
+    @property
+    def has_bytes(self) -> bool:
+        return self._st.has_bytes
+
+    @property
+    def window_bytes(self) -> int:
+        return self._st.window_bytes
+
+    def pin(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return self._st._pin_rows(rows)
+
+    def unpin(self, rows: np.ndarray[Any, Any], ents: np.ndarray[Any, Any], bad: list[int]) -> None:
+        self._st._unpin_rows(rows, ents, bad)
+
+    def retain(self, addrs: list[int]) -> list[bool] | None:
+        return self._st._retain_mask(addrs)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self._st._count(name, n)
+
+
 class Store:
     """KV blocks on one device (see the module doc).
 
@@ -306,6 +347,7 @@ class Store:
         self.manager = manager or KVManager(max(1, int(st.slots_total)))
         self.admission = _admission(residency, int(st.resident_entries_total))
         self._lock = threading.RLock()
+        self._blocks = _Blocks(self)  # what lookups use of the store
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._pending: dict[int, int] = {}  # row -> epoch, written but not yet durable
         self._compact_ratio = compact_ratio
@@ -618,7 +660,7 @@ class Store:
             raise InvalidArgument(None, f"lookup: {ks.size} keys; at most {LOOKUP_BATCH} per call")
         with self._lock:
             rows = self._prefix_rows(ks)
-            return Lookup(self, rows, request)
+            return Lookup(self._blocks, rows, request)
 
     def load_prefix(
         self, keys: Any, dsts: Sequence[Any], timeout: float | None = None, request: object = None
@@ -632,7 +674,7 @@ class Store:
         ks = self._keys(keys)
         with self._lock:
             rows = self._prefix_rows(ks)
-            lk = Lookup(self, rows, request)
+            lk = Lookup(self._blocks, rows, request)
         ok = lk.load(dsts, timeout, prefix=True)
         n = prefix_hits(np.asarray(ok, dtype=bool)) if ok else 0
         self._count("gets_miss", ks.size - n)
@@ -661,7 +703,7 @@ class Store:
         ks = self._keys(keys)
         with self._lock:
             rows = self._prefix_rows(ks)
-            lk = Lookup(self, rows[skip:], request)
+            lk = Lookup(self._blocks, rows[skip:], request)
         ok = lk.load(dsts, timeout, prefix=True)
         n = prefix_hits(np.asarray(ok, dtype=bool)) if ok else 0
         self._count("gets_miss", int(rows[skip:].size) - n)
@@ -684,7 +726,7 @@ class Store:
         with self._lock:
             rows = self._index.find(ks)
             hit = np.flatnonzero(rows >= 0)
-            lk = Lookup(self, rows[hit], None)
+            lk = Lookup(self._blocks, rows[hit], None)
         ok = [False] * ks.size
         got = lk.load([dsts[i] for i in hit.tolist()], timeout, prefix=False)
         for i, g in zip(hit.tolist(), got, strict=True):
