@@ -38,14 +38,15 @@ if ! "$py" -c 'import torch, sys; sys.exit(torch.version.cuda is not None)'; the
 	exit 1
 fi
 # SGLang's package requires CUDA kernels and its own torch: on a host without
-# an NVIDIA driver only the package itself is installed, with the two
-# pure-Python modules its HiCache storage classes import (what the tests use).
+# an NVIDIA driver only the package itself is installed, with the pure-Python
+# modules its HiCache storage classes and host memory pools import (what the
+# tests use).
 if [[ ",$EXTRAS," == *,sglang,* ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
 	sgl=$(grep '^sglang' <<<"$reqs")
 	reqs=$(grep -v '^sglang' <<<"$reqs" || true)
 	echo "chm: no NVIDIA driver: installing $sgl without its CUDA dependencies"
 	"${pip[@]}" --no-deps "$sgl"
-	"${pip[@]}" -c "$constraints" orjson ipython
+	"${pip[@]}" -c "$constraints" orjson ipython gguf
 fi
 # shellcheck disable=SC2086
 [ -z "$reqs" ] || "${pip[@]}" -c "$constraints" $reqs
