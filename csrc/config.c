@@ -617,7 +617,17 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 			            cfg->slot_count);
 		return 0;
 	}
-	/* prefetch */
+	/* prefetch: a default that conflicts with a value given says so, and
+	 * which option to pass */
+	struct chm_config d;
+	chm_config_init(&d);
+	if (cfg->wbuf_bytes >= cfg->dram_bytes && cfg->wbuf_bytes == d.wbuf_bytes)
+		return fail(err, errlen,
+		            "wbuf: the default write buffer (wbuf %llu) does not fit in dram "
+		            "%llu: pass a smaller wbuf (at most half of dram leaves room for "
+		            "slots) or a larger dram",
+		            (unsigned long long)cfg->wbuf_bytes,
+		            (unsigned long long)cfg->dram_bytes);
 	if (cfg->wbuf_bytes >= cfg->dram_bytes)
 		return fail(err, errlen, "wbuf: %llu must be smaller than dram %llu",
 		            (unsigned long long)cfg->wbuf_bytes,
@@ -632,6 +642,14 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 	uint64_t window = cfg->dram_bytes - cfg->wbuf_bytes - cfg->resident_bytes;
 	uint64_t stride = CHM_ALIGN_UP(cfg->slot_bytes, CHM_FILL_ALIGN) + CHM_FILL_ALIGN;
 	uint64_t fits = window / stride;
+	if (fits < 1 && cfg->slot_bytes == d.slot_bytes)
+		return fail(err, errlen,
+		            "slot_size: one slot of the default slot_size (%llu bytes with "
+		            "alignment) does not fit the staging window (dram - wbuf%s = %llu): "
+		            "pass a smaller slot_size%s or a larger dram",
+		            (unsigned long long)stride, cfg->resident_bytes ? " - resident" : "",
+		            (unsigned long long)window,
+		            cfg->wbuf_bytes == d.wbuf_bytes ? " or wbuf" : "");
 	if (fits < 1)
 		return fail(
 		        err, errlen,

@@ -203,3 +203,22 @@ def test_a_full_filesystem_is_no_space_naming_the_file(tiny_fs: Path, mode: str)
     with chm.Device.open(targets=[target], **opts) as dev:
         for i, d in enumerate(data):
             assert dev.read(i * chunk, chunk) == d, f"chunk {i} changed"
+
+
+def test_a_default_that_conflicts_says_which_and_what_to_pass(tmp_path: Path) -> None:
+    """dram below the default wbuf (or slot_size) names the default, not a
+    value the caller never set, and the option to pass."""
+    target = tmp_path / "t.img"
+    with pytest.raises(errors.InvalidArgument) as exc:
+        chm.Device.open(targets=[target], capacity="64M", dram="16M", create=True)
+    text = str(exc.value)
+    assert "default write buffer" in text and "pass a smaller wbuf" in text, text
+    with pytest.raises(errors.InvalidArgument) as exc:
+        chm.Device.open(targets=[target], capacity="64M", dram="40M", create=True)
+    text = str(exc.value)
+    assert "default slot_size" in text and "pass a smaller slot_size" in text, text
+    # a value the caller did set is named as such, with no talk of defaults
+    with pytest.raises(errors.InvalidArgument) as exc:
+        chm.Device.open(targets=[target], capacity="64M", dram="16M", wbuf="20M", create=True)
+    assert "default" not in str(exc.value) and "wbuf: 20971520" in str(exc.value)
+    assert not target.exists()
