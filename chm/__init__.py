@@ -50,10 +50,15 @@ def version() -> str:
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
-def connect(path: str, timeout: float = 10.0, request_timeout: float = 30.0) -> RemoteDevice:
+def connect(
+    path: str,
+    timeout: float = 10.0,
+    request_timeout: float = 30.0,
+    secret_file: str | None = None,
+) -> RemoteDevice:
     """Connects to a ``chm-emu serve`` daemon: a device (``chm.kv.DeviceLike``)
-    whose staged objects are read zero-copy; see :mod:`chm.remote.connect`
-    for the two deadlines."""
+    whose staged objects are read zero-copy; see :func:`chm.remote.connect`
+    for the two deadlines and ``tcp://HOST:PORT`` with ``secret_file``."""
     from chm.remote import connect as _connect
 
-    return _connect(path, timeout, request_timeout)
+    return _connect(path, timeout, request_timeout, secret_file)
