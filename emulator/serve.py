@@ -35,11 +35,12 @@ import numpy as np
 import chm
 from chm.errors import Busy, ChmError
 from chm.kv import KEY_DTYPE, Store
-from chm.remote.protocol import Op, config_options, encode
+from chm.remote.protocol import Op, config_options, encode, read_secret
 
 from .devices import check_target, reason_key
 from .metrics import Metrics
 from .serve_client import Client
+from .serve_tcp import TcpFront
 from .sessions import Scopes, default_quota
 
 __all__ = ["Daemon", "JsonFormatter", "ServeError", "ServeOptions"]
@@ -75,6 +76,8 @@ class ServeOptions:
     # who may put and remove keys of the shared store (user names, uids,
     # @groups); None: every client that may connect; the others only read
     kv_writers: list[str] | None = None
+    listen: str | None = None  # HOST:PORT of a TCP listener (needs secret_file)
+    secret_file: str | None = None  # the shared secret TCP clients authenticate with
     hello_timeout: float = 2.0  # seconds a new connection has to send HELLO
     idle_timeout: float = 900.0  # seconds a client may send nothing (0: forever)
 
@@ -160,6 +163,7 @@ class Daemon:
         self.store: Store | None = None
         self.pool_ro_fd = -1
         self._listener: socket.socket | None = None
+        self.tcp: TcpFront | None = None
         self.metrics = Metrics(self)
         self.started = time.time()
 
@@ -219,6 +223,8 @@ class Daemon:
                 except ChmError as exc:
                     raise ServeError(f"could not open the KV store: {exc}") from exc
             self._listen()
+            if o.listen:
+                self._listen_tcp()
             if o.metrics:
                 try:
                     self.metrics.serve(o.metrics)
@@ -242,6 +248,7 @@ class Daemon:
                 "pool_bytes": self.pool_bytes,
                 "kv": self.store is not None,
                 "raw_bytes": self.raw_bytes,
+                "listen": _hostport(self.tcp.address) if self.tcp is not None else None,
                 "kv_writers": o.kv_writers,
                 "recovered_entries": st.recovered_entries if st else 0,
                 "journal": st.journal_path if st else None,
@@ -294,6 +301,20 @@ class Daemon:
         s.settimeout(0.2)
         self._listener = s
 
+    def _listen_tcp(self) -> None:
+        o = self.opts
+        if not o.secret_file:
+            raise ServeError(f"--listen {o.listen}: TCP clients need --secret-file")
+        try:
+            secret = read_secret(o.secret_file)
+        except (OSError, ValueError) as exc:
+            raise ServeError(f"--secret-file {o.secret_file}: {exc}") from None
+        try:
+            self.tcp = TcpFront(self, o.listen or "", secret)
+        except (OSError, ValueError) as exc:
+            raise ServeError(f"--listen {o.listen}: {exc}") from None
+        self.tcp.start()
+
     def serve_forever(self) -> None:
         assert self._listener is not None
         while not self.stopping.is_set():
@@ -309,7 +330,12 @@ class Daemon:
             self._accept(conn)
         self._stop_clients()
 
-    def _accept(self, conn: socket.socket) -> None:
+    def adopt(self, conn: socket.socket, peer: str) -> bool:
+        """Serves an authenticated TCP client's end of a socket pair as a
+        client like any other; False when the daemon is full."""
+        return self._accept(conn, peer)
+
+    def _accept(self, conn: socket.socket, peer: str | None = None) -> bool:
         with self._lock:
             self._reap()
             if len(self._clients) >= self.opts.max_clients:
@@ -324,13 +350,16 @@ class Daemon:
                     self._counts["handshakes_dropped"] += 1
                 else:
                     self._counts["clients_refused"] += 1
+                    if peer is not None:  # the TCP front end says so
+                        conn.close()
+                        return False
                     self._refuse(conn)
-                    return
+                    return False
             cid = self._next_cid
             self._next_cid += 1
             self._counts["clients_total"] += 1
         try:
-            c = Client(self, conn, cid)
+            c = Client(self, conn, cid, peer)
         except (ChmError, OSError) as exc:  # e.g. no device session left for it
             with self._lock:
                 self._counts["clients_refused"] += 1
@@ -341,11 +370,12 @@ class Daemon:
                 conn.send(encode(Op.ERROR, 0, {"errno": err, "message": msg, "fatal": True}))
             conn.close()
             self.log.warning(msg, extra={"event": "refuse", "client": cid})
-            return
+            return False
         t = threading.Thread(target=c.run, name=f"chm-client-{cid}", daemon=True)
         with self._lock:
             self._clients[cid] = (c, t)
         t.start()
+        return True
 
     def _refuse(self, conn: socket.socket) -> None:
         """Tells a connection the daemon is full (a fatal ERROR), then closes it."""
@@ -384,6 +414,9 @@ class Daemon:
             self._listener = None
             with contextlib.suppress(OSError):
                 os.unlink(self.opts.socket)
+        if self.tcp is not None:
+            self.tcp.close()
+            self.tcp = None
         self._stop_clients()
         self.metrics.close()
         if self.store is not None:
@@ -414,6 +447,8 @@ class Daemon:
         self._writer_uids = set()
         for w in spec:
             try:
+                if w == "tcp":  # every authenticated TCP client
+                    continue
                 if w.startswith("@"):
                     self._writer_gids.add(grp.getgrnam(w[1:]).gr_gid)
                 elif w.isdigit():
@@ -424,10 +459,13 @@ class Daemon:
                 what = "group" if w.startswith("@") else "user"
                 raise ServeError(f"kv_writers: no {what} {w.lstrip('@')!r}") from None
 
-    def may_write(self, pid: int, uid: int, gid: int) -> bool:
-        """Whether a client (its SO_PEERCRED) may put and remove shared keys."""
+    def may_write(self, pid: int, uid: int, gid: int, tcp: bool = False) -> bool:
+        """Whether a client (its SO_PEERCRED) may put and remove shared keys;
+        a TCP client has no credentials: it may if ``tcp`` is a writer."""
         if self._writer_uids is None:
             return True
+        if tcp:
+            return "tcp" in (self.opts.kv_writers or [])
         if uid in self._writer_uids or gid in self._writer_gids:
             return True
         return bool(self._writer_gids & _groups_of(pid))
@@ -479,6 +517,11 @@ class Daemon:
                 "socket": self.opts.socket,
             },
         }
+
+
+def _hostport(addr: tuple[Any, ...]) -> str:
+    host = str(addr[0])
+    return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
 
 
 def _groups_of(pid: int) -> set[int]:

@@ -13,6 +13,8 @@ A TOML file has the serve settings at the top level and the device options
     kv_writers = ["@chm-writers"]  # who may put/remove shared keys (default: every client)
     hello_timeout = 2.0        # seconds a new connection has to say HELLO
     idle_timeout = 900         # seconds a client may stay silent (0: forever)
+    listen = "10.0.0.5:7464"   # TCP clients too (optional; needs secret_file)
+    secret_file = "/etc/chm/secret"
 
     [device]
     targets = ["/dev/nvme1n1"]
@@ -42,6 +44,7 @@ from chm.sizes import parse_size
 from .devices import FORCE_KEYS
 from .metrics import parse_listen
 from .serve import Daemon, ServeError, ServeOptions, setup_logging
+from .serve_tcp import parse_hostport
 
 __all__ = ["DEFAULT_SOCKET", "serve"]
 
@@ -61,6 +64,8 @@ _TOP = {
     "kv_writers",
     "hello_timeout",
     "idle_timeout",
+    "listen",
+    "secret_file",
     "log_level",
     "device",
 }
@@ -173,6 +178,15 @@ def _count(value: Any, what: str) -> int:
     help="Seconds a client may send nothing before it is disconnected; 0: never [default: 900].",
 )
 @click.option(
+    "--listen",
+    help="Serve TCP clients on HOST:PORT as well (authenticated with --secret-file).",
+)
+@click.option(
+    "--secret-file",
+    type=click.Path(dir_okay=False),
+    help="File holding the shared secret TCP clients must prove (at least 16 bytes).",
+)
+@click.option(
     "--max-clients", type=click.IntRange(1, 65536), help="Clients at once [default: 256]."
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), help="Log level.")
@@ -206,6 +220,15 @@ def serve(config_file: str | None, **flags: Any) -> None:
             parse_listen(metrics)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--metrics'") from None
+    listen = flags["listen"] or data.get("listen")
+    secret_file = flags["secret_file"] or data.get("secret_file")
+    if listen:
+        try:
+            parse_hostport(listen)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--listen'") from None
+        if not secret_file:
+            raise click.UsageError("--listen needs --secret-file: TCP clients must authenticate")
     writers = list(flags["kv_writers"]) or data.get("kv_writers")
     if writers is not None and (
         not isinstance(writers, list) or not all(isinstance(w, str) and w for w in writers)
@@ -231,6 +254,8 @@ def serve(config_file: str | None, **flags: Any) -> None:
         max_clients=_count(flags["max_clients"] or data.get("max_clients", 256), "max_clients"),
         raw_bytes=_size(flags["raw"] or data.get("raw"), "--raw"),
         kv_writers=writers,
+        listen=listen,
+        secret_file=secret_file,
         hello_timeout=_seconds(
             _first(flags["hello_timeout"], data.get("hello_timeout"), 2.0), "hello_timeout", 0
         ),

@@ -65,11 +65,11 @@ def stats(socket_path: str, as_json: bool, watch: float | None) -> None:
         con = Console(highlight=False)
         stop.device = dev
         with dev:
-            while not stop.set:
+            while not stop.is_set():
                 try:
                     s = dev.daemon_stats()
                 except ChmError as exc:
-                    if stop.set:  # interrupted while the daemon was answering
+                    if stop.is_set():  # interrupted while the daemon was answering
                         return
                     raise click.ClickException(str(exc)) from None
                 if as_json:
@@ -85,18 +85,21 @@ class _Interrupt:
     """SIGINT (Ctrl-C) as a flag, not an exception: a KeyboardInterrupt can
     land anywhere (inside a lock's acquisition, between a request and its
     answer) and leave the connection or a lock in a state nothing undoes.
-    The handler only sets ``set`` and aborts the connection (no lock taken:
+    The handler only sets a flag (``is_set``) and aborts the connection (no lock taken:
     a call blocked on a stopped daemon returns at once); ``sleep`` returns at
     once when it has (the signal also writes to a wakeup pipe, so a SIGINT
     that arrives just before the sleep is not missed either)."""
 
     def __init__(self) -> None:
-        self.set = False
+        self._set = False
         self.device: chm.remote.RemoteDevice | None = None
         self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
+    def is_set(self) -> bool:
+        return self._set
+
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.set = True
+        self._set = True
         if self.device is not None:
             self.device.abort("interrupted (SIGINT)")
 
@@ -107,7 +110,7 @@ class _Interrupt:
 
     def sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
-        while not self.set:
+        while not self._set:
             left = end - time.monotonic()
             if left <= 0:
                 return

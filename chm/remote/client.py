@@ -44,10 +44,13 @@ from chm.remote.protocol import (
     MAX_BATCH,
     MAX_FRAME,
     VERSION,
+    Framed,
     Op,
     ProtocolError,
+    auth_digest,
     decode,
     encode,
+    read_secret,
     recv_fds,
 )
 from chm.stats import Stats
@@ -58,6 +61,7 @@ _hash = xxhash.xxh3_64_intdigest
 _WIRE_BUDGET = MAX_FRAME - 8192  # bytes of metadata a request or an answer may carry
 _ENTRY_NAMES = ("addr", "length", "checksum", "epoch", "state", "meta")
 _WAIT_SLICE = 20_000_000  # ns: a load hands staged blocks back at least this often
+_TCP_DATA = 60_000  # bytes of the area or pool in one TCP data request
 _WAIT_CHUNK = 1_000_000_000  # ns: the longest WAIT or FLUSH a client asks in one round trip
 
 
@@ -196,7 +200,13 @@ class RemoteHandle:
 class RemoteDevice:
     """The daemon's device, as seen by one client (see the module doc)."""
 
-    def __init__(self, path: str, timeout: float = 10.0, request_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str,
+        timeout: float = 10.0,
+        request_timeout: float = 30.0,
+        secret_file: str | None = None,
+    ) -> None:
         if not timeout > 0 or not request_timeout > 0:
             raise InvalidArgument(
                 None,
@@ -215,16 +225,25 @@ class RemoteDevice:
         self._viewed: weakref.WeakSet[RemoteHandle] = weakref.WeakSet()
         self._vlock = threading.Lock()
         self._ending = False
-        s = _dial(path, timeout)
+        self.tcp = path.startswith("tcp://")
+        hello: dict[str, Any] = {"version": VERSION, "pid": os.getpid()}
+        s: Any
+        if self.tcp:
+            s, hello["auth"] = _dial_tcp(path, timeout, secret_file)
+        else:
+            s = _dial(path, timeout)
         fds: list[int] = []
         data = b""
         try:
             s.settimeout(max(0.001, timeout))
             # refused at once: the daemon's ERROR, if any, is still to be read
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                s.send(encode(Op.HELLO, 0, {"version": VERSION, "pid": os.getpid()}))
+                s.send(encode(Op.HELLO, 0, hello))
             try:
-                data, fds = recv_fds(s, 2)
+                if self.tcp:
+                    data = s.recv()
+                else:
+                    data, fds = recv_fds(s, 2)
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise DaemonGone(None, f"{path}: {_LOST[exc.errno or 0]} during HELLO") from None
             s.settimeout(None)
@@ -235,25 +254,31 @@ class RemoteDevice:
             s.close()
             raise
         self._sock = s
+        self.pool_fd = self.area_fd = -1
+        self._pool: mmap.mmap | None = None
+        self._area: mmap.mmap | None = None
+        self._area_np: np.ndarray[Any, Any]
         try:
             if not data:
                 raise DaemonGone(None, f"{path}: the daemon closed the connection during HELLO")
             op, _, body = decode(data)
             if op == Op.ERROR:
                 err = int(body.get("errno") or errno.ECANCELED)
-                raise DaemonGone(
-                    None, f"{path}: refused by the daemon: {body.get('message')} ({_errname(err)})"
-                )
-            if len(fds) != 2:
-                raise ProtocolError(f"WELCOME carried {len(fds)} descriptors, expected 2")
+                raise DaemonGone(err, f"{path}: refused by the daemon: {body.get('message')}")
             self.welcome = body
-            self.pool_fd, self.area_fd = fds
-            self._pool = mmap.mmap(
-                self.pool_fd, body["pool_bytes"], mmap.MAP_SHARED, mmap.PROT_READ
-            )
-            self._pool_mv = memoryview(self._pool)
-            self._area = mmap.mmap(self.area_fd, body["area_bytes"], mmap.MAP_SHARED)
-            self._area_np = np.frombuffer(self._area, dtype=np.uint8)
+            if self.tcp:  # no descriptors over TCP: the area's bytes travel
+                self._pool_mv = memoryview(b"")
+                self._area_np = np.zeros(int(body["area_bytes"]), np.uint8)
+            else:
+                if len(fds) != 2:
+                    raise ProtocolError(f"WELCOME carried {len(fds)} descriptors, expected 2")
+                self.pool_fd, self.area_fd = fds
+                self._pool = mmap.mmap(
+                    self.pool_fd, body["pool_bytes"], mmap.MAP_SHARED, mmap.PROT_READ
+                )
+                self._pool_mv = memoryview(self._pool)
+                self._area = mmap.mmap(self.area_fd, body["area_bytes"], mmap.MAP_SHARED)
+                self._area_np = np.frombuffer(self._area, dtype=np.uint8)
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -339,6 +364,37 @@ class RemoteDevice:
             )
         err: ChmError = _ll.status_error(rc, call, args, detail)
         return err
+
+    def _push(self, used: int) -> None:
+        """Over TCP: sends the first ``used`` bytes of the area to the daemon."""
+        if not self.tcp:
+            return
+        for off in range(0, used, _TCP_DATA):
+            part = self._area_np[off : min(used, off + _TCP_DATA)].tobytes()
+            _raise(int(self._call(Op.AREA_PUT, [off, part])), "area_put")
+
+    def _pull(self, n: int) -> None:
+        """Over TCP: fetches the first ``n`` bytes of the area from the daemon."""
+        if not self.tcp:
+            return
+        for off in range(0, n, _TCP_DATA):
+            got = self._call(Op.AREA_GET, [off, min(_TCP_DATA, n - off)])
+            if isinstance(got, int):
+                _raise(got, "area_get")
+            self._area_np[off : off + len(got)] = np.frombuffer(got, np.uint8)
+
+    def _staged(self, token: int, off: int, n: int) -> memoryview:
+        """The bytes of a staged object: a view of the shared pool, or over
+        TCP a copy fetched from the daemon."""
+        if not self.tcp:
+            return self._pool_mv[off : off + n]
+        out = bytearray(n)
+        for at in range(0, n, _TCP_DATA):
+            got = self._call(Op.POOL_GET, [token, at, min(_TCP_DATA, n - at)])
+            if isinstance(got, int):
+                _raise(got, "pool_get", f"token={token:#x}")
+            out[at : at + len(got)] = got
+        return memoryview(bytes(out))
 
     def abort(self, why: str = "the connection was aborted") -> None:
         """Ends the connection at once, without taking a lock, so it is safe
@@ -436,7 +492,7 @@ class RemoteDevice:
                     if rc:
                         raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
                     h = handles[j]
-                    h._buf = ReadOnlyBuffer(self._pool_mv[off : off + n], h)
+                    h._buf = ReadOnlyBuffer(self._staged(h.token, off, n), h)
                     mv = memoryview(h._buf)
                     h._mv = weakref.ref(mv)
                     h.place = (addr, n, off)
@@ -524,6 +580,7 @@ class RemoteDevice:
             rc = self._call(Op.READ, [int(addr) + done, step, 0])
             if rc < 0:
                 raise self._raw_error(rc, "chm_read", f"addr={addr + done:#x}, len={step}")
+            self._pull(step)
             dst[done : done + step] = self._area_np[:step]
             done += step
         return n
@@ -562,6 +619,7 @@ class RemoteDevice:
 
         def send() -> None:
             nonlocal used
+            self._push(used)
             for i, rc in zip(where, self._call(Op.WRITE, batch), strict=True):
                 if rc < 0:
                     out[i] = self._raw_error(rc, call, f"addr={a[i]:#x}, len={srcs[i].size}")
@@ -680,14 +738,15 @@ class RemoteDevice:
         with contextlib.suppress(OSError):
             self._sock.close()
         self._pool_mv.release()
-        with contextlib.suppress(BufferError):
-            self._pool.close()
         self._area_np = np.zeros(0, np.uint8)
-        with contextlib.suppress(BufferError):
-            self._area.close()
+        for m in (self._pool, self._area):
+            if m is not None:
+                with contextlib.suppress(BufferError):
+                    m.close()
         for fd in (self.pool_fd, self.area_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def __enter__(self) -> RemoteDevice:
         return self
@@ -736,6 +795,45 @@ def _dial(path: str, timeout: float) -> socket.socket:
         except BaseException:
             s.close()
             raise
+
+
+def _dial_tcp(path: str, timeout: float, secret_file: str | None) -> tuple[Framed, bytes]:
+    """A TCP connection to ``tcp://HOST:PORT`` and the proof of the shared
+    secret for its AUTH nonce."""
+    if not secret_file:
+        raise InvalidArgument(None, f"connect({path!r}): a TCP daemon needs secret_file=")
+    try:
+        secret = read_secret(secret_file)
+    except ValueError as exc:
+        raise InvalidArgument(None, f"connect: secret_file {exc}") from None
+    hostport = path[len("tcp://") :]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidArgument(None, f"connect({path!r}): expected tcp://HOST:PORT")
+    try:
+        raw = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    except ConnectionRefusedError:
+        raise DaemonGone(None, f"{path}: no daemon is listening there") from None
+    except TimeoutError:
+        raise DaemonGone(None, f"{path}: no connection within {timeout} s") from None
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s = Framed(raw)
+    try:
+        data = s.recv()
+        if not data:
+            raise DaemonGone(None, f"{path}: the daemon closed the connection before AUTH")
+        op, _, body = decode(data)
+        if op == Op.ERROR:
+            raise DaemonGone(None, f"{path}: refused by the daemon: {body.get('message')}")
+        if op != Op.AUTH or not isinstance(body.get("nonce"), bytes):
+            raise ProtocolError(f"{path}: expected AUTH first, got {op.name}")
+        return s, auth_digest(secret, body["nonce"])
+    except TimeoutError:
+        s.close()
+        raise DaemonGone(None, f"{path}: no AUTH within {timeout} s") from None
+    except BaseException:
+        s.close()
+        raise
 
 
 def _batch_len(call: str, n: int, *others: int) -> None:
@@ -862,6 +960,7 @@ class RemoteStore:
         return [None if e is None else e["meta"] for e in self.entries(keys)]
 
     def _put(self, batch: list[list[Any]]) -> list[PutStatus]:
+        self.device._push(max((e[2] + e[3] for e in batch), default=0))
         res = self.device._call(Op.KV_PUT, batch)
         if isinstance(res, int):
             _raise(res, "put")
@@ -896,7 +995,7 @@ class RemoteStore:
                             continue
                         bad = 0
                         if rc == 0 and not (prefix and failed):
-                            view = dev._pool_mv[off : off + e[2]]
+                            view = dev._staged(e[1], off, e[2])
                             try:
                                 if _hash(view) == e[3]:
                                     d = as_dst(dsts[i + j], f"destination {i + j}")
@@ -953,12 +1052,22 @@ class RemoteStore:
         return dict(self.device.daemon_stats()["kv"])
 
 
-def connect(path: str, timeout: float = 10.0, request_timeout: float = 30.0) -> RemoteDevice:
+def connect(
+    path: str,
+    timeout: float = 10.0,
+    request_timeout: float = 30.0,
+    secret_file: str | None = None,
+) -> RemoteDevice:
     """Connects to a chm-emu daemon's socket; the result is a ``DeviceLike``.
+
+    ``path`` is the daemon's Unix socket, or ``tcp://HOST:PORT`` for one
+    started with ``--listen`` (then ``secret_file`` holds the shared secret;
+    staged objects and area bytes are copied over the connection instead of
+    shared).
 
     ``timeout`` bounds the connection and its handshake (waiting while the
     daemon's listen backlog is full); ``request_timeout`` is how long the
     daemon has to answer any request beyond the request's own timeout (a
     ``wait(timeout=1)`` gives up after 1 s + request_timeout). Past either,
     DaemonGone: no call blocks forever on a stopped or hung daemon."""
-    return RemoteDevice(os.fspath(path), timeout, request_timeout)
+    return RemoteDevice(os.fspath(path), timeout, request_timeout, secret_file)

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import array
 import enum
+import hashlib
+import hmac
 import socket
+import struct
 from typing import Any
 
 import msgpack
@@ -27,11 +30,14 @@ __all__ = [
     "MAX_FRAME",
     "VERSION",
     "VERSIONS",
+    "Framed",
     "Op",
     "ProtocolError",
+    "auth_digest",
     "config_options",
     "decode",
     "encode",
+    "read_secret",
     "recv_fds",
     "send_fds",
 ]
@@ -61,6 +67,11 @@ class Op(enum.IntEnum):
     KV_PREFIX_LEN = 15
     KV_ENTRIES = 16
     BYE = 17
+    # TCP only (answered by the daemon's TCP front end, see Framed):
+    AUTH = 18  # daemon -> client, first: {"nonce": bytes}
+    AREA_PUT = 19  # [area_offset, bytes] -> 0
+    AREA_GET = 20  # [area_offset, len] -> bytes
+    POOL_GET = 21  # [token, offset, len] -> bytes of that token's staged object
 
 
 class ProtocolError(Exception):
@@ -106,6 +117,74 @@ def recv_fds(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
     return data, list(fds)
+
+
+def auth_digest(secret: bytes, nonce: bytes) -> bytes:
+    """What a TCP client answers the daemon's AUTH nonce with: HMAC-SHA256
+    of the nonce under the shared secret (the secret never travels)."""
+    return hmac.new(secret, b"chm-hello\0" + nonce, hashlib.sha256).digest()
+
+
+def read_secret(path: str) -> bytes:
+    """The shared secret of a TCP daemon: the file's bytes, surrounding
+    whitespace stripped; at least 16 bytes."""
+    with open(path, "rb") as f:
+        secret = f.read().strip()
+    if len(secret) < 16:
+        raise ValueError(f"{path}: a secret of at least 16 bytes is needed, not {len(secret)}")
+    return secret
+
+
+class Framed:
+    """A TCP stream as a packet socket: each packet is a 4-byte big-endian
+    length and that many bytes (at most MAX_FRAME). Has the calls of a
+    SOCK_SEQPACKET socket the protocol uses (send, recv, settimeout,
+    fileno, shutdown, close); ``recv`` returns b"" at the end of the stream
+    and raises ProtocolError for a length over MAX_FRAME."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def settimeout(self, t: float | None) -> None:
+        self.sock.settimeout(t)
+
+    def shutdown(self, how: int) -> None:
+        self.sock.shutdown(how)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send(self, data: bytes) -> int:
+        self.sock.sendall(struct.pack(">I", len(data)) + data)
+        return len(data)
+
+    def pending(self) -> bool:
+        """Whether a packet (or part of one) is already buffered here."""
+        return bool(self._buf)
+
+    def _fill(self, n: int) -> bool:
+        while len(self._buf) < n:
+            chunk = self.sock.recv(max(65536, n - len(self._buf)))
+            if not chunk:
+                return False
+            self._buf += chunk
+        return True
+
+    def recv(self, bufsize: int = MAX_FRAME + 1) -> bytes:
+        if not self._fill(4):
+            return b""
+        (n,) = struct.unpack(">I", self._buf[:4])
+        if n > MAX_FRAME:
+            raise ProtocolError(f"a packet of {n} bytes exceeds {MAX_FRAME}")
+        if not self._fill(4 + n):
+            return b""
+        data = bytes(self._buf[4 : 4 + n])
+        del self._buf[: 4 + n]
+        return data
 
 
 _TIMING = (

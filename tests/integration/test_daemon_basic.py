@@ -70,6 +70,7 @@ def test_socket_mode_and_zero_copy_reads(daemon: DaemonProcess) -> None:
         assert bytes(views[0]) == data
         assert bytes(views[1]) == data[4096:4196]
         # the view is the client's read-only mapping of the pool: same memory
+        assert dev._pool is not None
         pool = np.frombuffer(dev._pool, np.uint8).ctypes.data
         at = np.frombuffer(views[0], np.uint8).ctypes.data
         assert pool <= at < pool + dev.welcome["pool_bytes"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 import chm
-from chm.remote import DaemonGone
+from chm.remote import DaemonGone, RemoteHandle
 from chm.remote.protocol import MAX_FRAME, VERSION, Op, decode, encode
 from chm_emu.serve_proc import DaemonProcess
 
@@ -71,7 +71,7 @@ def _raw(path: str) -> socket.socket:
 
 def _fill_backlog(path: str) -> list[socket.socket]:
     """Connections until the (stopped) daemon's listen backlog refuses more."""
-    held = []
+    held: list[socket.socket] = []
     for _ in range(4096):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         s.setblocking(False)
@@ -172,7 +172,7 @@ def test_wait_on_a_stopped_daemon_has_a_deadline(daemon: DaemonProcess) -> None:
     with chm.connect(daemon.socket, request_timeout=1.0) as dev:
         n = dev.stats().slots_total
         hs = dev.prefetch_many([i << 20 for i in range(n)], [4096] * n)
-        dev.wait_many(hs)  # every slot held: the next prefetch queues
+        dev.wait_many([h for h in hs if isinstance(h, RemoteHandle)])  # every slot held
         h = dev.prefetch(n << 20, 4096)
         with _Stopped(daemon):
             t0 = time.monotonic()
@@ -195,7 +195,7 @@ def test_wait_forever_on_a_stopped_daemon_has_a_deadline(daemon: DaemonProcess) 
     with chm.connect(daemon.socket, request_timeout=1.0) as dev:
         n = dev.stats().slots_total
         hs = dev.prefetch_many([i << 20 for i in range(n)], [4096] * n)
-        dev.wait_many(hs)
+        dev.wait_many([h for h in hs if isinstance(h, RemoteHandle)])
         h = dev.prefetch(n << 20, 4096)
         got: list[BaseException] = []
 
