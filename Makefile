@@ -67,8 +67,8 @@ setup:
 	@scripts/setup.sh test
 
 ## integrations: install the serving engines (EXTRAS=lmcache,vllm,sglang; default
-## lmcache) with a CPU build of torch (from PyTorch's CPU index: PyPI's Linux
-## wheels are CUDA builds), for tests/integration/test_integration_*.py; about
+## lmcache) with a CPU build of torch (PyPI's Linux wheels are CUDA builds: a
+## local wheel or TORCH_INDEX=https://download.pytorch.org/whl/cpu), for tests/integration/test_integration_*.py; about
 ## 2 GB of downloads for all three, and the venv grows to about 4 GB
 integrations: setup
 	@scripts/integrations.sh

