@@ -350,6 +350,9 @@ class Store:
         self._blocks = _Blocks(self)  # what lookups use of the store
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._pending: dict[int, int] = {}  # row -> epoch, written but not yet durable
+        # row -> epoch: PUT records appended by a flush that is syncing them
+        self._syncing: dict[int, int] = {}
+        self._sync_lock = threading.Lock()  # a journal sync, a compaction, the close
         self._compact_ratio = compact_ratio
         self._closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -574,13 +577,19 @@ class Store:
             return
         e = self._index.e
         if journal:
-            durable = rows[e["state"][rows] == DURABLE]
+            journaled = e["state"][rows] == DURABLE
+            if self._syncing:  # their PUT records are in the journal too
+                journaled |= np.fromiter(
+                    (r in self._syncing for r in rows.tolist()), dtype=bool, count=rows.size
+                )
+            durable = rows[journaled]
             if durable.size:
                 self._journal.append(
                     jn.del_records(e["hi"][durable], e["lo"][durable], self._epoch)
                 )
         for r in rows.tolist():
             self._pending.pop(r, None)
+            self._syncing.pop(r, None)
             self._meta.pop(r, None)
         self._alloc.dropped(e["segment"][rows], e["length"][rows])
         self._index.delete_rows(rows)
@@ -1017,6 +1026,7 @@ class Store:
         if drop:
             for r in drop:
                 self._pending.pop(r, None)
+                self._syncing.pop(r, None)
                 self._meta.pop(r, None)
             self._index.delete_rows(np.asarray(drop, dtype=np.int64))
         try:
@@ -1120,18 +1130,30 @@ class Store:
             raise
         with self._lock:
             e = self._index.e
-            rows = np.asarray(
-                [r for r, ep in snap.items() if self._pending.get(r) == ep], dtype=np.int64
-            )
+            mine = {r: ep for r, ep in snap.items() if self._pending.get(r) == ep}
+            rows = np.fromiter(mine, dtype=np.int64, count=len(mine))
             if rows.size:
                 self._journal.append(jn.put_records(e[rows], self._metas_of(rows)))
                 self._journaled.update(e["segment"][rows].tolist())
-            # durable (and no longer pending) only once the records are synced:
-            # a failed append or sync leaves them pending for the next flush
-            self._journal.sync()
-            if rows.size:
-                e["state"][rows] = DURABLE
-                for r in rows.tolist():
+                # appended, not yet synced: a compaction meanwhile keeps
+                # them, a remove meanwhile journals their DEL
+                self._syncing.update(mine)
+        # the fdatasync runs with the store unlocked (puts and loads go on);
+        # the blocks are durable (and no longer pending) only once it returned:
+        # a failed append or sync leaves them pending for the next flush
+        try:
+            with self._sync_lock:
+                self._journal.sync()
+        finally:
+            with self._lock:
+                for r, ep in mine.items():
+                    if self._syncing.get(r) == ep:
+                        del self._syncing[r]
+        with self._lock:
+            e = self._index.e
+            for r, ep in mine.items():
+                if self._pending.get(r) == ep:
+                    e["state"][r] = DURABLE
                     del self._pending[r]
             live_recs = len(self._index) + self._meta_records()
             if self._journal.records > self._compact_ratio * live_recs + 4096:
@@ -1152,10 +1174,23 @@ class Store:
             self._count("autoflushes")
 
     def _compact(self) -> None:
+        """Rewrites the journal (lock held): the durable entries and those
+        whose records a flush appended and is syncing now."""
         e = self._index.e
         rows = self._index.live_rows()
-        rows = rows[e["state"][rows] == DURABLE]
-        self._journal.compact(jn.put_records(e[rows], self._metas_of(rows)))
+        keep = e["state"][rows] == DURABLE
+        if self._syncing:
+            keep |= np.fromiter(
+                (
+                    self._syncing.get(r) == ep
+                    for r, ep in zip(rows.tolist(), e["epoch"][rows].tolist(), strict=True)
+                ),
+                dtype=bool,
+                count=rows.size,
+            )
+        rows = rows[keep]
+        with self._sync_lock:  # not while a flush syncs the file it replaces
+            self._journal.compact(jn.put_records(e[rows], self._metas_of(rows)))
 
     def _metas_of(self, rows: np.ndarray[Any, Any]) -> list[bytes] | None:
         if not self._meta:
@@ -1272,7 +1307,8 @@ class Store:
                     self._compact()
         finally:
             self._closed = True
-            self._journal.close()
+            with self._sync_lock:
+                self._journal.close()
             if self._own:
                 self.device.close()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import subprocess
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -274,3 +275,48 @@ def test_a_segment_of_exactly_one_block_stores_without_headers(tmp_backing: Path
         assert st.put([1, 2], [blk(1, 64 * KiB), blk(2, 64 * KiB)]) == [S, S]
         ents = st.entries([1, 2])
         assert [e["addr"] for e in ents if e is not None] == [0, 64 * KiB]
+
+
+# ---- the store is not locked while the journal syncs
+
+
+def test_puts_loads_and_removes_go_on_while_a_flush_syncs(tmp_backing: Path) -> None:
+    """The journal's fdatasync is held open (the real sync, then a wait on
+    an event) to catch the store in it: other calls must not wait for it,
+    and a remove meanwhile must still reach the journal."""
+    import threading
+
+    st = Store.open(tmp_backing, **GEOM)
+    j = st._journal
+    real_sync = j.sync
+    in_sync, release = threading.Event(), threading.Event()
+
+    def held_sync() -> None:
+        real_sync()
+        in_sync.set()
+        assert release.wait(10)
+
+    assert st.put([1, 2], [blk(1), blk(2)]) == [S, S]
+    j.sync = held_sync  # type: ignore[method-assign]
+    t = threading.Thread(target=st.flush)
+    t.start()
+    try:
+        assert in_sync.wait(10)
+        # the flush is inside fdatasync: the store answers at once, not
+        # after the 10 s the sync is held
+        t0 = time.monotonic()
+        assert st.put([3], [blk(3)]) == [S]
+        assert st.contains([1, 2, 3]) == [True, True, True]
+        assert all_back(st, [1, 3])
+        assert st.remove([2]) == [True]  # its PUT is being synced: DEL journaled
+        assert time.monotonic() - t0 < 5
+        assert t.is_alive()  # still in the sync
+    finally:
+        release.set()
+        t.join(10)
+    j.sync = real_sync  # type: ignore[method-assign]
+    assert st.stats().durable_entries == 1 and st.stats().pending_entries == 1
+    st.flush()
+    st.close(flush=False)
+    with Store.open(tmp_backing, **GEOM) as st2:
+        assert st2.contains([1, 2, 3]) == [True, False, True]
