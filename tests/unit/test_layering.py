@@ -13,6 +13,12 @@ The checker is plain text analysis (comments and strings removed, top-level
 definitions found by their braces at column 0), run on the real tree and, to
 show that it can fail, on scratch copies with an upward include and an upward
 call put in.
+
+The Python packages follow the same rule (the second half of this file): a
+table of package groups and what each may import, checked over every import
+of chm/ and emulator/ (as chm_emu) with the ast module, no import cycle
+between modules beyond the known ones listed to be removed, and scratch
+copies with an upward import, chm importing chm_emu, and a new cycle put in.
 """
 
 from __future__ import annotations
@@ -210,3 +216,232 @@ def test_a_new_file_needs_a_layer(tmp_path: Path) -> None:
 def test_files_have_a_header_comment(name: str) -> None:
     text = (ROOT / "csrc" / f"{name}.c").read_text()
     assert text.startswith(f"/* {name}.c - ")
+
+
+# ---------------------------------------------------------------- Python packages
+#
+# The same rule one level up (docs/design.md §2): every module of chm/ and of
+# emulator/ (installed as chm_emu) belongs to one package group, and a group
+# imports only the groups its row of MAY_IMPORT names. Every import counts:
+# module level, inside functions (lazy), and under TYPE_CHECKING, since each
+# ties one module to another. Imports of the group's own modules are free.
+#
+# The groups' order, bottom first: the driver (core), then the KV layer, then
+# what is built on them: the remote client, the simulation (workloads, then
+# replay), the engines' adapters, the test support; chm_emu (the command and
+# the daemon) may use all of chm, and nothing in chm imports chm_emu.
+
+import ast  # noqa: E402 - the Python half of the file keeps its own imports
+
+PY_GROUPS: dict[str, str] = {
+    # module prefix -> group; the longest matching prefix wins
+    "chm": "core",
+    "chm.kv": "kv",
+    "chm.remote": "remote",
+    "chm.workloads": "workloads",
+    "chm.replay": "replay",
+    "chm.integrations": "integrations",
+    "chm.testing": "testing",
+    "chm_emu": "chm_emu",
+}
+
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": {"core"},
+    "kv": {"core"},
+    "remote": {"core", "kv"},
+    "workloads": {"core"},
+    "replay": {"core", "kv", "workloads"},
+    "integrations": {"core", "kv"},
+    "testing": {"core", "kv", "remote", "workloads", "replay"},
+    "chm_emu": {
+        "core",
+        "kv",
+        "remote",
+        "workloads",
+        "replay",
+        "integrations",
+        "testing",
+        "chm_emu",
+    },
+}
+
+# Single edges allowed against the table, each with its reason.
+PY_ALLOWED: dict[tuple[str, str], str] = {
+    # chm.connect() is the driver's front door to a daemon: a lazy import, so
+    # `import chm` never loads the client
+    ("chm", "chm.remote"): "chm.connect()",
+}
+
+# Only chm._lowlevel uses the cffi library (the one choke point for errors).
+FFI_USERS = {"chm._lowlevel"}
+
+# Import cycles between modules known today, each to be removed; the test
+# fails when one is gone, so the entry goes with it. The top-level `chm`
+# package (a facade that re-exports the driver) is not a node: a module that
+# does `import chm` for chm.Device depends on the driver, not on everything
+# the facade names.
+KNOWN_CYCLES: list[set[str]] = [
+    # the daemon and its per-connection, TCP and metrics halves name each
+    # other (TYPE_CHECKING imports of Daemon): to be removed when the daemon
+    # server moves into the library behind an interface
+    {"chm_emu.serve", "chm_emu.serve_client", "chm_emu.serve_tcp", "chm_emu.metrics"},
+]
+
+
+def py_modules(root: Path) -> dict[str, Path]:
+    """Module name -> file, for chm/ and emulator/ (as chm_emu)."""
+    out: dict[str, Path] = {}
+    for base, name in (("chm", "chm"), ("emulator", "chm_emu")):
+        for p in sorted((root / base).rglob("*.py")):
+            parts = [name, *p.relative_to(root / base).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = p
+    return out
+
+
+def py_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules name imports, anywhere in the file."""
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                mod = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                mod = node.module or ""
+            for a in node.names:  # `from pkg import module` names the module
+                sub = f"{mod}.{a.name}"
+                found.add(sub if sub in known else mod)
+    return {m for m in found if m.split(".")[0] in ("chm", "chm_emu") and m != name}
+
+
+def py_group(module: str) -> str | None:
+    best = None
+    for prefix in PY_GROUPS:
+        if (module == prefix or module.startswith(prefix + ".")) and (
+            best is None or len(prefix) > len(best)
+        ):
+            best = prefix
+    return None if best is None else PY_GROUPS[best]
+
+
+def py_graph(root: Path) -> dict[str, set[str]]:
+    mods = py_modules(root)
+    known = set(mods)
+    return {name: py_imports(name, path, known) for name, path in mods.items()}
+
+
+def py_violations(root: Path) -> list[str]:
+    out = []
+    for mod, deps in sorted(py_graph(root).items()):
+        src = py_group(mod)
+        if src is None:
+            out.append(f"{mod}: in no group of PY_GROUPS")
+            continue
+        for dep in sorted(deps):
+            dst = py_group(dep)
+            if dep.startswith("chm._ffi") or dep == "chm._chm_cffi":
+                if mod not in FFI_USERS and not mod.startswith("chm._ffi"):
+                    out.append(f"{mod} imports {dep}: only chm._lowlevel uses the cffi library")
+                continue
+            if dst is None or dst == src or dst in MAY_IMPORT[src]:
+                continue
+            if (mod, dep) in PY_ALLOWED or (mod, dep.rpartition(".")[0]) in PY_ALLOWED:
+                continue
+            out.append(f"{mod} imports {dep}: {src} may not import {dst}")
+    return out
+
+
+def py_cycles(root: Path) -> list[set[str]]:
+    """The module import cycles (strongly connected components of more than
+    one module), the facade `chm` left out."""
+    graph = {m: {d for d in ds if d != "chm"} for m, ds in py_graph(root).items() if m != "chm"}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_python_packages_import_downwards() -> None:
+    assert py_violations(ROOT) == []
+
+
+def test_python_checker_sees_the_packages() -> None:
+    graph = py_graph(ROOT)
+    groups = {py_group(m) for m in graph}
+    assert groups == set(MAY_IMPORT), groups
+    assert "chm.errors" in graph["chm.device"]
+    assert "chm._lowlevel" in graph["chm.device"]
+    assert "chm_emu.kv_cmd" in graph["chm_emu.cli"]  # `from .kv_cmd import kv`
+
+
+def test_no_new_python_import_cycle() -> None:
+    found = py_cycles(ROOT)
+    new = [sorted(c) for c in found if not any(c == k for k in KNOWN_CYCLES)]
+    assert new == [], f"new import cycles: {new}"
+    gone = [sorted(k) for k in KNOWN_CYCLES if not any(c == k for c in found)]
+    assert gone == [], f"known cycles no longer there (drop them from KNOWN_CYCLES): {gone}"
+
+
+def _py_scratch(tmp_path: Path) -> Path:
+    root = tmp_path / "tree"
+    ignore = shutil.ignore_patterns("*.so", "__pycache__", "*.c")
+    shutil.copytree(ROOT / "chm", root / "chm", ignore=ignore)
+    shutil.copytree(ROOT / "emulator", root / "emulator", ignore=ignore)
+    return root
+
+
+def test_python_upward_import_fails(tmp_path: Path) -> None:
+    root = _py_scratch(tmp_path)
+    sizes = root / "chm" / "sizes.py"
+    sizes.write_text(sizes.read_text() + "\n\ndef _late() -> None:\n    import chm.kv.store\n")
+    assert py_violations(root) == ["chm.sizes imports chm.kv.store: core may not import kv"]
+
+
+def test_chm_importing_chm_emu_fails(tmp_path: Path) -> None:
+    root = _py_scratch(tmp_path)
+    store = root / "chm" / "kv" / "index.py"
+    store.write_text("from chm_emu.devices import probe\n" + store.read_text())
+    assert py_violations(root) == [
+        "chm.kv.index imports chm_emu.devices: kv may not import chm_emu"
+    ]
+
+
+def test_a_python_cycle_fails(tmp_path: Path) -> None:
+    root = _py_scratch(tmp_path)
+    errors = root / "chm" / "errors.py"
+    errors.write_text(
+        errors.read_text() + "\n\ndef _late() -> None:\n    from chm.config import Config\n"
+    )
+    assert any({"chm.config", "chm.errors"} <= c for c in py_cycles(root))
