@@ -117,6 +117,11 @@ int chm_target_open(struct chm_dev *dev, unsigned i, struct chm_target_undo *und
 	int fd = open(path, flags, 0600);
 	if (fd < 0) {
 		int e = errno;
+		/* A filesystem without O_DIRECT creates the file, then fails the
+		 * open with EINVAL; with O_EXCL the new file is ours: remove it,
+		 * a failed open leaves nothing behind. */
+		if (e == EINVAL && (flags & O_CREAT))
+			unlink(path);
 		if (e == EINVAL)
 			return TARGET_FAIL(-EOPNOTSUPP,
 			                   "target %u: %s: no O_DIRECT on its filesystem", i, path);

@@ -222,3 +222,23 @@ def test_a_default_that_conflicts_says_which_and_what_to_pass(tmp_path: Path) ->
         chm.Device.open(targets=[target], capacity="64M", dram="16M", wbuf="20M", create=True)
     assert "default" not in str(exc.value) and "wbuf: 20971520" in str(exc.value)
     assert not target.exists()
+
+
+def test_a_failed_create_leaves_no_file_behind(tmp_path: Path) -> None:
+    """A real ramfs has no O_DIRECT: Linux creates the file, then fails the
+    O_DIRECT open; the refused create=True open must not leave that empty
+    file behind (needs root to mount)."""
+    mnt = tmp_path / "ram"
+    mnt.mkdir()
+    rc = subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], capture_output=True)
+    if rc.returncode != 0:
+        pytest.skip(f"cannot mount a ramfs here: {rc.stderr.decode().strip()}")
+    try:
+        target = mnt / "t.img"
+        with pytest.raises(errors.NotSupported) as exc:
+            chm.Device.open(targets=[target], create=True, **SMALL)
+        assert exc.value.filename == str(target)
+        assert "no O_DIRECT" in str(exc.value)
+        assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
