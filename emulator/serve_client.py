@@ -106,19 +106,25 @@ def _wrc(r: bool | ChmError) -> int:
 class Client:
     """A connected client: its socket, shared area and scope."""
 
-    def __init__(self, daemon: Daemon, sock: socket.socket, cid: int) -> None:
+    def __init__(
+        self, daemon: Daemon, sock: socket.socket, cid: int, peer: str | None = None
+    ) -> None:
         self.d = daemon
         self.sock = sock
         self.cid = cid
         self.seq = 0
         self.version = 0  # the protocol version of its HELLO
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        self.pid, self.uid, self.gid = struct.unpack("3i", creds)
+        self.peer = peer  # "HOST:PORT" of a TCP client (through the front end)
+        if peer is None:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            self.pid, self.uid, self.gid = struct.unpack("3i", creds)
+        else:
+            self.pid = self.uid = self.gid = -1
         self.area: mmap.mmap | None = None
         self.area_np: np.ndarray[Any, Any] | None = None
         self.area_fd = -1
         self.scope = daemon.scopes.open(daemon.dev, daemon.store)
-        self.kv_write = daemon.may_write(self.pid, self.uid, self.gid)
+        self.kv_write = daemon.may_write(self.pid, self.uid, self.gid, tcp=peer is not None)
         self.greeted = False  # HELLO answered
         self.evicted: str | None = None  # why the daemon ended it before HELLO
 
@@ -220,6 +226,8 @@ class Client:
         (killed or exited without closing), or it dropped the connection."""
         if self.evicted:
             return self.evicted
+        if self.peer is not None:
+            return f"the TCP client {self.peer} closed the connection without BYE"
         for _ in range(20):  # the kernel closes a dying process's sockets first
             state = _proc_state(self.pid)
             if state in (None, "Z", "X"):
@@ -323,6 +331,7 @@ class Client:
                 "pid": self.pid,
                 "uid": self.uid,
                 "gid": self.gid,
+                "peer": self.peer or "local",
             },
         )
 
