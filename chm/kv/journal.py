@@ -577,13 +577,18 @@ def keep_aside(path: str) -> str:
     while os.path.exists(dst):
         n += 1
         dst = f"{path}.damaged-{stamp}.{n}"
-    shutil.copy2(path, dst)
-    fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    _sync_dir(dst)
+        shutil.copy2(path, dst)
+        fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _sync_dir(dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(dst)  # no partial copy left behind
+        raise
     return dst
 
 
@@ -639,7 +644,12 @@ class Journal:
         if not rep.clean:
             # kept intact for inspection; the store rewrites the journal
             # (a compaction) from what was recovered before appending
-            self.kept_aside = keep_aside(self.path)
+            try:
+                self.kept_aside = keep_aside(self.path)
+            except OSError as exc:
+                if isinstance(exc, ChmError):
+                    raise
+                raise space_error(self.path, exc, "keep the damaged journal aside") from exc
         self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
         return rep
 

@@ -381,3 +381,29 @@ def test_concurrent_puts_flushes_removes_and_compactions_lose_nothing(tmp_backin
         assert st2.contains(keep) == [True] * len(keep)
         assert not any(st2.contains(sorted(removed)))
         assert all_back(st2, keep[:50])
+
+
+def test_no_room_to_keep_a_damaged_journal_aside_is_nospace(
+    tmp_backing: Path, tiny_fs: Path
+) -> None:
+    j = tiny_fs / "kv.kvjournal"
+    st = Store.open(tmp_backing, journal=j, **GEOM)
+    for i in range(20):
+        st.put([i], [blk(i)])
+        st.flush()
+    st.close(flush=False)
+    raw = bytearray(j.read_bytes())
+    raw[3 * 64 + 20] ^= 1
+    j.write_bytes(bytes(raw))
+    filler = tiny_fs / "filler"
+    with open(filler, "wb") as f, contextlib.suppress(OSError):
+        f.write(bytes(64 * KiB))  # the rest of the 16 KiB
+    with pytest.raises(NoSpace, match="keep the damaged journal aside") as ei:
+        Store.open(tmp_backing, journal=j, **GEOM)
+    assert ei.value.filename == str(j)
+    assert j.read_bytes() == bytes(raw)  # left as it was
+    assert not list(tiny_fs.glob("*.damaged-*"))  # no partial copy either
+    filler.unlink()
+    with pytest.warns(JournalDamageWarning), Store.open(tmp_backing, journal=j, **GEOM) as st2:
+        assert len(st2) == 19
+        st2.close(flush=False)
