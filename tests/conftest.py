@@ -1,4 +1,4 @@
-"""Shared pytest setup: hypothesis profiles and device fixtures.
+"""Shared pytest setup: hypothesis profiles, device and KV store fixtures.
 
 HYPOTHESIS_PROFILE selects ``default``, ``ci`` (derandomized, no deadline;
 the default when CI is set) or ``nightly`` (many more examples and steps).
@@ -144,3 +144,39 @@ def make_device(tmp_backing: Path) -> Iterator[Callable[..., chm.Device]]:
     for dev in opened:
         with contextlib.suppress(ChmError):
             dev.close()
+
+
+# A small KV store every test can afford: 1 MiB slots on a 64 MiB pread device.
+KV_SMALL: dict[str, Any] = {"capacity": "64M", "dram": "16M", "slot_size": "1M", "backend": "pread"}
+
+
+@pytest.fixture
+def make_store(tmp_backing: Path) -> Iterator[Callable[..., Any]]:
+    """Factory: ``make_store(path=None, *, device_options=None, **options)`` -> open
+    ``chm.kv.Store``.
+
+    Defaults to KV_SMALL on a backing file in ``tmp_backing`` and a 4 MiB
+    write buffer (``device_options`` replaces that; ``{}`` leaves the
+    device's default). Every store is closed at teardown, last opened first;
+    a store the test closed, or whose device fails the close, is let be.
+    """
+    from chm.kv import Store  # here, so the device tests never import the KV layer
+
+    opened: list[Store] = []
+
+    def make(
+        path: str | os.PathLike[str] | None = None,
+        *,
+        device_options: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Store:
+        kw = {**KV_SMALL, **options}
+        dev = {"wbuf": "4M"} if device_options is None else device_options
+        st = Store.open(tmp_backing if path is None else path, device_options=dev, **kw)
+        opened.append(st)
+        return st
+
+    yield make
+    for st in reversed(opened):
+        with contextlib.suppress(ChmError):
+            st.close()

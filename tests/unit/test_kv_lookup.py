@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
-from chm.errors import ChmError, InvalidArgument
+from chm.errors import InvalidArgument
 from chm.kv import LOOKUP_BATCH, KVManager, Store, fair_shares
 from chm.kv.lookup import prefix_hits
 
@@ -23,17 +21,12 @@ def blk(i: int) -> np.ndarray[Any, Any]:
 
 
 @pytest.fixture
-def store(tmp_backing: Path) -> Iterator[Store]:
-    st = Store.open(
-        tmp_backing, capacity="64M", dram="16M", slot_size="1M", backend="pread",
-        device_options={"wbuf": "4M"}, window_bytes=1 << 20,
-    )  # fmt: skip
+def store(make_store: Callable[..., Store]) -> Store:
+    st = make_store(window_bytes=1 << 20)
     for i in range(40):
         st.put([i], [blk(i)])
         st.flush()
-    yield st
-    with contextlib.suppress(ChmError):
-        st.close()
+    return st
 
 
 def issued(st: Store) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,10 @@ def _blocks(n: int, size: int, seed: int = 0) -> list[np.ndarray[Any, Any]]:
 
 
 @pytest.fixture
-def store(tmp_backing: Path) -> Iterator[Store]:
-    st = Store.open(
-        tmp_backing / "kv", capacity="1G", dram="160M", slot_size="16M", backend="pread"
+def store(make_store: Callable[..., Store], tmp_backing: Path) -> Store:
+    return make_store(
+        tmp_backing / "kv", capacity="1G", dram="160M", slot_size="16M", device_options={}
     )
-    yield st
-    st.close()
 
 
 def _keys(base: int, n: int) -> list[str]:
