@@ -286,6 +286,7 @@ def test_llm_with_the_documented_tier(
     assert a2.tier.stats()["loaded_blocks"] > 0
     tokens, drift = same(got2, want[-USERS:])
     assert tokens and drift <= LOGPROB_TOL, drift
+    entries = a2.tier.stats()["entries"]
     a2.close()
     engines.remove(a2)
 
