@@ -71,6 +71,7 @@ def test_paper_scale_reduced_covers_seven_systems(tmp_path: Path) -> None:
     assert by[0]["ratio"] == pytest.approx(doc["prefetch_over_lru"])
     verdict = next(ln for ln in p.stdout.splitlines() if "prefetch/lru load bandwidth [" in ln)
     assert "lru line 64 KiB, scale 64, fpga-cxlhm" in verdict and "lru line 256 KiB" in verdict
+    assert "[none loop, 1 workers;" in verdict and doc["loop"] == "none"
 
 
 def test_ghost_setup_scaling_and_bad_input() -> None:

@@ -85,6 +85,15 @@ def _ints(opt: str, text: str) -> list[int]:
 @click.option("--turns", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
+    "--loop",
+    type=click.Choice(["none", "open", "closed"]),
+    default="none",
+    show_default=True,
+    help="CXL-HM replays: back to back (none), or concurrent workers in simulated time with "
+    "arrivals at the trace's times (open) or each turn its think time after the previous "
+    "answer (closed).",
+)
+@click.option(
     "--scale",
     type=click.IntRange(min=1),
     default=1,
@@ -139,6 +148,7 @@ def main(
     users: int,
     turns: int,
     workers: int,
+    loop: str,
     scale: int,
     pinned_prefix: int,
     seed: int,
@@ -218,6 +228,8 @@ def main(
                 pm,
                 ghost,
                 workers=workers,
+                open_loop=loop == "open",
+                closed_loop=loop == "closed",
                 hbm_kv_bytes=hbm,
                 progress=lambda n: bar.advance(task, n),
             )
@@ -292,6 +304,16 @@ def main(
             f"{format_size(sum(r.ssd_bytes for r in rs), exact=False)} from SSD, "
             f"{skipped[s]} of {offered[s]} writes skipped, {wall[s]:.1f} s wall"
         )
+        if loop != "none":
+            cnt = len(rs)
+            queue = sum(r.queue_s for r in rs) / cnt
+            console.print(
+                f"  {loop} loop, {workers} workers: mean queue {queue:.3f} s, "
+                f"load wait {sum(r.device_wait_s for r in rs) / cnt * 1e3:.2f} ms, "
+                f"save wait {sum(r.save_wait_s for r in rs) / cnt * 1e3:.2f} ms, "
+                f"mean TTFT with queueing {sum(r.ttft_s for r in rs) / cnt:.3f} s, "
+                f"last answer at {max(r.first_token_s for r in rs):.1f} s"
+            )
 
     console.print("prefetch/lru load bandwidth by modeling choice:")
     for pt in sens:
@@ -337,6 +359,7 @@ def main(
         "workload": dataclasses.asdict(wl) | {"requests": len(requests), "blocks": blocks},
         "ghost": dataclasses.asdict(ghost),
         "workers": workers,
+        "loop": loop,
         "load_bw_Bps": {"cxlhm-lru": lru_bw, "cxlhm-prefetch": pf_bw},
         "prefetch_over_lru": ratio,
         "modeling_choice": dataclasses.asdict(used),
@@ -388,7 +411,8 @@ def main(
     console.print(f"wrote results to {out}")
     v = bl.Verdicts("paper_scale")
     v.check(
-        f"prefetch/lru load bandwidth [{describe(sens, TARGET_RATIO)}]",
+        f"prefetch/lru load bandwidth [{loop} loop, {workers} workers; "
+        f"{describe(sens, TARGET_RATIO)}]",
         ratio,
         TARGET_RATIO,
         fmt=bl.fmt_ratio,
