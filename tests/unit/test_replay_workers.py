@@ -29,16 +29,16 @@ W = N * 16 * MiB / 2_097_152_000  # one request's saves, model s
 TOL = 1e-7
 
 
-def _dev() -> chm.Device:
+def _dev(mode: str = "prefetch") -> chm.Device:
+    kw: dict[str, Any] = dict(slot_size="1M", wbuf="64M") if mode == "prefetch" else {}
     return chm.Device.open(
         backend="ghost",
         clock="virtual",
         capacity="1G",
-        mode="prefetch",
+        mode=mode,
         dram="256M",
-        slot_size="1M",
-        wbuf="64M",
         link_bw_bps=2_097_152_000,
+        **kw,
     )
 
 
@@ -47,10 +47,10 @@ def _req(i: int, arrival: float, session: int, turn: int = 0, think: float = 0.0
     return Request(i, arrival, 128 * N + 5, 1, 128, keys, session=session, turn=turn, think_s=think)
 
 
-def _run(reqs: list[Request], **kw: Any) -> dict[int, Any]:
-    with _dev() as dev:
+def _run(reqs: list[Request], mode: str = "prefetch", **kw: Any) -> dict[int, Any]:
+    with _dev(mode) as dev:
         rp = CxlhmReplay(
-            dev, "cxlhm-prefetch", PREFILL, gpu_cache=False, device_block_bytes=MiB, **kw
+            dev, f"cxlhm-{mode}", PREFILL, gpu_cache=False, device_block_bytes=MiB, **kw
         )
         res = replay_cxlhm(reqs, rp)
         assert dev.stats().wr_skipped == 0
@@ -63,16 +63,19 @@ def test_w_is_what_the_link_gives() -> None:
     assert res.clock_end_s * 16 == pytest.approx(C + W, abs=TOL)
 
 
+@pytest.mark.parametrize("mode", ["prefetch", "lru"])
 @pytest.mark.parametrize("workers", [1, 2, 4])
-def test_four_overlapping_requests_open_loop(workers: int) -> None:
+def test_four_overlapping_requests_open_loop(workers: int, mode: str) -> None:
     # Four requests 50 ms apart, sessions 0..3 on worker session % workers.
     # A worker serves one request at a time: start = max(arrival, its
     # previous end). Its first token comes C later (nothing to load); its
     # saves are due then but the link carries one request's saves at a
     # time: they begin at max(first token, previous saves' end) and take W.
+    # In lru mode a write pays the same host->DRAM link (its write-back to
+    # the SSD, unlimited here, does not hold the caller).
     gap = 0.05
     reqs = [_req(i, gap * i, session=i) for i in range(4)]
-    got = _run(reqs, open_loop=True, workers=workers)
+    got = _run(reqs, mode, open_loop=True, workers=workers)
     free = [0.0] * workers
     link = 0.0
     for i in range(4):
