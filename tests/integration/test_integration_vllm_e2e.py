@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import random
 import re
@@ -307,3 +308,49 @@ def test_llm_with_the_documented_tier(
     tokens, drift = same(got_b, want_b)
     assert tokens and drift <= LOGPROB_TOL, drift
     assert not same(got_b, want[-USERS:])[0]  # B really is another model
+
+
+def test_replicas_share_one_daemon_and_a_path_serves_one_engine(
+    tmp_path: Path, models: dict[str, Path], engines: list[Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two replicas of model A on one ``chm-emu serve`` (the documented
+    config with ``socket`` in place of ``path``): the second is served the
+    blocks the first stored and answers as the first did. Then the usual
+    mistake, two engines on one embedded ``path``: the second does not
+    start, and the log has the ERROR line the docs name."""
+    from chm_emu.serve_proc import DaemonProcess
+
+    sock = tmp_path / "chm.sock"
+    toml = tmp_path / "chm-emu.toml"
+    toml.write_text(
+        f'[device]\ntargets = ["{tmp_path / "served.img"}"]\ncreate = true\n'
+        'capacity = "256M"\ndram = "8M"\nwbuf = "2M"\nslot_size = "64K"\n'
+    )
+    cfg = tier_config(tmp_path / "unused")
+    (t,) = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    del t["path"], t["capacity"]
+    t["socket"] = str(sock)
+    with DaemonProcess(["--config", str(toml)], sock):
+        r1 = Engine(models["A"], cfg)
+        engines.append(r1)
+        r2 = Engine(models["A"], cfg)
+        engines.append(r2)
+        assert r1.tier.tier.remote and r2.tier.tier.remote
+        got1, prompts = multi_turn(r1, models["words"])
+        last = prompts[-USERS:]
+        got2 = r2.generate(last)
+        assert r2.tier.stats()["loaded_blocks"] > 0
+        tokens, drift = same(got2, got1[-USERS:])
+        assert tokens and drift <= LOGPROB_TOL, drift
+        for e in (r1, r2):
+            e.close()
+            engines.remove(e)
+
+    kv = tmp_path / "kv"
+    e1 = Engine(models["A"], tier_config(kv))
+    engines.append(e1)
+    with caplog.at_level(logging.ERROR), pytest.raises(Exception) as exc:
+        Engine(models["A"], tier_config(kv))
+    assert "Busy" in repr(exc.value) or "in use" in str(exc.value), exc.value
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(m.startswith("chm: tier not in use") and str(kv) in m for m in lines), lines
