@@ -79,7 +79,10 @@ class ServeOptions:
     listen: str | None = None  # HOST:PORT of a TCP listener (needs secret_file)
     secret_file: str | None = None  # the shared secret TCP clients authenticate with
     hello_timeout: float = 2.0  # seconds a new connection has to send HELLO
-    idle_timeout: float = 900.0  # seconds a client may send nothing (0: forever)
+    idle_timeout: float = 0.0  # seconds a client may send nothing (0: forever)
+    # at max_clients, the client idle longest gives way to a new one if it
+    # has been idle this long (0: never)
+    idle_reclaim: float = 60.0
 
 
 class JsonFormatter(logging.Formatter):
@@ -151,6 +154,7 @@ class Daemon:
             "kv_checksum_errors": 0,
             "kv_checksum_reports_ignored": 0,
             "idle_timeouts": 0,
+            "idle_reclaimed": 0,
             "handshakes_dropped": 0,
         }
         self._condemned: set[tuple[int, int]] = set()
@@ -342,12 +346,20 @@ class Daemon:
                 # a connection that has not said HELLO yet gives way to a new
                 # one: silent connections cannot lock real clients out
                 silent = [c for c, _ in self._clients.values() if not c.greeted and not c.evicted]
+                idle = self._idlest()
                 if silent:
                     victim = min(silent, key=lambda c: c.cid)
                     victim.evict(
                         "no HELLO yet and the daemon is full: dropped for a new connection"
                     )
                     self._counts["handshakes_dropped"] += 1
+                elif idle is not None:
+                    idle.evict(
+                        f"idle for {time.monotonic() - idle.last_active:.0f} s while the "
+                        "daemon is full: disconnected for a new client (idle_reclaim)",
+                        tell=True,
+                    )
+                    self._counts["idle_reclaimed"] += 1
                 else:
                     self._counts["clients_refused"] += 1
                     if peer is not None:  # the TCP front end says so
@@ -376,6 +388,19 @@ class Daemon:
             self._clients[cid] = (c, t)
         t.start()
         return True
+
+    def _idlest(self) -> Client | None:
+        """The client idle longest, if idle at least idle_reclaim seconds."""
+        limit = self.opts.idle_reclaim
+        if not limit:
+            return None
+        now = time.monotonic()
+        idle = [
+            c
+            for c, _ in self._clients.values()
+            if c.greeted and not c.evicted and not c.busy and now - c.last_active >= limit
+        ]
+        return min(idle, key=lambda c: c.last_active) if idle else None
 
     def _refuse(self, conn: socket.socket) -> None:
         """Tells a connection the daemon is full (a fatal ERROR), then closes it."""

@@ -126,6 +126,8 @@ class Client:
         self.scope = daemon.scopes.open(daemon.dev, daemon.store)
         self.kv_write = daemon.may_write(self.pid, self.uid, self.gid, tcp=peer is not None)
         self.greeted = False  # HELLO answered
+        self.busy = False  # a request is being served
+        self.last_active = time.monotonic()
         self.evicted: str | None = None  # why the daemon ended it before HELLO
 
     # ---- lifecycle
@@ -136,7 +138,10 @@ class Client:
         try:
             self._hello()
             while True:
+                self.busy = False
                 op, seq, body = self._recv(self.d.opts.idle_timeout or None)
+                self.busy = True
+                self.last_active = time.monotonic()
                 if op == Op.BYE and self.version >= 3:
                     break
                 if seq != self.seq + 1:
@@ -215,9 +220,13 @@ class Client:
                 raise _Gone(self._vanished())
             raise ProtocolError(f"a request arrived before the answer to {op.name}")
 
-    def evict(self, reason: str) -> None:
-        """Ends a connection that has not said HELLO (from the accept loop)."""
+    def evict(self, reason: str, tell: bool = False) -> None:
+        """Ends the connection from the accept loop (a silent one, or an
+        idle one when the daemon is full); ``tell``: with a fatal ERROR
+        (ETIMEDOUT) saying why, which the client reads on its next call."""
         self.evicted = reason
+        if tell:
+            self._error(errno.ETIMEDOUT, reason)
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
 

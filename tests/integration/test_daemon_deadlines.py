@@ -168,6 +168,25 @@ def test_idle_clients_time_out(tmp_path: Path) -> None:
         idle.close()
 
 
+def test_idle_clients_give_way_when_the_daemon_is_full(tmp_path: Path) -> None:
+    """No idle timeout (the default): an idle client keeps its slot until a
+    new client needs one; then the one idle longest gives way."""
+    with _serve(tmp_path, "--max-clients", "2", "--idle-reclaim", "0.5") as d:
+        a = chm.connect(d.socket)
+        b = chm.connect(d.socket)
+        time.sleep(0.3)
+        b.stats()  # b is active again; a idles on
+        time.sleep(0.6)
+        with chm.connect(d.socket, timeout=5) as c:
+            assert c.daemon_stats()["daemon"]["idle_reclaimed"] == 1
+            assert b.stats() is not None
+        with pytest.raises(DaemonGone) as ei:
+            a.stats()
+        assert "daemon is full" in str(ei.value) and "ETIMEDOUT" in str(ei.value)
+        a.close()
+        b.close()
+
+
 def test_wait_on_a_stopped_daemon_has_a_deadline(daemon: DaemonProcess) -> None:
     with chm.connect(daemon.socket, request_timeout=1.0) as dev:
         n = dev.stats().slots_total
