@@ -624,8 +624,8 @@ int chm_config_validate(const struct chm_config *cfg, char *err, size_t errlen)
 	if (cfg->wbuf_bytes >= cfg->dram_bytes && cfg->wbuf_bytes == d.wbuf_bytes)
 		return fail(err, errlen,
 		            "wbuf: the default write buffer (wbuf %llu) does not fit in dram "
-		            "%llu: pass a smaller wbuf (at most half of dram leaves room for "
-		            "slots) or a larger dram",
+		            "%llu: pass a smaller wbuf or a larger dram (a wbuf of at most half "
+		            "of dram leaves room for slots)",
 		            (unsigned long long)cfg->wbuf_bytes,
 		            (unsigned long long)cfg->dram_bytes);
 	if (cfg->wbuf_bytes >= cfg->dram_bytes)

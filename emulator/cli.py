@@ -23,6 +23,7 @@ from chm.sizes import format_size, parse_size
 from .cost_cmd import cost
 from .demo_cmd import demo
 from .devices_cmd import devices
+from .flag_names import FlagErrors
 from .kv_cmd import kv
 from .serve_cmd import serve
 from .stats_cmd import stats
@@ -32,7 +33,7 @@ console = Console(highlight=False)
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
-@click.group(context_settings=_CONTEXT)
+@click.group(cls=FlagErrors, context_settings=_CONTEXT)
 def main() -> None:
     """chm-emu: a CXL hybrid-memory device (DRAM in front of SSD) in software."""
 
