@@ -104,6 +104,8 @@ class Stats:
     mode: int = 0
     # staging window: slots still catching up with the write buffer (S18)
     slots_catching_up: int = 0
+    # device ns prefetches waited in the refill queue for a slot
+    refill_queue_wait_ns: int = 0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Stats:

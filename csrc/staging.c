@@ -190,6 +190,8 @@ static void fill_start(struct chm_dev *dev, struct chm_req *r, uint32_t *start)
 	s->pins = 0;
 	s->fill_bytes = 0;
 	s->issue_ns = chm_now_ns(dev);
+	if (s->issue_ns > r->issue_ns) /* it waited in the refill queue (device time) */
+		chm_ctr_add(&dev->st.refill_queue_wait_ns, s->issue_ns - r->issue_ns);
 	unsigned n = dev->mode->fill_start(dev, s);
 	s->nios = n;
 	s->ios_pending = n;

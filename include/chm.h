@@ -243,6 +243,10 @@ struct chm_stats {
 	/* staging window, again: slots still behind the write buffer (S18),
 	 * counted in slots_ready or slots_held; no hits, wait waits, until 0 */
 	uint32_t slots_catching_up;
+	uint32_t reserved1;
+	/* device ns prefetches waited in the refill queue for a slot (issue to
+	 * fill start), summed; prefetch_queued counts them */
+	uint64_t refill_queue_wait_ns;
 };
 
 /* Returns the library version as MAJOR*10000 + MINOR*100 + PATCH. */

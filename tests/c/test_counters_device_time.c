@@ -9,6 +9,9 @@
  * or an eager write-back the model has not finished) counts its device
  * duration.
  *
+ * A prefetch that waited in the refill queue for a slot adds that wait
+ * (issue to fill start, device time) to refill_queue_wait_ns.
+ *
  * Every figure is written out by hand from a timing model with one SSD
  * channel, whole-object I/Os (max_io 1M) and an unlimited link and DRAM:
  *
@@ -103,6 +106,51 @@ static void prefetch_mode(void)
 	chm_dev_close(dev);
 }
 
+/* One slot: a second prefetch waits in the refill queue until the first is
+ * released, and that wait is device time too. */
+static void refill_queue(void)
+{
+	struct chm_config c;
+	struct chm_stats st;
+	chm_handle a, b;
+	struct chm_view v;
+	chm_dev *dev = NULL;
+	chm_config_init(&c);
+	cfg_set(&c, "backend", "ghost");
+	cfg_set(&c, "clock", "virtual");
+	cfg_set(&c, "capacity", "1G");
+	cfg_set(&c, "mode", "prefetch");
+	cfg_set(&c, "dram", "16M");
+	cfg_set(&c, "wbuf", "4M");
+	cfg_set(&c, "slot_size", "1M");
+	cfg_set(&c, "slots", "1");
+	cfg_set(&c, "max_io", "1M");
+	cfg_set(&c, "ssd_channels", "1");
+	cfg_set(&c, "ssd_read_lat_ns", "50000");
+	cfg_set(&c, "ssd_read_bw_bps", "2000000000");
+	CHECK_RC(chm_dev_open(&c, &dev), 0);
+	if (!dev)
+		return;
+	/* t=0: a fills at once, ready at RD_NS; b queues */
+	CHECK_RC(chm_prefetch_object(dev, 0, MiB, 0, &a), 0);
+	CHECK_RC(chm_prefetch_object(dev, 16 * MiB, MiB, 0, &b), 0);
+	CHECK_RC(chm_prefetch_wait(dev, a, UINT64_MAX, &v), 0);
+	/* released at RD_NS: b's fill starts then, ready at 2 RD_NS */
+	CHECK_RC(chm_prefetch_release(dev, a), 0);
+	CHECK_RC(chm_prefetch_wait(dev, b, UINT64_MAX, &v), 0);
+	CHECK_RC(chm_prefetch_release(dev, b), 0);
+	chm_stats(dev, &st);
+	CHECK(st.prefetch_queued == 1, "%llu queued", (unsigned long long)st.prefetch_queued);
+	CHECK(st.refill_queue_wait_ns == RD_NS, "refill_queue_wait_ns %llu (want %llu)",
+	      (unsigned long long)st.refill_queue_wait_ns, RD_NS);
+	CHECK(st.refill_lat_count == 2 && st.refill_lat_sum_ns == 2 * RD_NS,
+	      "fills %llu, %llu ns (want 2, %llu: the queue wait is not the fill's)",
+	      (unsigned long long)st.refill_lat_count, (unsigned long long)st.refill_lat_sum_ns,
+	      2 * RD_NS);
+	CHECK(st.clock_now_ns == 2 * RD_NS, "clock %llu", (unsigned long long)st.clock_now_ns);
+	chm_dev_close(dev);
+}
+
 static void lru_mode(void)
 {
 	static char buf[1 << 20];
@@ -141,7 +189,9 @@ static void lru_mode(void)
 int main(void)
 {
 	prefetch_mode();
+	refill_queue();
 	lru_mode();
-	printf("refill latency and read wait behind flushes in device time checked\n");
+	printf("refill latency, refill queue wait and read wait behind flushes in device time "
+	       "checked\n");
 	return check_summary();
 }
