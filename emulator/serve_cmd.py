@@ -12,8 +12,7 @@ A TOML file has the serve settings at the top level and the device options
     raw = "1G"                 # raw client access to the top 1 GiB (default: none with KV)
     kv_writers = ["@chm-writers"]  # who may put/remove shared keys (default: every client)
     hello_timeout = 2.0        # seconds a new connection has to say HELLO
-    idle_timeout = 0           # seconds a client may stay silent (0: forever)
-    idle_reclaim = 60          # when full, a client idle this long gives way (0: never)
+    idle_timeout = 900         # seconds a client may stay silent (0: forever)
     listen = "10.0.0.5:7464"   # TCP clients too (optional; needs secret_file)
     secret_file = "/etc/chm/secret"
 
@@ -43,6 +42,7 @@ from chm.errors import ChmError, InvalidArgument
 from chm.sizes import parse_size
 
 from .devices import FORCE_KEYS
+from .flag_names import in_flags
 from .metrics import parse_listen
 from .serve import Daemon, ServeError, ServeOptions, setup_logging
 from .serve_tcp import parse_hostport
@@ -65,7 +65,6 @@ _TOP = {
     "kv_writers",
     "hello_timeout",
     "idle_timeout",
-    "idle_reclaim",
     "listen",
     "secret_file",
     "log_level",
@@ -177,13 +176,7 @@ def _count(value: Any, what: str) -> int:
 @click.option(
     "--idle-timeout",
     type=click.FloatRange(min=0),
-    help="Seconds a client may send nothing before it is disconnected; 0: never [default: 0].",
-)
-@click.option(
-    "--idle-reclaim",
-    type=click.FloatRange(min=0),
-    help="At max_clients, the client idle longest gives way to a new one once idle this "
-    "many seconds; 0: never [default: 60].",
+    help="Seconds a client may send nothing before it is disconnected; 0: never [default: 900].",
 )
 @click.option(
     "--listen",
@@ -268,10 +261,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
             _first(flags["hello_timeout"], data.get("hello_timeout"), 2.0), "hello_timeout", 0
         ),
         idle_timeout=_seconds(
-            _first(flags["idle_timeout"], data.get("idle_timeout"), 0.0), "idle_timeout", None
-        ),
-        idle_reclaim=_seconds(
-            _first(flags["idle_reclaim"], data.get("idle_reclaim"), 60.0), "idle_reclaim", None
+            _first(flags["idle_timeout"], data.get("idle_timeout"), 900.0), "idle_timeout", None
         ),
         client_quota=_quota(flags["client_quota"] or data.get("client_quota")),
     )
@@ -281,7 +271,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
         d.start()
     except (ServeError, ChmError) as exc:
         log.error(str(exc), extra={"event": "refused"})
-        click.echo(f"chm-emu serve: {exc}", err=True)
+        click.echo(f"chm-emu serve: {in_flags(str(exc), serve)}", err=True)
         sys.exit(2)
 
     def _on_signal(signum: int, frame: object) -> None:
