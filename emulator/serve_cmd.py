@@ -12,7 +12,8 @@ A TOML file has the serve settings at the top level and the device options
     raw = "1G"                 # raw client access to the top 1 GiB (default: none with KV)
     kv_writers = ["@chm-writers"]  # who may put/remove shared keys (default: every client)
     hello_timeout = 2.0        # seconds a new connection has to say HELLO
-    idle_timeout = 900         # seconds a client may stay silent (0: forever)
+    idle_timeout = 0           # seconds a client may stay silent (0: forever)
+    idle_reclaim = 60          # when full, a client idle this long gives way (0: never)
     listen = "10.0.0.5:7464"   # TCP clients too (optional; needs secret_file)
     secret_file = "/etc/chm/secret"
 
@@ -65,6 +66,7 @@ _TOP = {
     "kv_writers",
     "hello_timeout",
     "idle_timeout",
+    "idle_reclaim",
     "listen",
     "secret_file",
     "log_level",
@@ -176,7 +178,13 @@ def _count(value: Any, what: str) -> int:
 @click.option(
     "--idle-timeout",
     type=click.FloatRange(min=0),
-    help="Seconds a client may send nothing before it is disconnected; 0: never [default: 900].",
+    help="Seconds a client may send nothing before it is disconnected; 0: never [default: 0].",
+)
+@click.option(
+    "--idle-reclaim",
+    type=click.FloatRange(min=0),
+    help="At max_clients, the client idle longest gives way to a new one once idle this "
+    "many seconds; 0: never [default: 60].",
 )
 @click.option(
     "--listen",
@@ -261,7 +269,10 @@ def serve(config_file: str | None, **flags: Any) -> None:
             _first(flags["hello_timeout"], data.get("hello_timeout"), 2.0), "hello_timeout", 0
         ),
         idle_timeout=_seconds(
-            _first(flags["idle_timeout"], data.get("idle_timeout"), 900.0), "idle_timeout", None
+            _first(flags["idle_timeout"], data.get("idle_timeout"), 0.0), "idle_timeout", None
+        ),
+        idle_reclaim=_seconds(
+            _first(flags["idle_reclaim"], data.get("idle_reclaim"), 60.0), "idle_reclaim", None
         ),
         client_quota=_quota(flags["client_quota"] or data.get("client_quota")),
     )
