@@ -135,7 +135,8 @@ class Engine:
             with self._lock:
                 self.stats["timeouts"] += 1
             if on_late is not None:
-                fut.add_done_callback(lambda _f: on_late())
+                ended = on_late()  # the transfer's memory is held until it ends
+                fut.add_done_callback(lambda _f: ended())
             return TIMEOUT
         with self._lock:
             if rc != 0:
@@ -158,8 +159,9 @@ class Engine:
 
         ``OK`` when every byte arrived; ``FAILED`` when the engine reported an
         error (the transfer is over); ``TIMEOUT`` after ``timeout`` seconds,
-        the transfer still running: ``on_late`` is called when it ends, and
-        until then ``local`` may still be written.
+        the transfer still running: ``on_late()`` is called then and returns
+        the callback to run when it ends (until then ``local`` may still be
+        written), e.g. ``lambda: buf.quarantine(offset, n)``.
         """
         return self._run(
             self._te.batch_transfer_sync_read,

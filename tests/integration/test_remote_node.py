@@ -1,0 +1,272 @@
+"""Remote node and worker over the real parts: redis-server, a node process
+(``python -m chm.remote.node``: a Store on a memfd-pool Device whose DRAM pool
+is registered with Mooncake Transfer Engine), and this test process as the
+worker (its own Transfer Engine, TCP over loopback).
+
+Byte-exact saves and loads across the two processes, a wrong secret, a node
+killed with SIGKILL mid-load (misses within the timeout, never wrong bytes),
+a restart (a new epoch; what it flushed is served again), and a worker killed
+while holding staged slots (the node gives them back).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chm.kv.keys import Namespace
+from chm.kv.store import PutStatus
+from chm.remote.master import RedisMaster, key_bytes
+from chm.remote.node import NodeGone, RemoteTier, _NodeLink, read_secret
+from chm.remote.transfer import Engine
+from chm.testing.redisd import RedisServer, redis_server_path
+from chm.testing.remote import NodeProcess, write_secret
+
+pytestmark = [
+    pytest.mark.skipif(redis_server_path() is None, reason="redis-server is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("redis") is None or importlib.util.find_spec("mooncake") is None,
+        reason="the 'remote' extra (redis, mooncake-transfer-engine-non-cuda) is not installed",
+    ),
+]
+
+BLOCK = 256 << 10
+NODE_OPTS = [
+    "--capacity",
+    "64M",
+    "--dram",
+    "24M",
+    "--wbuf",
+    "8M",
+    "--slot-size",
+    "1M",
+    "--lease",
+    "1.0",
+]
+
+
+@pytest.fixture
+def redis_srv() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    p = tmp_path / "secret"
+    write_secret(p)
+    return p
+
+
+def _node(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path, name: str = "n1"
+) -> NodeProcess:
+    return NodeProcess(redis_srv.url, name, tmp_path / name, secret_file, options=NODE_OPTS)
+
+
+def _tier(redis_srv: RedisServer, secret_file: Path, timeout: float = 3.0) -> RemoteTier:
+    master = RedisMaster(redis_srv.url, lease=1.0)
+    return RemoteTier(
+        master, Engine.get("127.0.0.1"), read_secret(secret_file), buffer=8 << 20, timeout=timeout
+    )
+
+
+def _blocks(n: int, seed: int) -> list[np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, BLOCK, dtype=np.uint8) for _ in range(n)]
+
+
+def test_save_then_load_byte_exact_across_processes(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    keys = Namespace(model="m").keys(range(24))
+    data = _blocks(24, 1)
+    with _node(redis_srv, tmp_path, secret_file) as node:
+        tier = _tier(redis_srv, secret_file)
+        assert isinstance(tier, RemoteTier)
+        with tier:
+            # turn 1 stores 16 blocks; turn 2 asks for 24 and finds the 16
+            st = tier.save("req-1", keys[:16], data[:16])
+            assert st == [PutStatus.STORED] * 16
+            assert tier.save("req-1", keys[:2], data[:2]) == [PutStatus.EXISTS] * 2
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(24)]
+            assert tier.load(keys, outs) == 16
+            for got, want in zip(outs[:16], data[:16], strict=True):
+                assert np.array_equal(got, want)
+            assert not outs[16].any()
+            # a second load reuses the same registered regions and is exact again
+            outs2 = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
+            assert tier.load(keys[:16], outs2) == 16
+            assert all(np.array_equal(a, b) for a, b in zip(outs2, data[:16], strict=True))
+            assert tier.stats["bad_checksums"] == 0
+            assert tier.buf.quarantined == 0
+        assert node.proc is not None and node.proc.poll() is None
+
+
+def test_wrong_secret_is_refused(redis_srv: RedisServer, tmp_path: Path, secret_file: Path) -> None:
+    with _node(redis_srv, tmp_path, secret_file) as node:
+        with pytest.raises(NodeGone, match=r"refused|broke|closed"):
+            _NodeLink(node.control, b"not-the-secret", 2.0)
+        # the node still serves clients that have it
+        link = _NodeLink(node.control, secret_file.read_bytes(), 2.0)
+        assert link.info["node"] == node.info["node"]
+        link.close()
+
+
+def test_node_killed_mid_load_gives_misses_not_hangs(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    keys = Namespace(model="k").keys(range(12))
+    data = _blocks(12, 2)
+    node = _node(redis_srv, tmp_path, secret_file).start()
+    try:
+        with _tier(redis_srv, secret_file, timeout=3.0) as tier:
+            assert tier.save("r", keys, data) == [PutStatus.STORED] * 12
+            results: list[int] = []
+            outs_all: list[list[np.ndarray[Any, Any]]] = []
+            stop = threading.Event()
+
+            def loader() -> None:
+                while not stop.is_set():
+                    outs = [np.zeros(BLOCK, np.uint8) for _ in range(12)]
+                    t0 = time.monotonic()
+                    results.append(tier.load(keys, outs))
+                    assert time.monotonic() - t0 < 3.0 + 1.0
+                    outs_all.append(outs)
+
+            t = threading.Thread(target=loader)
+            t.start()
+            time.sleep(0.5)
+            node.kill()  # SIGKILL under load
+            time.sleep(1.0)
+            stop.set()
+            t.join(10)
+            assert not t.is_alive()
+            assert results and results[0] == 12 and results[-1] == 0
+            # every block any load reported is byte-exact; the rest were untouched
+            for n, outs in zip(results, outs_all, strict=True):
+                for j in range(12):
+                    if j < n:
+                        assert np.array_equal(outs[j], data[j])
+            t0 = time.monotonic()
+            assert tier.load(keys, [np.zeros(BLOCK, np.uint8) for _ in range(12)]) == 0
+            assert time.monotonic() - t0 < 3.0
+            assert tier.stats["bad_checksums"] == 0
+    finally:
+        node.kill()
+
+
+def test_restart_new_epoch_serves_what_it_flushed(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    keys = Namespace(model="r").keys(range(6))
+    data = _blocks(6, 3)
+    node = _node(redis_srv, tmp_path, secret_file)
+    node.start()
+    try:
+        with _tier(redis_srv, secret_file) as tier:
+            assert tier.save("r", keys, data) == [PutStatus.STORED] * 6
+            e1 = node.info["epoch"]
+            time.sleep(0.6)  # the node flushes every 0.2 s
+            node.kill()
+            # dead: its entries stop being hits once its lease (1 s) ends
+            deadline = time.monotonic() + 5
+            while tier.master.prefix_len(keys) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert tier.master.prefix_len(keys) == 0
+            node.start()
+            assert node.info["epoch"] == e1 + 1
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(6)]
+            assert tier.load(keys, outs) == 6
+            assert all(np.array_equal(a, b) for a, b in zip(outs, data, strict=True))
+    finally:
+        node.stop()
+
+
+_HOLDER = """
+import sys, time
+from chm.remote.node import _NodeLink
+host, port, secret = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], "rb").read()
+keys = [bytes.fromhex(k) for k in sys.argv[4].split(",")]
+sums = [int(s) for s in sys.argv[5].split(",")]
+link = _NodeLink((host, port), secret, 5.0)
+got, why = link.call(("stage", keys, sums, 5.0))
+print("staged", len(got), flush=True)
+time.sleep(60)
+"""
+
+
+def test_worker_killed_while_holding_slots_frees_them(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """The node's DRAM has 16 one-MiB slots (24 MiB less the 8 MiB write
+    buffer; the device keeps one): while a worker holds all it can get, a
+    load stages nothing (misses at its timeout, no hang); once that worker
+    is killed the node gives its slots back and the load is whole and
+    byte-exact."""
+    keys = Namespace(model="h").keys(range(16))
+    data = _blocks(16, 4)
+    with _node(redis_srv, tmp_path, secret_file) as node, _tier(redis_srv, secret_file) as tier:
+        assert tier.save("r", keys, data) == [PutStatus.STORED] * 16
+        ents = tier.master.lookup(keys)
+        assert len(ents) == 16
+        host, port = node.control
+        argv = [
+            sys.executable,
+            "-c",
+            _HOLDER,
+            host,
+            str(port),
+            str(secret_file),
+            ",".join(k.hex() for k in key_bytes(keys)),
+            ",".join(str(e.checksum) for e in ents),
+        ]
+        holder = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None
+            word, held = holder.stdout.readline().split()
+            # it holds every free slot (the prefix ends when none is left)
+            assert word == "staged" and 8 <= int(held) <= 16
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
+            t0 = time.monotonic()
+            assert tier.load(keys, outs, timeout=1.0) == 0
+            assert time.monotonic() - t0 < 2.0
+            assert tier.stats["busy"] > 0
+        finally:
+            holder.kill()
+            holder.wait(10)
+        deadline = time.monotonic() + 5
+        n = 0
+        while time.monotonic() < deadline:
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
+            n = tier.load(keys, outs, timeout=1.0)
+            if n == 12:
+                break
+            time.sleep(0.1)
+        assert n == 16
+        assert all(np.array_equal(a, b) for a, b in zip(outs, data, strict=True))
+
+
+def test_secret_file_must_be_private(tmp_path: Path) -> None:
+    from chm.errors import InvalidArgument
+
+    p = tmp_path / "s"
+    p.write_bytes(b"abc")
+    os.chmod(p, 0o644)
+    with pytest.raises(InvalidArgument, match="0600"):
+        read_secret(p)
+    os.chmod(p, 0o600)
+    assert read_secret(p) == b"abc"
+    p.write_bytes(b"")
+    with pytest.raises(InvalidArgument, match="empty"):
+        read_secret(p)
