@@ -4,6 +4,7 @@
 #define CHM_TEST_CHECK_H
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,25 @@ static inline void cfg_set(struct chm_config *c, const char *key, const char *va
 		fprintf(stderr, "config %s=%s: %s\n", key, value, err);
 		exit(1);
 	}
+}
+
+/* chm_config_init(c), then cfg_set() of each key, value pair in turn:
+ * cfg_init(&c, "backend", "ghost", "capacity", "1G"). */
+#define cfg_init(c, ...) cfg_init_((c), __VA_ARGS__, (const char *)NULL)
+static inline void cfg_init_(struct chm_config *c, ...)
+{
+	va_list ap;
+	chm_config_init(c);
+	va_start(ap, c);
+	for (const char *key; (key = va_arg(ap, const char *));) {
+		const char *value = va_arg(ap, const char *);
+		if (!value) {
+			fprintf(stderr, "config %s: no value given (cfg_init takes pairs)\n", key);
+			exit(1);
+		}
+		cfg_set(c, key, value);
+	}
+	va_end(ap);
 }
 
 /* Prints the tally; returns the exit status. */

@@ -21,14 +21,8 @@ static atomic_uint bad;
 static void ghost_open(const char *slots, const char *queue)
 {
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "capacity", "1G");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "256K");
-	cfg_set(&c, "slot_size", "4K");
-	cfg_set(&c, "slots", slots);
-	cfg_set(&c, "refill_queue", queue);
+	cfg_init(&c, "backend", "ghost", "capacity", "1G", "dram", "1M", "wbuf", "256K",
+	         "slot_size", "4K", "slots", slots, "refill_queue", queue);
 	int rc = chm_dev_open(&c, &dev);
 	CHECK_RC(rc, 0);
 	if (rc)

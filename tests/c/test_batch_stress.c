@@ -220,12 +220,8 @@ int main(void)
 		return 77;
 	}
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "capacity", "16M");
-	cfg_set(&c, "dram", "4M");
-	cfg_set(&c, "wbuf", "256K");
-	cfg_set(&c, "slot_size", "4K");
+	cfg_init(&c, "backend", "pread", "capacity", "16M", "dram", "4M", "wbuf", "256K",
+	         "slot_size", "4K");
 	/* NT * BATCH held by the batch threads plus the closer's BATCH: every
 	 * thread waits holding the views of its batch, so fewer slots could
 	 * deadlock the workload itself (each waiting on a slot another holds);

@@ -92,9 +92,7 @@ static void refuse(const char *k1, const char *v1, const char *k2, const char *v
 {
 	struct chm_config c;
 	char err[CHM_ERRMSG_MAX] = "";
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, k1, v1);
+	cfg_init(&c, "backend", "ghost", k1, v1);
 	if (k2)
 		cfg_set(&c, k2, v2);
 	CHECK_RC(chm_config_validate(&c, err, sizeof(err)), -EINVAL);

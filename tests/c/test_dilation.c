@@ -36,16 +36,9 @@ static uint64_t dev_ns(chm_dev *dev)
 
 static void config(struct chm_config *c, const char *mode, const char *dilation)
 {
-	chm_config_init(c);
-	cfg_set(c, "backend", "ghost");
-	cfg_set(c, "clock", "real");
-	cfg_set(c, "mode", mode);
-	cfg_set(c, "capacity", "1G");
-	cfg_set(c, "dram", "1M");
-	cfg_set(c, "wbuf", "64K");
-	cfg_set(c, "slot_size", "4K");
-	cfg_set(c, "ssd_read_lat_ns", "20000000");
-	cfg_set(c, "time_dilation", dilation);
+	cfg_init(c, "backend", "ghost", "clock", "real", "mode", mode, "capacity", "1G", "dram",
+	         "1M", "wbuf", "64K", "slot_size", "4K", "ssd_read_lat_ns", "20000000",
+	         "time_dilation", dilation);
 }
 
 /* A direct read costs LAT_NS on the device clock and LAT_NS * d of wall. */
@@ -157,9 +150,7 @@ static void refused(const char *clock, const char *value, const char *why)
 	struct chm_config c;
 	char err[256] = "";
 	chm_dev *dev = NULL;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "clock", clock);
+	cfg_init(&c, "backend", "ghost", "clock", clock);
 	int rc = chm_config_set(&c, "time_dilation", value, err, sizeof(err));
 	if (rc == 0) {
 		CHECK_RC(chm_config_validate(&c, err, sizeof(err)), -EINVAL);

@@ -200,11 +200,8 @@ static void test_non_regular_target_named(void)
 	const char *kinds[] = {"FIFO", "character device", "socket", "directory"};
 	for (int i = 0; i < 4; i++) {
 		struct chm_config c;
-		chm_config_init(&c);
-		cfg_set(&c, "backend", "pread");
-		cfg_set(&c, "mode", "direct");
-		cfg_set(&c, "capacity", "1M");
-		cfg_set(&c, "targets", paths[i]);
+		cfg_init(&c, "backend", "pread", "mode", "direct", "capacity", "1M", "targets",
+		         paths[i]);
 		chm_dev *dev = NULL;
 		char err[CHM_ERRMSG_MAX];
 		CHECK_RC(chm_dev_open_err(&c, &dev, err, sizeof(err)), -EINVAL);

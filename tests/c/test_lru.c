@@ -81,13 +81,8 @@ static void read_file(uint8_t *out)
 static int open_dev(chm_dev **out, int slow_writes)
 {
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "targets", path);
-	cfg_set(&c, "create", "0");
-	cfg_set(&c, "backend", backend);
-	cfg_set(&c, "mode", "lru");
-	cfg_set(&c, "capacity", "4M");
-	cfg_set(&c, "stripe_unit", "1M");
+	cfg_init(&c, "targets", path, "create", "0", "backend", backend, "mode", "lru", "capacity",
+	         "4M", "stripe_unit", "1M");
 	cfg_set(&c, "dram", "512K"); /* NLINES_CACHE lines */
 	cfg_set(&c, "wbuf", "0");
 	cfg_set(&c, "lru_line", "64K");
@@ -442,17 +437,9 @@ static uint64_t ghost_run(int with_writes, struct chm_stats *st)
 	chm_dev *dev;
 	const uint64_t mb = 1u << 20;
 	uint8_t *buf = malloc(mb);
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "clock", "virtual");
-	cfg_set(&c, "timing", "gen5-tlc-200g");
-	cfg_set(&c, "mode", "lru");
-	cfg_set(&c, "capacity", "1T");
-	cfg_set(&c, "dram", "64M");
-	cfg_set(&c, "wbuf", "0");
-	cfg_set(&c, "lru_line", "1M");
-	cfg_set(&c, "slot_size", "1M");
-	cfg_set(&c, "slots", "2");
+	cfg_init(&c, "backend", "ghost", "clock", "virtual", "timing", "gen5-tlc-200g", "mode",
+	         "lru", "capacity", "1T", "dram", "64M", "wbuf", "0", "lru_line", "1M", "slot_size",
+	         "1M", "slots", "2");
 	int rc = chm_dev_open(&c, &dev);
 	CHECK(rc == 0, "ghost open: %s", chm_strerror(rc));
 	if (rc) {

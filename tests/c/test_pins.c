@@ -141,14 +141,8 @@ static int stats_under_copies(void)
 	if (!scratch_make(&sc))
 		return 77;
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", sc.path);
-	cfg_set(&c, "capacity", "64M");
-	cfg_set(&c, "dram", "40M");
-	cfg_set(&c, "wbuf", "4M");
-	cfg_set(&c, "slot_size", "16M");
-	cfg_set(&c, "slots", "2");
+	cfg_init(&c, "backend", "pread", "targets", sc.path, "capacity", "64M", "dram", "40M",
+	         "wbuf", "4M", "slot_size", "16M", "slots", "2");
 	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT in /tmp");
 	if (status)
 		return status;
@@ -204,15 +198,8 @@ int main(void)
 	if (!scratch_make(&sc))
 		return 77;
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", sc.path);
-	cfg_set(&c, "capacity", "16M");
-	cfg_set(&c, "dram", "8M");
-	cfg_set(&c, "wbuf", "4M");
-	cfg_set(&c, "slot_size", "256K");
-	cfg_set(&c, "slots", "4");
-	cfg_set(&c, "refill_queue", "2");
+	cfg_init(&c, "backend", "pread", "targets", sc.path, "capacity", "16M", "dram", "8M",
+	         "wbuf", "4M", "slot_size", "256K", "slots", "4", "refill_queue", "2");
 	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT in /tmp");
 	if (status)
 		return status;

@@ -15,13 +15,8 @@
 static void try_targets(const char *what, const char *targets)
 {
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "mode", "direct");
-	cfg_set(&c, "targets", targets);
-	cfg_set(&c, "create", "1");
-	cfg_set(&c, "stripe_unit", "64K");
-	cfg_set(&c, "capacity", "1M");
+	cfg_init(&c, "backend", "pread", "mode", "direct", "targets", targets, "create", "1",
+	         "stripe_unit", "64K", "capacity", "1M");
 	chm_dev *dev;
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {

@@ -16,15 +16,8 @@ int main(void)
 {
 	const uint64_t slow = 5000000; /* 5 ms */
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "clock", "virtual");
-	cfg_set(&c, "capacity", "1G");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "64K");
-	cfg_set(&c, "slot_size", "4K");
-	cfg_set(&c, "slots", "4");
-	cfg_set(&c, "timing", "gen5-tlc-200g");
+	cfg_init(&c, "backend", "ghost", "clock", "virtual", "capacity", "1G", "dram", "1M", "wbuf",
+	         "64K", "slot_size", "4K", "slots", "4", "timing", "gen5-tlc-200g");
 	chm_dev *dev;
 	CHECK_RC(chm_dev_open(&c, &dev), 0);
 	struct chm_stats st;

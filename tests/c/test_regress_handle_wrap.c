@@ -23,14 +23,8 @@
 static chm_dev *open_small(const char *refill_queue)
 {
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "capacity", "1G");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "64K");
-	cfg_set(&c, "slot_size", "4K");
-	cfg_set(&c, "slots", "1");
-	cfg_set(&c, "refill_queue", refill_queue);
+	cfg_init(&c, "backend", "ghost", "capacity", "1G", "dram", "1M", "wbuf", "64K", "slot_size",
+	         "4K", "slots", "1", "refill_queue", refill_queue);
 	chm_dev *dev = NULL;
 	int rc = chm_dev_open(&c, &dev);
 	CHECK_RC(rc, 0);

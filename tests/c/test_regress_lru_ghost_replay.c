@@ -65,16 +65,9 @@ static void run(const struct scenario *sc)
 {
 	struct chm_config c;
 	chm_dev *dev;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "clock", "virtual");
-	cfg_set(&c, "timing", "fpga-cxlhm");
-	cfg_set(&c, "mode", "lru");
-	cfg_set(&c, "capacity", "16T");
-	cfg_set(&c, "dram", sc->dram);
-	cfg_set(&c, "lru_line", sc->line);
-	cfg_set(&c, "slot_size", sc->slot);
-	cfg_set(&c, "slots", "2");
+	cfg_init(&c, "backend", "ghost", "clock", "virtual", "timing", "fpga-cxlhm", "mode", "lru",
+	         "capacity", "16T", "dram", sc->dram, "lru_line", sc->line, "slot_size", sc->slot,
+	         "slots", "2");
 	int rc = chm_dev_open(&c, &dev);
 	CHECK(rc == 0, "%s: open: %s", sc->name, chm_strerror(rc));
 	if (rc)

@@ -15,15 +15,8 @@
 static void try_queue(const char *qlen)
 {
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "mode", "lru");
-	cfg_set(&c, "capacity", "64M");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "lru_line", "64K");
-	cfg_set(&c, "slot_size", "4K");
-	cfg_set(&c, "slots", "8");
-	cfg_set(&c, "refill_queue", qlen);
+	cfg_init(&c, "backend", "ghost", "mode", "lru", "capacity", "64M", "dram", "1M", "lru_line",
+	         "64K", "slot_size", "4K", "slots", "8", "refill_queue", qlen);
 	if (chm_config_validate(&c, NULL, 0)) {
 		printf("refill_queue=%s: refused at validation\n", qlen);
 		return;

@@ -65,15 +65,8 @@ int main(void)
 	if (!scratch_make(&sc))
 		return 77;
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "mode", "lru");
-	cfg_set(&c, "targets", sc.path);
-	cfg_set(&c, "capacity", "16M");
-	cfg_set(&c, "dram", "48K");
-	cfg_set(&c, "lru_line", "4K");
-	cfg_set(&c, "slot_size", "64K");
-	cfg_set(&c, "slots", "2");
+	cfg_init(&c, "backend", "pread", "mode", "lru", "targets", sc.path, "capacity", "16M",
+	         "dram", "48K", "lru_line", "4K", "slot_size", "64K", "slots", "2");
 	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT in /tmp");
 	if (status)
 		return status;

@@ -21,16 +21,9 @@ int main(void)
 	if (!scratch_make(&sc))
 		return 77;
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", sc.path);
-	cfg_set(&c, "mode", "lru");
-	cfg_set(&c, "pool", "memfd");
-	cfg_set(&c, "capacity", "16M");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "lru_line", "64K");
-	cfg_set(&c, "slot_size", "4K");
-	cfg_set(&c, "slots", "4");
+	cfg_init(&c, "backend", "pread", "targets", sc.path, "mode", "lru", "pool", "memfd",
+	         "capacity", "16M", "dram", "1M", "lru_line", "64K", "slot_size", "4K", "slots",
+	         "4");
 	chm_dev *dev;
 	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT or memfd here");
 	if (status)

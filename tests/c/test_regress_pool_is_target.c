@@ -15,13 +15,8 @@
 
 static void config(struct chm_config *c, const char *target, const char *pool)
 {
-	chm_config_init(c);
-	cfg_set(c, "backend", "pread");
-	cfg_set(c, "targets", target);
-	cfg_set(c, "capacity", "4M");
-	cfg_set(c, "dram", "2M");
-	cfg_set(c, "wbuf", "512K");
-	cfg_set(c, "slot_size", "256K");
+	cfg_init(c, "backend", "pread", "targets", target, "capacity", "4M", "dram", "2M", "wbuf",
+	         "512K", "slot_size", "256K");
 	if (pool) {
 		cfg_set(c, "pool", "file");
 		cfg_set(c, "pool_path", pool);

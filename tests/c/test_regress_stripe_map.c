@@ -16,9 +16,7 @@
 
 static void base_cfg(struct chm_config *c)
 {
-	chm_config_init(c);
-	cfg_set(c, "stripe_unit", "12K");
-	cfg_set(c, "max_io", "8K");
+	cfg_init(c, "stripe_unit", "12K", "max_io", "8K");
 	cfg_set(c, "capacity", "12M"); /* 1024 stripes of 12K */
 	cfg_set(c, "dram", "4M");
 	cfg_set(c, "wbuf", "1M");

@@ -78,14 +78,8 @@ int main(void)
 	if (!scratch_make(&sc))
 		return 77;
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", sc.path);
-	cfg_set(&c, "capacity", "16M");
-	cfg_set(&c, "dram", "4M");
-	cfg_set(&c, "wbuf", "2M");
-	cfg_set(&c, "slot_size", "64K");
-	cfg_set(&c, "slots", "4");
+	cfg_init(&c, "backend", "pread", "targets", sc.path, "capacity", "16M", "dram", "4M",
+	         "wbuf", "2M", "slot_size", "64K", "slots", "4");
 	int status = scratch_open(&sc, &c, &dev, "no O_DIRECT in /tmp");
 	if (status)
 		return status;

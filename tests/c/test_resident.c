@@ -177,12 +177,8 @@ static void test_config(void)
 {
 	struct chm_config c;
 	char err[256];
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "capacity", "1G");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "256K");
-	cfg_set(&c, "resident", "768K");
+	cfg_init(&c, "backend", "ghost", "capacity", "1G", "dram", "1M", "wbuf", "256K", "resident",
+	         "768K");
 	CHECK_RC(chm_config_validate(&c, err, sizeof(err)), -EINVAL);
 	cfg_set(&c, "resident", "512K");
 	cfg_set(&c, "slot_size", "4K");
@@ -201,12 +197,8 @@ int main(void)
 	if (!scratch_make(&sc))
 		return 77;
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "targets", sc.path);
-	cfg_set(&c, "capacity", "16M");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "512K");
+	cfg_init(&c, "backend", "pread", "targets", sc.path, "capacity", "16M", "dram", "1M",
+	         "wbuf", "512K");
 	cfg_set(&c, "resident", "80K"); /* 4 entries of 16K + 4K */
 	cfg_set(&c, "slot_size", "16K");
 	cfg_set(&c, "slots", "4");

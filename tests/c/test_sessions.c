@@ -19,14 +19,8 @@ static chm_dev *ghost_open(const char *slots, const char *queue)
 {
 	struct chm_config c;
 	chm_dev *dev = NULL;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "capacity", "1G");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "256K");
-	cfg_set(&c, "slot_size", "4K");
-	cfg_set(&c, "slots", slots);
-	cfg_set(&c, "refill_queue", queue);
+	cfg_init(&c, "backend", "ghost", "capacity", "1G", "dram", "1M", "wbuf", "256K",
+	         "slot_size", "4K", "slots", slots, "refill_queue", queue);
 	int rc = chm_dev_open(&c, &dev);
 	CHECK_RC(rc, 0);
 	if (rc)
@@ -219,15 +213,8 @@ static void test_close_mid_fill(void)
 		return;
 	}
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "pread");
-	cfg_set(&c, "capacity", "16M");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "256K");
-	cfg_set(&c, "slot_size", "4K");
-	cfg_set(&c, "slots", "4");
-	cfg_set(&c, "refill_queue", "4");
-	cfg_set(&c, "targets", sc.path);
+	cfg_init(&c, "backend", "pread", "capacity", "16M", "dram", "1M", "wbuf", "256K",
+	         "slot_size", "4K", "slots", "4", "refill_queue", "4", "targets", sc.path);
 	chm_dev *dev;
 	if (scratch_open(&sc, &c, &dev, "no O_DIRECT in /tmp"))
 		return;
@@ -383,10 +370,7 @@ static void test_direct_mode(void)
 {
 	struct chm_config c;
 	chm_dev *dev = NULL;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "capacity", "1G");
-	cfg_set(&c, "mode", "direct");
+	cfg_init(&c, "backend", "ghost", "capacity", "1G", "mode", "direct");
 	CHECK_RC(chm_dev_open(&c, &dev), 0);
 	if (!dev)
 		return;

@@ -20,14 +20,8 @@ static void test_ghost_queue_and_handles(void)
 {
 	struct chm_config c;
 	chm_dev *dev, *other;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "capacity", "1G");
-	cfg_set(&c, "slot_size", "4K");
-	cfg_set(&c, "slots", "4");
-	cfg_set(&c, "refill_queue", "4");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "64K");
+	cfg_init(&c, "backend", "ghost", "capacity", "1G", "slot_size", "4K", "slots", "4",
+	         "refill_queue", "4", "dram", "1M", "wbuf", "64K");
 	CHECK_RC(chm_dev_open(&c, &dev), 0);
 	CHECK_RC(chm_dev_open(&c, &other), 0);
 	chm_handle h[9], oh;
@@ -112,13 +106,8 @@ static void test_backend(const char *backend, const char *dir)
 
 	struct chm_config c;
 	chm_dev *dev;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", backend);
-	cfg_set(&c, "targets", path);
-	cfg_set(&c, "capacity", "64M");
-	cfg_set(&c, "slot_size", "4M");
-	cfg_set(&c, "dram", "40M");
-	cfg_set(&c, "wbuf", "4M");
+	cfg_init(&c, "backend", backend, "targets", path, "capacity", "64M", "slot_size", "4M",
+	         "dram", "40M", "wbuf", "4M");
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {
 		printf("skip %s: not available on this host\n", backend);

@@ -47,16 +47,9 @@ static void *stats_main(void *arg)
 static int open_mode(const char *mode, chm_dev **dev)
 {
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", "ghost");
-	cfg_set(&c, "clock", "virtual");
-	cfg_set(&c, "mode", mode);
-	cfg_set(&c, "capacity", "1G");
-	cfg_set(&c, "dram", "32M");
-	cfg_set(&c, "wbuf", strcmp(mode, "prefetch") ? "0" : "4M");
-	cfg_set(&c, "lru_line", "1M");
-	cfg_set(&c, "slot_size", "1M");
-	cfg_set(&c, "slots", "4");
+	cfg_init(&c, "backend", "ghost", "clock", "virtual", "mode", mode, "capacity", "1G", "dram",
+	         "32M", "wbuf", strcmp(mode, "prefetch") ? "0" : "4M", "lru_line", "1M",
+	         "slot_size", "1M", "slots", "4");
 	return chm_dev_open(&c, dev);
 }
 

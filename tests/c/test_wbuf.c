@@ -36,13 +36,8 @@ static int same_as_shadow(chm_dev *dev, uint64_t addr, uint64_t len)
 static void run(const char *backend, const char *path)
 {
 	struct chm_config c;
-	chm_config_init(&c);
-	cfg_set(&c, "backend", backend);
-	cfg_set(&c, "targets", path);
-	cfg_set(&c, "capacity", "16M");
-	cfg_set(&c, "dram", "1M");
-	cfg_set(&c, "wbuf", "256K");
-	cfg_set(&c, "slot_size", "64K");
+	cfg_init(&c, "backend", backend, "targets", path, "capacity", "16M", "dram", "1M", "wbuf",
+	         "256K", "slot_size", "64K");
 	chm_dev *dev;
 	int rc = chm_dev_open(&c, &dev);
 	if (rc == -EOPNOTSUPP) {
