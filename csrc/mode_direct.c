@@ -167,6 +167,8 @@ static int direct_write(struct chm_dev *dev, uint64_t addr, const void *buf, uin
 	pthread_mutex_lock(&dev->lock);
 	chm_pace(dev, model);
 	pthread_mutex_unlock(&dev->lock);
+	if (rc == -ENOSPC || rc == -EDQUOT) /* name the file and its free space */
+		rc = chm_backing_error(dev, "write");
 	return rc;
 }
 

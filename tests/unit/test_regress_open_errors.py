@@ -166,12 +166,12 @@ def tiny_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-@pytest.mark.parametrize("mode", ["prefetch", "lru"])
+@pytest.mark.parametrize("mode", ["prefetch", "lru", "direct"])
 def test_a_full_filesystem_is_no_space_naming_the_file(tiny_fs: Path, mode: str) -> None:
-    """The filesystem fills under the device's write-back: flush raises
-    NoSpace naming the file and the free space left; nothing is lost, so
-    once space is freed the next flush succeeds and every byte reads back
-    after a reopen."""
+    """The filesystem fills under the device's write-back: flush (a write,
+    in direct mode) raises NoSpace naming the file and the free space left;
+    nothing acknowledged is lost, so once space is freed the next flush
+    succeeds and every byte reads back after a reopen."""
     ballast = tiny_fs / "ballast"
     ballast.write_bytes(b"\0" * (6 << 20))  # leaves about 2 MiB of the 8
     target = tiny_fs / "t.img"
@@ -182,10 +182,14 @@ def test_a_full_filesystem_is_no_space_naming_the_file(tiny_fs: Path, mode: str)
         pytest.skip("no O_DIRECT on tmpfs on this kernel")
     chunk = 1 << 20
     data = [bytes([i + 1]) * chunk for i in range(4)]
+    written = 0
     try:
-        for i, d in enumerate(data):
-            dev.write(i * chunk, d)
+        # direct mode writes through, so the write itself fails; the others
+        # buffer it and the flush does
         with pytest.raises(errors.NoSpace) as exc:
+            for i, d in enumerate(data):
+                dev.write(i * chunk, d)
+                written = i + 1
             dev.flush()
         err = exc.value
         assert err.errno == errno.ENOSPC
@@ -195,6 +199,8 @@ def test_a_full_filesystem_is_no_space_naming_the_file(tiny_fs: Path, mode: str)
         assert "no space left" in str(err) and str(target) in str(err)
         assert not isinstance(err, errors.DeviceIOError)
         ballast.unlink()
+        for i in range(written, len(data)):  # direct: what was refused, again
+            dev.write(i * chunk, data[i])
         dev.flush()
     finally:
         if ballast.exists():
