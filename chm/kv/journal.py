@@ -549,6 +549,14 @@ def write_new(
     """Writes a journal of ``live`` records (numbered from 1) at ``path``
     atomically: a synced temporary file renamed over it, then the directory
     synced. On failure the old file (if any) is left as it was."""
+    tmp = _write_tmp(path, capacity, segment_bytes, block_bytes, live)
+    _install(tmp, path)
+
+
+def _write_tmp(
+    path: str, capacity: int, segment_bytes: int, block_bytes: int, live: np.ndarray[Any, Any]
+) -> str:
+    """``<path>.tmp``: a journal of ``live`` (numbered from 1), synced."""
     tmp = path + ".tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -558,6 +566,26 @@ def write_new(
             os.fsync(fd)
         finally:
             os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, ChmError):
+            raise
+        raise space_error(path, exc, "write the journal") from exc
+    return tmp
+
+
+def _install(tmp: str, path: str, extra: bytes = b"") -> None:
+    """Appends ``extra`` to the synced ``tmp`` (synced again), renames it
+    over ``path`` and syncs the directory; on failure removes ``tmp``."""
+    try:
+        if extra:
+            fd = os.open(tmp, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:
+                _write_all(fd, extra)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
         _sync_dir(path)
     except OSError as exc:
@@ -620,6 +648,7 @@ class Journal:
         self.version = VERSION
         self.header: Header | None = None
         self.kept_aside: str | None = None  # where a damaged journal was copied
+        self._delta: list[np.ndarray[Any, Any]] | None = None  # appends during a compaction
         try:
             self.replay = self._open()
         except BaseException:
@@ -718,6 +747,8 @@ class Journal:
         self._size += len(data)
         self._seq = (self._seq + int(recs.size)) & SEQ_MASK
         self.records += int(recs.size)
+        if self._delta is not None:  # a compaction is under way: carried into its file
+            self._delta.append(recs.copy())
 
     def sync(self) -> None:
         try:
@@ -728,11 +759,44 @@ class Journal:
     def compact(self, live: np.ndarray[Any, Any]) -> None:
         """Replaces the log by ``live`` (REC_DTYPE rows: PUT records, each
         after its META records; see :func:`records`), as the current version."""
-        write_new(self.path, self.capacity, self.segment_bytes, self.block_bytes, live)
+        self.compact_begin()
+        try:
+            tmp = self.compact_write(live)
+        except BaseException:
+            self._delta = None
+            raise
+        self.compact_finish(tmp, int(live.size))
+
+    # A compaction in three steps, so that the slow one (writing and syncing
+    # the live records) needs no lock of the caller's: compact_begin() and
+    # compact_finish() run where appends cannot (the store's lock), and the
+    # records appended in between are carried into the new file.
+
+    def compact_begin(self) -> None:
+        """Starts a compaction: appends from now on are kept for compact_finish()."""
+        self._delta = []
+
+    def compact_write(self, live: np.ndarray[Any, Any]) -> str:
+        """Writes and syncs the new file (``live``) beside the journal; its path."""
+        return _write_tmp(self.path, self.capacity, self.segment_bytes, self.block_bytes, live)
+
+    def compact_abort(self, tmp: str | None) -> None:
+        self._delta = None
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def compact_finish(self, tmp: str, n_live: int) -> None:
+        """Appends the records appended since compact_begin() to ``tmp``,
+        then puts it in the journal's place."""
+        delta, self._delta = self._delta or [], None
+        extra = np.concatenate(delta) if delta else _EMPTY
+        _install(tmp, self.path, _seal(_numbered(extra, n_live + 1)) if extra.size else b"")
         old, self.fd = self.fd, os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
         os.close(old)
-        self.records = int(live.size)
-        self._seq = (int(live.size) + 1) & SEQ_MASK
+        n = n_live + int(extra.size)
+        self.records = n
+        self._seq = (n + 1) & SEQ_MASK
         self._size = os.fstat(self.fd).st_size
         self.compactions += 1
         self.version = VERSION

@@ -353,6 +353,7 @@ class Store:
         # row -> epoch: PUT records appended by a flush that is syncing them
         self._syncing: dict[int, int] = {}
         self._sync_lock = threading.Lock()  # a journal sync, a compaction, the close
+        self._compact_lock = threading.Lock()  # one compaction at a time
         self._compact_ratio = compact_ratio
         self._closed = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -1156,8 +1157,9 @@ class Store:
                     e["state"][r] = DURABLE
                     del self._pending[r]
             live_recs = len(self._index) + self._meta_records()
-            if self._journal.records > self._compact_ratio * live_recs + 4096:
-                self._compact()
+            due = self._journal.records > self._compact_ratio * live_recs + 4096
+        if due:
+            self._compact()
 
     def _autoflush(self, interval: float) -> None:
         """The periodic flusher: every ``interval`` seconds, flush() if
@@ -1174,8 +1176,27 @@ class Store:
             self._count("autoflushes")
 
     def _compact(self) -> None:
-        """Rewrites the journal (lock held): the durable entries and those
-        whose records a flush appended and is syncing now."""
+        """Rewrites the journal: the durable entries and those whose records
+        a flush appended and is syncing now. The store is locked to take
+        them and to put the new file in place, not while it is written."""
+        with self._compact_lock:
+            with self._lock:
+                live = self._live_records()
+                self._journal.compact_begin()
+            tmp = None
+            try:
+                tmp = self._journal.compact_write(live)
+                with self._lock, self._sync_lock:
+                    if self._journal.fd < 0:
+                        raise Cancelled(None, "Store.compact: the store was closed meanwhile")
+                    self._journal.compact_finish(tmp, int(live.size))
+            except BaseException:
+                with self._lock:
+                    self._journal.compact_abort(tmp)
+                raise
+
+    def _live_records(self) -> np.ndarray[Any, Any]:
+        """The PUT (and META) records of the journal's live entries (lock held)."""
         e = self._index.e
         rows = self._index.live_rows()
         keep = e["state"][rows] == DURABLE
@@ -1189,8 +1210,7 @@ class Store:
                 count=rows.size,
             )
         rows = rows[keep]
-        with self._sync_lock:  # not while a flush syncs the file it replaces
-            self._journal.compact(jn.put_records(e[rows], self._metas_of(rows)))
+        return jn.put_records(e[rows], self._metas_of(rows))
 
     def _metas_of(self, rows: np.ndarray[Any, Any]) -> list[bytes] | None:
         if not self._meta:
@@ -1203,9 +1223,7 @@ class Store:
     def compact(self) -> None:
         """Rewrites the journal as the durable entries only (flush() does it when due)."""
         self._check_open("compact")
-        with self._lock:
-            self._check_open("compact")
-            self._compact()
+        self._compact()
 
     # ---- asynchronous forms
 
@@ -1303,8 +1321,7 @@ class Store:
                 self._pool.shutdown(wait=True)
             if flush:
                 self.flush()
-                with self._lock:
-                    self._compact()
+                self._compact()
         finally:
             self._closed = True
             with self._sync_lock:

@@ -16,9 +16,9 @@ write is one the store handed to ``device.write``):
   barrier of the backing (every write before it is on stable storage);
 * the journal: each ``append`` is a write of the appended bytes at the end
   of the file; each ``sync`` (``fdatasync``) is a barrier of the journal;
-  each ``compact`` (a synced temporary file renamed over the journal and
-  the directory synced) is an atomic replacement of the whole file, a
-  barrier too.
+  each compaction (a synced temporary file renamed over the journal and
+  the directory synced: ``Journal.compact_finish``) is an atomic
+  replacement of the whole file, a barrier too.
 
 **Crash states.** For every barrier in the log: the files exactly as the
 prefix of the log up to it leaves them; and ``subsets`` random states more,
@@ -122,7 +122,7 @@ class _RecordingDevice:
 def _record_journal(st: Store, log: Log) -> None:
     """Logs the store's journal I/O (see the module doc)."""
     j = st._journal
-    append, sync, compact = j.append, j.sync, j.compact
+    append, sync, finish = j.append, j.sync, j.compact_finish
 
     def rec_append(recs: Any) -> None:
         before = j._size
@@ -135,13 +135,13 @@ def _record_journal(st: Store, log: Log) -> None:
         sync()
         log.ops.append(("jb",))
 
-    def rec_compact(live: Any) -> None:
-        compact(live)
+    def rec_finish(tmp: str, n_live: int) -> None:
+        finish(tmp, n_live)  # every compaction ends here (the rename)
         log.ops.append(("jr", Path(j.path).read_bytes()))
 
     j.append = rec_append  # type: ignore[method-assign]
     j.sync = rec_sync  # type: ignore[method-assign]
-    j.compact = rec_compact  # type: ignore[method-assign]
+    j.compact_finish = rec_finish  # type: ignore[method-assign]
     log.ops.append(("jr", Path(j.path).read_bytes()))
 
 

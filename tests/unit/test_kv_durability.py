@@ -407,3 +407,43 @@ def test_no_room_to_keep_a_damaged_journal_aside_is_nospace(
     with pytest.warns(JournalDamageWarning), Store.open(tmp_backing, journal=j, **GEOM) as st2:
         assert len(st2) == 19
         st2.close(flush=False)
+
+
+def test_a_compaction_writes_its_file_with_the_store_unlocked(tmp_backing: Path) -> None:
+    """The new journal's write is held open (the real write, then a wait
+    on an event): puts, flushes and removes meanwhile do not wait, and the
+    records they append are carried into the compacted file."""
+    import threading
+
+    st = Store.open(tmp_backing, **GEOM)
+    assert st.put([1, 2], [blk(1), blk(2)]) == [S, S]
+    st.flush()
+    j = st._journal
+    real_write = j.compact_write
+    in_write, release = threading.Event(), threading.Event()
+
+    def held_write(live: Any) -> str:
+        tmp = real_write(live)
+        in_write.set()
+        assert release.wait(10)
+        return tmp
+
+    j.compact_write = held_write  # type: ignore[method-assign]
+    t = threading.Thread(target=st.compact)
+    t.start()
+    try:
+        assert in_write.wait(10)
+        t0 = time.monotonic()
+        assert st.put([3], [blk(3)]) == [S]
+        st.flush()
+        assert st.remove([1]) == [True]
+        assert time.monotonic() - t0 < 5 and t.is_alive()
+    finally:
+        release.set()
+        t.join(10)
+    j.compact_write = real_write  # type: ignore[method-assign]
+    assert st.stats().compactions == 1
+    st.close(flush=False)  # no flush, no compaction: the file as the compaction left it
+    with Store.open(tmp_backing, **GEOM) as st2:
+        assert st2.contains([1, 2, 3]) == [False, True, True]
+        assert all_back(st2, [2, 3])
