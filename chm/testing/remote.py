@@ -140,3 +140,128 @@ class NodeProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def measure(
+    url: str,
+    host: str,
+    secret: bytes,
+    *,
+    blocks: int,
+    block_bytes: int,
+    reps: int,
+    lookup_seconds: float,
+    timeout: float = 30.0,
+) -> dict[str, Any]:
+    """A worker's side of ``tools/bench/remote_bench.py`` (run on the worker host).
+
+    Saves ``blocks`` blocks of ``block_bytes`` through the node (skipped
+    ones again until stored), then alternates ``reps`` times: a prefix load
+    of all of them through :meth:`RemoteTier.load` (Master lookup, stage,
+    one batched read, release, checksum, copy out) and the Transfer
+    Engine's own batched read of the same staged bytes from the same node
+    into the same buffer (no lookup, no checksum, no copy). Then counts
+    32-key Master lookups for ``lookup_seconds``. Returns seconds per run
+    of each, the hits of every load, and the lookup rate.
+    """
+    import time
+
+    import numpy as np
+
+    from chm.kv.keys import Namespace
+    from chm.kv.store import PutStatus
+    from chm.remote.master import RedisMaster
+    from chm.remote.node import RemoteTier
+    from chm.remote.transfer import OK, Engine
+
+    engine = Engine.get(host)
+    master = RedisMaster(url, lease=3.0, timeout=2.0)
+    tier = RemoteTier(
+        master, engine, secret, buffer=blocks * block_bytes + (1 << 20), timeout=timeout
+    )
+    rng = np.random.default_rng(11)
+    keys = Namespace(model="remote-bench").keys(range(blocks))
+    data = [rng.integers(0, 256, block_bytes, dtype=np.uint8) for _ in range(blocks)]
+    todo = list(range(blocks))
+    deadline = time.monotonic() + timeout
+    while todo and time.monotonic() < deadline:
+        st = tier.save("bench", keys[todo], [data[j] for j in todo])
+        if PutStatus.ERROR in st:
+            raise ChmError(None, f"remote_bench: the node failed a save: {st}")
+        todo = [j for j, s in zip(todo, st, strict=True) if s == PutStatus.SKIPPED]
+        if todo:
+            time.sleep(0.05)  # the node's write buffer drains to its device
+    if todo:
+        raise ChmError(None, f"remote_bench: {len(todo)} blocks still skipped after {timeout} s")
+    dsts = [np.zeros(block_bytes, np.uint8) for _ in range(blocks)]
+    ents = master.lookup(keys)
+    link = tier._link(ents[0].node, ents[0].epoch)
+    chm_s: list[float] = []
+    raw_s: list[float] = []
+    hits: list[int] = []
+    exact = True
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        n = tier.load(keys, dsts)
+        chm_s.append(time.perf_counter() - t0)
+        hits.append(n)
+        exact &= all(np.array_equal(dsts[j], data[j]) for j in range(n))
+        for d in dsts:
+            d[:1] = 0  # the next load must write them again
+        staged, _ = link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], timeout))
+        try:
+            if len(staged) != blocks:
+                raise ChmError(
+                    None, f"remote_bench: staged {len(staged)} of {blocks} for the raw read"
+                )
+            t0 = time.perf_counter()
+            status = engine.read(
+                link.info["data"],
+                [tier.buf.addr + j * block_bytes for j in range(blocks)],
+                [a for a, _, _ in staged],
+                [ln for _, ln, _ in staged],
+                timeout=timeout,
+            )
+            raw_s.append(time.perf_counter() - t0)
+            if status != OK:
+                raise ChmError(None, f"remote_bench: the raw read ended {status}")
+        finally:
+            link.call(("release", [t for _, _, t in staged]))
+    n_lookups = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < lookup_seconds:
+        if len(master.lookup(keys[:32])) != min(32, blocks):
+            hits.append(-1)
+        n_lookups += 1
+    lookups_s = n_lookups / (time.perf_counter() - t0)
+    tier.close()
+    master.close()
+    return {
+        "blocks": blocks,
+        "block_bytes": block_bytes,
+        "chm_s": chm_s,
+        "raw_s": raw_s,
+        "hits": hits,
+        "exact": exact,
+        "lookups_per_s": lookups_s,
+        "lookup_batch": min(32, blocks),
+    }
+
+
+if __name__ == "__main__":
+    # python -m chm.testing.remote measure URL HOST SECRET_FILE BLOCKS BLOCK_BYTES REPS SECONDS
+    from chm.remote.node import read_secret
+
+    if len(sys.argv) != 9 or sys.argv[1] != "measure":
+        raise SystemExit(__doc__)
+    url_, host_, sf, nb, bb, rp, ls = sys.argv[2:]
+    result = measure(
+        url_,
+        host_,
+        read_secret(sf),
+        blocks=int(nb),
+        block_bytes=int(bb),
+        reps=int(rp),
+        lookup_seconds=float(ls),
+    )
+    print(json.dumps(result), flush=True)
