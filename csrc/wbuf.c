@@ -662,6 +662,13 @@ err_ents:
 	return -ENOMEM;
 }
 
+/* A flush that failed on the backing (I/O error, or no space left): its
+ * batches stay admitted and are retried. */
+static bool flush_failed(int rc)
+{
+	return rc == -EIO || rc == -ENOSPC;
+}
+
 void chm_wbuf_fini(struct chm_dev *dev)
 {
 	struct chm_wbuf *w = dev->wbuf;
@@ -673,11 +680,11 @@ void chm_wbuf_fini(struct chm_dev *dev)
 	const uint64_t budget = 10ull * 1000000000ull;
 	uint64_t start = chm_mono_ns();
 	for (int tries = 0; w->vt && tries < 8; tries++) /* simulated retries */
-		if (chm_wbuf_flush(dev, UINT64_MAX) != -EIO)
+		if (!flush_failed(chm_wbuf_flush(dev, UINT64_MAX)))
 			break;
 	for (; !w->vt;) {
 		uint64_t spent = chm_mono_ns() - start;
-		if (spent >= budget || chm_wbuf_flush(dev, budget - spent) != -EIO)
+		if (spent >= budget || !flush_failed(chm_wbuf_flush(dev, budget - spent)))
 			break;
 	}
 	pthread_mutex_lock(&dev->lock);

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,31 @@ def test_a_failed_create_leaves_no_file_behind(tmp_path: Path) -> None:
         assert list(mnt.iterdir()) == []
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_close_keeps_retrying_a_full_filesystem(tiny_fs: Path) -> None:
+    """close() writes the buffer back best effort, retrying failed batches
+    for its budget: a filesystem that was full and gets space while close
+    waits loses nothing (no space must be retried like an I/O error, not
+    end the close at once)."""
+    ballast = tiny_fs / "ballast"
+    ballast.write_bytes(b"\0" * (6 << 20))
+    target = tiny_fs / "t.img"
+    opts = {"capacity": "64M", "dram": "128M", "backend": "pread"}
+    try:
+        dev = chm.Device.open(targets=[target], create=True, **opts)
+    except errors.NotSupported:
+        pytest.skip("no O_DIRECT on tmpfs on this kernel")
+    chunk = 1 << 20
+    data = [bytes([i + 1]) * chunk for i in range(4)]
+    for i, d in enumerate(data):
+        dev.write(i * chunk, d)
+    freer = threading.Timer(0.5, ballast.unlink)
+    freer.start()
+    try:
+        dev.close()
+    finally:
+        freer.join()
+    with chm.Device.open(targets=[target], **opts) as dev:
+        for i, d in enumerate(data):
+            assert dev.read(i * chunk, chunk) == d, f"chunk {i} lost at close"
