@@ -278,7 +278,9 @@ def fig8_pd(p: PdParams, overrides: Sequence[str] = (), progress: Progress = Non
     }
     claims = [
         Claim(
-            f"turn {p.late_turn} hit rate, HyMCache - Mooncake (points)",
+            f"turn {p.late_turn} hit rate, HyMCache - Mooncake (points) [{p.users} conversations "
+            f"starting at {p.session_rate_per_s:g}/s, footprint {foot / 1e12:.2f} TB, pool "
+            f"{p.pool_bytes / 1e12:.2f} TB]",
             100 * (hym["hit_rate"] - moon["hit_rate"]),
             5.0,
             True,
@@ -596,7 +598,8 @@ def fig12_redis(p: RedisParams, progress: Progress = None) -> FigureData:
             "store failures break prefix chains; LMCache + Redis is more stable",
         ),
         Claim(
-            f"turn {p.late_turn} p50 TTFT, HyMCache / LMCache+Redis",
+            f"turn {p.late_turn} p50 TTFT, HyMCache / LMCache+Redis [Redis loads at "
+            f"{TIERS['redis'].bandwidth_Bps / 1e9:g} GB/s, assumed]",
             st["hymcache"]["p50_ttft_s"] / st["lmcache+redis"]["p50_ttft_s"],
             1.2,
             False,

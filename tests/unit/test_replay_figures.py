@@ -207,6 +207,21 @@ def test_the_tool_writes_json_csv_and_png(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "no parameter 'nope'" in bad.stderr
 
 
+@pytest.mark.parametrize("fig", ["fig8", "fig9", "fig10"])
+def test_every_figure_command_runs_quick(fig: str, tmp_path: Path) -> None:
+    p = subprocess.run(
+        [sys.executable, str(TOOL), fig, "--quick", "--no-plots", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1].startswith(f"{fig}: all ")
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["figure"] == fig and doc["claims"] and doc["parameters"]["scale"] == 64
+    assert (tmp_path / "per_request.csv").stat().st_size > 0
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 def test_real_redis_under_noeviction_refuses_stores_when_full(tmp_path: Path) -> None:
     """The store-failure policy (LruBlocks(evict=False)) is Redis's own: a
