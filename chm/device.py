@@ -32,6 +32,7 @@ import numbers
 import operator
 import os
 import stat
+import tempfile
 import threading
 import warnings
 import weakref
@@ -43,7 +44,15 @@ from chm import _lowlevel as _ll
 from chm._scratch import ScratchDir
 from chm.backend import open_device
 from chm.config import Config
-from chm.errors import Busy, Cancelled, ChmError, InvalidArgument, StaleHandle, ViewInUse
+from chm.errors import (
+    Busy,
+    Cancelled,
+    ChmError,
+    InvalidArgument,
+    StaleHandle,
+    ViewInUse,
+    error_for,
+)
 from chm.stats import Stats
 
 if TYPE_CHECKING:
@@ -757,6 +766,29 @@ def _unlock(fds: dict[str, int]) -> None:
         os.close(fds.popitem()[1])
 
 
+def _scratch_dir() -> ScratchDir:
+    """A fresh scratch directory for a device opened without targets; a
+    parent this process may not write is a ChmError (PermissionDenied for
+    EACCES) naming it and what to do, not a bare OSError."""
+    parent = _default_tmp_parent()
+    try:
+        return ScratchDir(parent)
+    except ChmError:
+        raise
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        where = parent if parent is not None else tempfile.gettempdir()
+        err = error_for(code)(
+            code,
+            f"scratch backing file under {where} (CHM_TMPDIR or the system temporary "
+            f"directory): {exc.strerror}; set CHM_TMPDIR to a directory this process "
+            "may write, or pass targets",
+            call="Device",
+        )
+        err.filename = exc.filename if exc.filename is not None else where
+        raise err from exc
+
+
 def _default_tmp_parent() -> str | None:
     env = os.environ.get("CHM_TMPDIR")
     if env:
@@ -791,7 +823,7 @@ class Device:
         if options:
             cfg.update(options)
         if int(cfg.cdata.n_targets) == 0 and cfg.backend != "ghost":
-            scratch = ScratchDir(_default_tmp_parent())
+            scratch = _scratch_dir()
             self._tmpdir = scratch.path
             self._cleanup = weakref.finalize(self, scratch.remove)
             try:

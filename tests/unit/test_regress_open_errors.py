@@ -277,3 +277,31 @@ def test_close_keeps_retrying_a_full_filesystem(tiny_fs: Path) -> None:
     with chm.Device.open(targets=[target], **opts) as dev:
         for i, d in enumerate(data):
             assert dev.read(i * chunk, chunk) == d, f"chunk {i} lost at close"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another uid")
+def test_an_unwritable_scratch_parent_is_permission_denied() -> None:
+    """No targets: the scratch backing file goes under CHM_TMPDIR; one this
+    process may not write is PermissionDenied naming it, not a bare
+    PermissionError."""
+    base = Path(tempfile.mkdtemp(prefix="chm-perm-"))
+    try:
+        os.chmod(base, 0o700)  # root's: uid 65534 may not create in it
+        got = _as_nobody(
+            textwrap.dedent(
+                f"""
+                import os
+                os.environ["CHM_TMPDIR"] = {str(base)!r}
+                try:
+                    chm.Device.open(**SMALL)
+                    out("OPENED")
+                except BaseException as e:
+                    out(f"{{type(e).__name__}}|{{isinstance(e, chm.ChmError)}}|{{e}}")
+                """
+            )
+        )
+        name, is_chm, text = got.split("|", 2)
+        assert (name, is_chm) == ("PermissionDenied", "True"), got
+        assert str(base) in text and "CHM_TMPDIR" in text, got
+    finally:
+        shutil.rmtree(base)
