@@ -298,6 +298,8 @@ class CxlhmReplay:
         # (the daemon's client) through stats
         self._clock_ns = getattr(dev, "clock_ns", None)
         self._advance = getattr(dev, "advance_clock", None) if self._virtual else None
+        if (open_loop or closed_loop) and self._advance is None:
+            raise ValueError("open_loop and closed_loop need a device whose clock advances")
         self._g1: list[LruBlocks] = []
         self._tier: Store | None = None
         self._closed = False
@@ -567,7 +569,7 @@ class CxlhmReplay:
         for r in reqs[1:]:
             self._setup(r)  # one block size, checked before any device work
         advance = self._advance
-        assert advance is not None
+        assert advance is not None  # checked at construction
         sc = self.scale
 
         def dev_ns(model_s: float) -> int:
