@@ -19,7 +19,7 @@ every other ``chm.*`` key is optional)::
       chm.wbuf: 128M               # default: one store call (chunk bytes x chm.batch)
       chm.batch: 8                 # chunks per store call, to size the write buffer
       chm.staging: 1G              # host staging queue in front of the write buffer
-      chm.slot_size: 32M           # the largest chunk that can be stored
+      chm.slot_size: 32M           # the largest chunk (default: LMCache's chunk size)
       chm.per_rank_dir: false      # true: chm.path/rank<worker_id> per rank
       chm.backend: auto            # auto | uring | pread
       chm.mode: prefetch           # prefetch | lru (the transparent-cache baseline)
@@ -329,8 +329,10 @@ class ChmStorageBackend(StoragePluginInterface):  # type: ignore[misc]
             )
         if tier is None:
             slot = opts.get("slot_size")
-            if slot is None:  # the default, raised to hold one chunk
-                slot = max(_DEFAULT_SLOT, -(-(self.chunk_bytes or 0) // (1 << 20)) << 20)
+            if slot is None:  # the default: one chunk (rounded up to MiB), else 32M
+                slot = (
+                    (-(-self.chunk_bytes // (1 << 20)) << 20) if self.chunk_bytes else _DEFAULT_SLOT
+                )
             elif self.chunk_bytes and self.chunk_bytes > parse_size(slot):
                 logger.error(
                     "chm: LMCache's chunks are %d bytes but chm.slot_size is %s: no chunk "
