@@ -148,3 +148,23 @@ def test_closed_loop_needs_sessions_and_turns() -> None:
                 closed_loop=True,
             ),
         )
+
+
+class _NoAdvance:
+    """A device that does not offer advance_clock (as a client of a device
+    elsewhere may not): a stand-in wrapping a real device, since every chm
+    device in virtual time has one."""
+
+    def __init__(self, dev: chm.Device) -> None:
+        self._dev = dev
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "advance_clock":
+            raise AttributeError(name)
+        return getattr(self._dev, name)
+
+
+@pytest.mark.parametrize("loop", ["open_loop", "closed_loop"])
+def test_a_loop_needs_a_device_whose_clock_advances(loop: str) -> None:
+    with _dev() as dev, pytest.raises(ValueError, match="clock advances"):
+        CxlhmReplay(_NoAdvance(dev), "cxlhm-prefetch", PREFILL, **{loop: True})
