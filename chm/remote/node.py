@@ -15,7 +15,9 @@ their checksums -> per block its pool address, length and a token, prefix
 semantics: a key the store no longer holds, or holds with another checksum,
 ends the answer); ``release`` (tokens); ``commit`` (blocks a client wrote
 into its write area -> put into the store: stored / exists / skipped /
-error per key, skip-not-stall as in :meth:`Store.put`). A client's staged
+error per key, skip-not-stall as in :meth:`Store.put`); ``prefetch`` and
+``wait`` (the two halves of ``stage``, so a worker reads one window while
+the node stages the next). A client's staged
 slots, pins and write area are given back when it disconnects or dies.
 
 **Worker** (:class:`RemoteTier`): looks keys up in the Master (prefix, at
@@ -31,6 +33,7 @@ a checksum mismatch is a miss).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import mmap
 import os
@@ -62,6 +65,7 @@ from chm.remote.transfer import OK, TIMEOUT, Engine, RegisteredBuffer
 
 __all__ = ["NodeGone", "NodeServer", "RemoteTier", "read_secret"]
 
+PIPELINE = 4  # parts a load window is read in, so staging overlaps the reads
 HANDSHAKE = 5.0  # seconds a new control connection has to prove it holds the secret
 _WIRE = np.dtype([("hi", ">u8"), ("lo", ">u8")])
 _hash = xxhash.xxh3_64_intdigest
@@ -69,6 +73,12 @@ _hash = xxhash.xxh3_64_intdigest
 
 class NodeGone(ChmError, ConnectionError):
     """The node's control channel broke or did not answer in time."""
+
+
+def _done(n: int) -> concurrent.futures.Future[int]:
+    f: concurrent.futures.Future[int] = concurrent.futures.Future()
+    f.set_result(n)
+    return f
 
 
 def read_secret(path: str | os.PathLike[str]) -> bytes:
@@ -265,6 +275,10 @@ class NodeServer:
             }
         if op == "stage":
             return self._stage(cl, req[1], req[2], float(req[3]))
+        if op == "prefetch":
+            return self._prefetch(cl, req[1], req[2])
+        if op == "wait":
+            return self._wait(cl, req[1], float(req[2]))
         if op == "release":
             for tok in req[1]:
                 if tok in cl.staged:
@@ -274,18 +288,16 @@ class NodeServer:
             return self._commit(warr, req[1])
         raise InvalidArgument(None, f"unknown command {op!r}")
 
-    def _stage(
-        self, cl: _Client, keys: list[bytes], checksums: list[int], timeout: float
-    ) -> tuple[list[tuple[int, int, int]], str]:
-        """Stages a prefix of the keys: ``([(pool addr, length, token)], why)``.
-
-        ``why`` says what ended the prefix: ``"all"``; ``"busy"`` (no free
-        slot now: never waits for one, the worker asks again after it
-        released some); ``"miss"`` (the store no longer holds the key with
-        that checksum); ``"error"`` (a read error or not staged in time).
-        """
+    def _prefetch(
+        self, cl: _Client, keys: list[bytes], checksums: list[int]
+    ) -> tuple[list[int], str]:
+        """Pins and issues the prefetches of a prefix of the keys, without
+        waiting: ``(tokens, why)``; ``why`` says what ended the prefix:
+        ``"all"``; ``"busy"`` (no free slot now: never waits for one, the
+        worker asks again after it released some); ``"miss"`` (the store no
+        longer holds the key with that checksum); ``"error"``."""
         if len(keys) != len(checksums):
-            raise InvalidArgument(None, "stage: keys and checksums differ in length")
+            raise InvalidArgument(None, "prefetch: keys and checksums differ in length")
         ks = _digests(keys)
         pinned = self.store.pin(ks)
         ents = self.store.entries(ks)
@@ -299,7 +311,7 @@ class NodeServer:
         for j, p in enumerate(pinned):
             if p and j >= n:
                 self.store.unpin(ks[j : j + 1])
-        handles: list[tuple[Any, bytes]] = []
+        tokens: list[int] = []
         for j in range(n):
             e = ents[j]
             assert e is not None
@@ -310,23 +322,40 @@ class NodeServer:
                 for jj in range(j, n):
                     self.store.unpin(ks[jj : jj + 1])
                 break
-            handles.append((h, keys[j]))
             cl.staged[h.token] = (h, keys[j])
+            tokens.append(h.token)
+        return tokens, why
+
+    def _wait(self, cl: _Client, tokens: list[int], timeout: float) -> list[tuple[int, int, int]]:
+        """Waits for prefetched tokens in order: ``[(pool addr, length, token)]``
+        of the leading ones staged within ``timeout``; the rest are released."""
         out: list[tuple[int, int, int]] = []
         deadline = time.monotonic() + timeout
-        dev = self.device
-        for h, _ in handles:
-            try:
-                _, length, off = dev.view_info(h, max(0.0, deadline - time.monotonic()))
-            except ChmError:  # not staged in time, or a read error: the prefix ends here
-                why = "error"
+        for tok in tokens:
+            got = cl.staged.get(tok)
+            if got is None:
                 break
-            out.append((self.pool_base + off, length, h.token))
-        for h, _ in handles[len(out) :]:
-            self._release_one(cl, h.token)
+            try:
+                _, length, off = self.device.view_info(
+                    got[0], max(0.0, deadline - time.monotonic())
+                )
+            except ChmError:  # not staged in time, or a read error: the prefix ends here
+                break
+            out.append((self.pool_base + off, length, tok))
+        for tok in tokens[len(out) :]:
+            if tok in cl.staged:
+                self._release_one(cl, tok)
         with self._lock:
             self.stats["staged"] += len(out)
-        return out, why
+        return out
+
+    def _stage(
+        self, cl: _Client, keys: list[bytes], checksums: list[int], timeout: float
+    ) -> tuple[list[tuple[int, int, int]], str]:
+        """:meth:`_prefetch` then :meth:`_wait`: ``([(pool addr, length, token)], why)``."""
+        tokens, why = self._prefetch(cl, keys, checksums)
+        out = self._wait(cl, tokens, timeout)
+        return out, why if len(out) == len(tokens) else "error"
 
     def _commit(self, warr: np.ndarray[Any, Any], items: list[tuple[bytes, int, int]]) -> list[int]:
         for _, off, ln in items:
@@ -418,6 +447,9 @@ class RemoteTier:
         self.master, self.engine, self.secret, self.timeout = master, engine, secret, timeout
         self.buf = RegisteredBuffer(engine, buffer)
         self._links: dict[int, tuple[int, _NodeLink]] = {}
+        self._post = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="chm-remote-verify"
+        )
         self._placed: dict[object, int] = {}
         self._rr = 0
         self._lock = threading.Lock()
@@ -504,7 +536,13 @@ class RemoteTier:
         return done
 
     def _load_window(self, ents: list[Entry], outs: list[Any], deadline: float) -> tuple[int, bool]:
-        """Loads a leading part of ``ents``: ``(how many, whether to go on)``."""
+        """Loads a leading part of ``ents``: ``(how many, whether to go on)``.
+
+        One round trip issues the node's prefetches for all of them (as many
+        as it has free slots for); then in ``PIPELINE`` parts, each waited
+        for, read in one batched transfer, released, verified and copied,
+        while the node's device stages the parts after it.
+        """
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -512,18 +550,60 @@ class RemoteTier:
                 return 0, False
             try:
                 link = self._link(ents[0].node, ents[0].epoch)
-                staged, why = link.call(
-                    ("stage", [e.key for e in ents], [e.checksum for e in ents], left),
-                    timeout=left,
+                tokens, why = link.call(
+                    ("prefetch", [e.key for e in ents], [e.checksum for e in ents]), timeout=left
                 )
             except (NodeGone, ChmError):
                 self._count("node_errors")
                 return 0, False
-            if staged or why != "busy":
+            if tokens or why != "busy":
                 break
             self._count("busy")
             time.sleep(0.001)  # every slot is held (by other workers): ask again
-        tokens = [tok for _, _, tok in staged]
+        k = len(tokens)
+        step = max(1, -(-k // PIPELINE))
+        parts: list[tuple[int, concurrent.futures.Future[int]]] = []
+        whole = True  # every part so far was read in full
+        for at in range(0, k, step):
+            part = tokens[at : at + step]
+            n_read, fut = self._load_part(
+                link, part, ents[at : at + step], outs[at : at + step], deadline
+            )
+            parts.append((len(part), fut))
+            if n_read < len(part):
+                whole = False
+                rest = tokens[at + len(part) :]
+                if rest:
+                    with contextlib.suppress(NodeGone, ChmError):
+                        link.call(("release", rest), timeout=max(0.05, deadline - time.monotonic()))
+                break
+        loaded = 0
+        for want, fut in parts:  # every part's verify-and-copy ends before the load returns
+            got = fut.result()
+            if whole:
+                loaded += got
+                whole = got == want
+        if not whole or loaded < k:
+            return loaded, False
+        return loaded, loaded > 0 and (k == len(ents) or why in ("all", "busy"))
+
+    def _load_part(
+        self,
+        link: _NodeLink,
+        tokens: list[int],
+        ents: list[Entry],
+        outs: list[Any],
+        deadline: float,
+    ) -> tuple[int, concurrent.futures.Future[int]]:
+        """Waits for, reads and releases one part; its checksums and copies run
+        on a helper thread (while the next part is read). Returns how many
+        blocks were read and the future of how many were loaded."""
+        try:
+            left = max(0.001, deadline - time.monotonic())
+            staged = link.call(("wait", tokens, left), timeout=left)
+        except (NodeGone, ChmError):
+            self._count("node_errors")
+            return 0, _done(0)
         n = len(staged)
         offs: list[int] = []
         try:
@@ -536,13 +616,12 @@ class RemoteTier:
         n = len(offs)
         ok = False
         if n:
-            left = deadline - time.monotonic()
             status = self.engine.read(
                 link.info["data"],
                 [self.buf.addr + o for o in offs],
                 [a for a, _, _ in staged[:n]],
                 [e.length for e in ents[:n]],
-                timeout=max(left, 0.001),
+                timeout=max(deadline - time.monotonic(), 0.001),
                 on_late=self._late(offs, ents[:n]),
             )
             ok = status == OK
@@ -553,9 +632,17 @@ class RemoteTier:
                 self._count("node_errors")
         with contextlib.suppress(NodeGone, ChmError):
             link.call(("release", tokens), timeout=max(0.05, deadline - time.monotonic()))
+        if not ok:
+            for o, e in zip(offs, ents, strict=False):
+                self.buf.give(o, e.length)
+            return 0, _done(0)
+        return n, self._post.submit(self._verify_copy, offs, ents[:n], outs[:n])
+
+    def _verify_copy(self, offs: list[int], ents: list[Entry], outs: list[Any]) -> int:
+        """Checks each block's XXH3-64 and copies it out, in order; gives the regions back."""
         loaded = 0
-        if ok:
-            for o, e, dst in zip(offs, ents[:n], outs[:n], strict=True):
+        try:
+            for o, e, dst in zip(offs, ents, outs, strict=True):
                 v = self.buf.view(o, e.length)
                 if _hash(v.data) != e.checksum:
                     self._count("bad_checksums")
@@ -564,10 +651,10 @@ class RemoteTier:
                     break
                 dst[: e.length] = v
                 loaded += 1
-        for o, e in zip(offs, ents, strict=False):
-            self.buf.give(o, e.length)
-        go_on = ok and loaded == n and (n == len(ents) or why in ("all", "busy"))
-        return loaded, go_on and loaded > 0
+        finally:
+            for o, e in zip(offs, ents, strict=True):
+                self.buf.give(o, e.length)
+        return loaded
 
     def _late(self, offs: list[int], ents: list[Entry]) -> Any:
         def quarantine() -> Any:
@@ -682,6 +769,7 @@ class RemoteTier:
             self._links.clear()
         for lk in links:
             lk.close()
+        self._post.shutdown(wait=True)
         self.buf.close()
 
     def __enter__(self) -> RemoteTier:
