@@ -509,6 +509,13 @@ def _phase_store(path: str, how: str) -> None:
     os._exit(0)
 
 
+def _phase_rank1(path: str, how: str) -> None:
+    """Subprocess: rank 1 of 2 on ``path``; prints whether LMCache got a chm backend."""
+    _, b, _ = engine_any(Path(path), worker=1, world=2)
+    print(json.dumps({"backend": b is not None}), flush=True)
+    os._exit(0)
+
+
 def _phase_retrieve(path: str, how: str) -> None:
     eng, backend, _ = engine(Path(path))
     res = {f"{u},{t}": retrieve(eng, u, t) for u in range(USERS) for t in range(1, TURNS + 1)}
@@ -537,6 +544,19 @@ def _run(phase: str, path: Path, how: str = "") -> subprocess.CompletedProcess[s
 def _last_json(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     return out
+
+
+@pytest.mark.slow
+def test_second_process_on_one_path_logs_tier_not_in_use(
+    tmp_path: Path, engines: list[str]
+) -> None:
+    _, _, n0 = engine(tmp_path / "kv", worker=0, world=2)
+    engines.append(n0)
+    p = _run("rank1", tmp_path / "kv")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _last_json(p) == {"backend": False}  # LMCache runs that rank without chm ...
+    lines = [ln for ln in p.stderr.splitlines() if "chm: tier not in use" in ln]
+    assert lines and "ERROR" in lines[0] and str(tmp_path / "kv") in lines[0]  # ... loudly
 
 
 @pytest.mark.slow
@@ -631,4 +651,5 @@ def test_lmcache_storage_check_harness(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    {"store": _phase_store, "retrieve": _phase_retrieve}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    phases = {"store": _phase_store, "retrieve": _phase_retrieve, "rank1": _phase_rank1}
+    phases[sys.argv[1]](sys.argv[2], sys.argv[3])
