@@ -40,13 +40,14 @@ def _flags_of(command: click.Command) -> dict[str, tuple[str, bool]]:
 def in_flags(text: str, command: click.Command) -> str:
     """text with each device option that command has a flag for named by
     the flag: ``name=1`` of a boolean flag becomes the flag, ``name=VALUE``
-    becomes ``--name VALUE``, and a phrase asking for another value of an
+    (or ``name="VALUE"``) becomes ``--name VALUE``, and a phrase asking for another value of an
     option (``pass a smaller wbuf``) names the flag."""
     flags = _flags_of(command)
     for name, (flag, is_flag) in sorted(flags.items(), key=lambda kv: -len(kv[0])):
         n = re.escape(name)
         if is_flag:
             text = re.sub(rf"(?<![\w-]){n}=(?:1|true|on|yes)\b", flag, text)
+        text = re.sub(rf'(?<![\w-]){n}="([^"\s]*)"', rf"{flag} \1", text)
         text = re.sub(rf"(?<![\w-]){n}=(?=[^\s,;)]+)", f"{flag} ", text)
         text = re.sub(rf"\b({_ASKS}){n}\b", rf"\g<1>{flag}", text)
     if "config" in flags:  # the rest are set in the config file

@@ -162,7 +162,8 @@ def test_demo_explicit_uring_fails_cleanly(forced_no_uring: list[str]) -> None:
     ]
     result = CliRunner().invoke(cli_main, args)
     assert result.exit_code == 1
-    assert 'use backend="pread"' in " ".join(result.output.split())
+    # the library's backend="pread", in the command's words
+    assert "use --backend pread" in " ".join(result.output.split())
 
 
 # ---------------------------------------------------------------- real seccomp

@@ -56,6 +56,7 @@ def test_in_flags_rewrites_only_what_the_command_has() -> None:
         pass
 
     assert in_flags("create=1 extends it", cmd) == "--create extends it"
+    assert in_flags('use slot_size="8M"', cmd) == "use --slot-size 8M"
     assert in_flags("set slot_size=8M; raise slot_size", cmd) == (
         "set --slot-size 8M; raise --slot-size"
     )
