@@ -90,10 +90,20 @@ struct chm_pool {
 	int kind;       /* enum chm_pool_kind */
 	int fd;         /* memfd or file fd, -1 otherwise */
 	int numa_node;  /* bound node or -1 */
-	bool hugepages; /* backed by huge pages (hugetlb, or THP advised) */
+	bool hugepages; /* backed by huge pages (hugetlb, or THP advised); atomic
+	                 * loads: a background pre-fault settles it */
+	/* background pre-fault of an anon pool (chm_pool_create_bg) */
+	pthread_t prefault_thread;
+	bool prefault_started;
+	_Atomic bool prefault_stop;
 };
-/* Maps bytes of DRAM of cfg->pool_kind, binds to cfg->numa_node. */
+/* Maps bytes of DRAM of cfg->pool_kind, binds to cfg->numa_node, and
+ * pre-faults it before returning. */
 int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes);
+/* As chm_pool_create, but an anon pool is pre-faulted by a thread of its own
+ * after the call returns (the device open: see pool.c); other kinds as
+ * chm_pool_create. chm_pool_destroy stops and joins that thread. */
+int chm_pool_create_bg(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes);
 void chm_pool_destroy(struct chm_pool *pool);
 
 /* ---------------------------------------------------------------------------

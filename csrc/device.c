@@ -113,7 +113,7 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 		rc = chm_pool_check_not_target(dev, ids, -1, err, errlen);
 		if (rc)
 			goto err_targets;
-		rc = chm_pool_create(&dev->pool, &dev->cfg, pb);
+		rc = chm_pool_create_bg(&dev->pool, &dev->cfg, pb);
 		if (rc) {
 			static const char *const kinds[] = {"anon", "hugetlb", "memfd", "file"};
 			chm_detail_to(err, errlen, rc, "pool=%s of %llu bytes%s%s: %s",
@@ -482,7 +482,7 @@ int chm_stats(chm_dev *dev, struct chm_stats *out)
 	out->pool_bytes = dev->pool.base ? dev->pool.bytes : 0;
 	out->pool_kind = dev->cfg.pool_kind;
 	out->pool_numa_node = dev->pool.numa_node;
-	out->pool_hugepages = dev->pool.hugepages;
+	out->pool_hugepages = __atomic_load_n(&dev->pool.hugepages, __ATOMIC_RELAXED);
 	out->backend = dev->cfg.backend;
 	out->mode = dev->cfg.mode;
 	dev->mode->stats(dev, out);

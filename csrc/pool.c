@@ -22,6 +22,16 @@
  * without it) keeps page faults out of the first pass over the pool.
  * pool->hugepages reports what /proc/self/smaps shows was obtained, not what
  * was advised.
+ *
+ * Pre-faulting is nearly all kernel page zeroing (clear_page; in a VM also
+ * the host backing guest pages on first touch): 0.05 s to several seconds
+ * for the default 320 MiB, whatever the capacity. The device open
+ * (chm_pool_create_bg) leaves it to a thread of the pool's own for an anon
+ * pool, in 16 MiB steps, so open returns at once and a first pass that
+ * overtakes it just faults its pages itself; memfd, file and hugetlb pools
+ * (shared with clients, or reserved) are still pre-faulted before open
+ * returns. An anon pool's memory is committed by its mmap, not by the
+ * pre-fault, so a host that cannot hold it still fails the open.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -29,6 +39,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <numaif.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,9 +311,46 @@ static void pool_reset(struct chm_pool *pool, int kind)
 	pool->fd = -1;
 	pool->numa_node = -1;
 	pool->hugepages = false;
+	pool->prefault_started = false;
+	atomic_store(&pool->prefault_stop, false);
 }
 
+#define PREFAULT_STEP (16ull << 20)
+
+/* The background pre-fault: the pool in steps (stopping early when the
+ * pool is destroyed), then what smaps shows of huge pages. A failed step
+ * ends it: those pages fault on first use instead. */
+static void *prefault_run(void *arg)
+{
+	struct chm_pool *pool = arg;
+	uint64_t kb;
+	for (uint64_t off = 0; off < pool->bytes; off += PREFAULT_STEP) {
+		if (atomic_load(&pool->prefault_stop))
+			return NULL;
+		uint64_t n = pool->bytes - off < PREFAULT_STEP ? pool->bytes - off : PREFAULT_STEP;
+		struct chm_pool part = {.base = (char *)pool->base + off, .bytes = n};
+		if (prefault(&part))
+			return NULL;
+	}
+	if (smaps_huge_kb(pool->base, pool->bytes, &kb) == 0)
+		__atomic_store_n(&pool->hugepages, kb > 0, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+static int pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes,
+                       bool bg);
+
 int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes)
+{
+	return pool_create(pool, cfg, bytes, false);
+}
+
+int chm_pool_create_bg(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes)
+{
+	return pool_create(pool, cfg, bytes, true);
+}
+
+static int pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes, bool bg)
 {
 	uint64_t page, kb, hp_size = 0;
 	bool thp = false, is_dax = false;
@@ -405,7 +453,9 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 		pool->numa_node = node;
 	}
 
-	ret = lazy ? 0 : prefault(pool);
+	/* the anon pool's open-time pre-fault goes to a thread (see the top) */
+	bool later = bg && !lazy && pool->kind == CHM_POOL_ANON;
+	ret = lazy || later ? 0 : prefault(pool);
 	if (ret)
 		goto unmap;
 	if (node >= 0 && pool->kind == CHM_POOL_FILE && !is_dax)
@@ -413,10 +463,16 @@ int chm_pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint64_
 
 	if (pool->kind == CHM_POOL_HUGETLB)
 		pool->hugepages = true;
-	else if (!lazy && smaps_huge_kb(pool->base, pool->bytes, &kb) == 0)
+	else if (!lazy && !later && smaps_huge_kb(pool->base, pool->bytes, &kb) == 0)
 		pool->hugepages = kb > 0;
 	else
 		pool->hugepages = pool->kind == CHM_POOL_ANON && thp && pool->bytes >= hp_size;
+	if (later) {
+		pool->prefault_started =
+		        pthread_create(&pool->prefault_thread, NULL, prefault_run, pool) == 0;
+		if (!pool->prefault_started) /* no thread: here, as chm_pool_create */
+			prefault_run(pool);
+	}
 	return 0;
 
 unmap:
@@ -432,6 +488,11 @@ void chm_pool_destroy(struct chm_pool *pool)
 {
 	if (!pool || !pool->base)
 		return;
+	if (pool->prefault_started) {
+		atomic_store(&pool->prefault_stop, true);
+		pthread_join(pool->prefault_thread, NULL);
+		pool->prefault_started = false;
+	}
 	munmap(pool->base, pool->bytes);
 	if (pool->fd >= 0)
 		close(pool->fd);

@@ -383,6 +383,43 @@ static void test_anon(bool numa)
 	chm_pool_destroy(&p);
 }
 
+/* The device open's anon pool: chm_pool_create_bg returns a usable pool
+ * whose pre-fault runs in a thread of its own; the pool ends up resident
+ * with hugepages telling what smaps shows, and destroying it at once (the
+ * thread mid-way or not) stops and joins the thread. */
+static void test_anon_background(void)
+{
+	struct chm_config c = cfg_for(CHM_POOL_ANON, -1, NULL);
+	struct chm_pool p;
+	int ret = chm_pool_create_bg(&p, &c, 64 * MiB);
+	CHECK(ret == 0, "anon bg create: %d", ret);
+	if (ret)
+		return;
+	CHECK(p.prefault_started, "no pre-fault thread");
+	CHECK(usable(&p, 0), "anon bg pattern mismatch"); /* usable before it is done */
+	bool resident = false;
+	for (int i = 0; i < 1000 && !resident; i++) { /* up to 10 s */
+		resident = all_resident(&p);
+		if (!resident)
+			usleep(10000);
+	}
+	CHECK(resident, "background pre-fault did not fault the pool in");
+	pthread_join(p.prefault_thread, NULL); /* done: hugepages is settled */
+	p.prefault_started = false;
+	long huge = smaps_huge_kb(p.base, p.bytes);
+	CHECK(p.hugepages == (huge > 0), "bg hugepages=%d but smaps shows %ld kB huge", p.hugepages,
+	      huge);
+	chm_pool_destroy(&p);
+	CHECK(p.base == NULL && !p.prefault_started, "destroy resets the pool");
+
+	ret = chm_pool_create_bg(&p, &c, 256 * MiB);
+	CHECK(ret == 0, "anon bg create: %d", ret);
+	chm_pool_destroy(&p); /* the thread stopped and joined, mid-way or not */
+	CHECK(p.base == NULL, "destroy resets the pool");
+	printf("ok   anon, background pre-fault: resident, hugepages=%d, stops on destroy\n",
+	       huge > 0);
+}
+
 static void test_memfd(bool numa)
 {
 	struct chm_config c = cfg_for(CHM_POOL_MEMFD, numa ? 0 : -1, NULL);
@@ -688,6 +725,7 @@ int main(void)
 	unlink(path);
 
 	test_anon(numa);
+	test_anon_background();
 	test_memfd(false);
 	if (numa)
 		test_memfd(true);
