@@ -49,6 +49,7 @@ def check(path: str, journal: str | None, as_json: bool) -> None:
             "missing_records",
             "torn_bytes",
             "header_mismatch",
+            "headerless",
             "bad_payload",
             "device_blocks",
             "torn_blocks",

@@ -43,6 +43,7 @@ __all__ = [
     "SECTOR",
     "BlockHeader",
     "first_block",
+    "has_magic",
     "footprint",
     "header_sector",
     "header_offset",
@@ -128,6 +129,11 @@ class BlockHeader:
     addr: int
     segment_bytes: int
     device: int
+
+
+def has_magic(raw: bytes | memoryview) -> bool:
+    """Does ``raw`` start with the header magic (a header, intact or not)."""
+    return bytes(raw[:8]) == MAGIC
 
 
 def parse_header(raw: bytes | memoryview, at: int) -> BlockHeader | None:

@@ -58,7 +58,8 @@ class CheckReport:
     damaged_records: int
     missing_records: int
     torn_bytes: int
-    header_mismatch: int  # journaled blocks whose device header disagrees or is absent
+    header_mismatch: int  # journaled blocks whose device header disagrees (or is damaged)
+    headerless: int  # journaled blocks with no header (older blocks; not damage)
     bad_payload: int  # journaled blocks whose payload fails its checksum
     device_blocks: int  # intact blocks on the device (newest of each key)
     torn_blocks: int  # headers on the device whose payload does not match
@@ -113,22 +114,26 @@ def _read_journal(backing: str, journal: str) -> _State:
     return _State(backing, journal, "ok" if rep.clean else "damaged", hdr, rep)
 
 
-def _verify(fd: int, puts: np.ndarray[Any, Any], version: int) -> tuple[np.ndarray[Any, Any], int]:
-    """Per PUT row: does its payload verify; and how many headers disagree
-    (headers exist from version 3 on)."""
+def _verify(fd: int, puts: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], int, int]:
+    """Per PUT row: does its payload verify; how many blocks have a header
+    that disagrees with their record (or is damaged); how many have none (a
+    block written before headers existed, or by a store whose segments
+    leave no room for one)."""
     good = np.zeros(puts.size, dtype=bool)
-    mismatch = 0
+    mismatch = headerless = 0
     for i, r in enumerate(puts):
         addr, n = int(r["addr"]), int(r["length"])
-        h = blockhdr.read_header_at(fd, addr, n) if version >= 3 else None
-        if version >= 3 and (
-            h is None
-            or (h.hi, h.lo, h.length, h.checksum, h.epoch)
-            != (int(r["hi"]), int(r["lo"]), n, int(r["checksum"]), int(r["epoch"]))
-        ):
-            mismatch += 1
+        at = blockhdr.header_offset(addr, n)
+        raw = os.pread(fd, 64, at)
+        if not blockhdr.has_magic(raw):
+            headerless += 1
+        else:
+            h = blockhdr.parse_header(raw, at)
+            want = (int(r["hi"]), int(r["lo"]), n, int(r["checksum"]), int(r["epoch"]))
+            if h is None or (h.hi, h.lo, h.length, h.checksum, h.epoch) != want:
+                mismatch += 1
         good[i] = blockhdr.payload_ok(fd, _Ent(addr, n, int(r["checksum"])))
-    return good, mismatch
+    return good, mismatch, headerless
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ def check(path: str | os.PathLike[str], journal: str | None = None) -> CheckRepo
         version = st.header.version if st.header else jn.VERSION
         fd = os.open(backing, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            good, mismatch = _verify(fd, puts, version)
+            good, mismatch, headerless = _verify(fd, puts)
         finally:
             os.close(fd)
         listed = {
@@ -171,6 +176,7 @@ def check(path: str | os.PathLike[str], journal: str | None = None) -> CheckRepo
             missing_records=rep.missing if rep else 0,
             torn_bytes=rep.torn_bytes if rep else 0,
             header_mismatch=mismatch,
+            headerless=headerless,
             bad_payload=int(np.count_nonzero(~good)),
             device_blocks=len(found),
             torn_blocks=torn_blocks,
@@ -231,10 +237,9 @@ def repair(
         rep = st.replay
         puts = rep.puts if rep is not None else np.zeros(0, dtype=jn.REC_DTYPE)
         metas = list(rep.metas or [b""] * puts.size) if rep is not None else []
-        version = hdr.version if hdr else jn.VERSION
         fd = os.open(backing, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            good, _ = _verify(fd, puts, version)
+            good, _, _ = _verify(fd, puts)
         finally:
             os.close(fd)
         keep: dict[tuple[int, int], tuple[np.ndarray[Any, Any], bytes]] = {}

@@ -143,3 +143,16 @@ def test_ghost_blocks_carry_no_header(tmp_path: Path) -> None:
         assert st.put_lengths([1, 2, 3], 256 * KiB) == [PutStatus.STORED] * 3
         addrs = [e["addr"] for e in st.entries([1, 2, 3]) if e is not None]
         assert addrs == [0, 256 * KiB, 512 * KiB]
+
+
+def test_blocks_without_headers_are_no_damage(tmp_backing: Path) -> None:
+    """A store whose segments hold exactly one block writes no headers:
+    check says so and finds nothing wrong."""
+    st = Store.open(tmp_backing, **{**GEOM, "segment_bytes": 64 * KiB})
+    for i in range(3):
+        st.put([i], [blk(i, 64 * KiB)])
+        st.flush()
+    st.close()
+    rc, r = report(tmp_backing)
+    assert rc == 0 and r["entries"] == 3 and r["headerless"] == 3
+    assert r["header_mismatch"] == 0 and r["bad_payload"] == 0
