@@ -32,7 +32,10 @@ compaction) from what it recovered. ``Replay.missing`` counts records that a
 gap in the sequence numbers shows were lost.
 
 Compaction writes the live entries to a new file, syncs it and renames it
-over the old one, so a crash leaves one or the other. An append that fails
+over the old one, so a crash leaves one or the other; the writing needs no
+lock of the store's (``compact_begin`` / ``compact_write`` /
+``compact_finish``), and records appended meanwhile are carried into the new
+file before the rename. An append that fails
 (a full disk) truncates the file back to where it was, so no partial
 record is left behind, and raises :class:`chm.errors.NoSpace` naming the
 file and the space left on its filesystem.

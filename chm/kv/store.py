@@ -12,7 +12,16 @@ device's write buffer; the index learns it only once it is readable, marks
 it durable once ``flush()`` has made it so, and journals it then. Every load
 verifies the block's XXH3-64: a torn or corrupted block is a miss, counted
 in ``stats().checksum_errors``, and is dropped from the index. Every method
-is thread-safe; the data of a load moves with no store lock held.
+is thread-safe; the data of a load, the journal's fdatasync and the writing
+of a compacted journal run with no store lock held.
+
+On a backend that stores bytes each block is written with a header sector
+after its payload (:mod:`chm.kv.blockhdr`), so ``chm-emu kv repair`` can
+rebuild a lost journal from the device. Damage is reported, never hidden:
+a damaged journal is counted in ``stats()``, warned about
+(:class:`JournalDamageWarning`) and kept aside; a lost journal beside
+blocks is :class:`chm.errors.Damaged`; a reopening whose slots cannot hold
+the stored blocks is refused (InvalidArgument naming what to pass).
 """
 
 from __future__ import annotations
