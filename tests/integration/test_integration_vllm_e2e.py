@@ -354,3 +354,63 @@ def test_replicas_share_one_daemon_and_a_path_serves_one_engine(
     assert "Busy" in repr(exc.value) or "in use" in str(exc.value), exc.value
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any(m.startswith("chm: tier not in use") and str(kv) in m for m in lines), lines
+
+
+_SERVE_THEN_DIE = """
+import importlib.util, json, os, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+m = importlib.util.spec_from_file_location("e2e", sys.argv[1])
+t = importlib.util.module_from_spec(m)
+m.loader.exec_module(t)
+t.vllm_cpu_offload.install()
+model, words, kv = (t.Path(a) for a in sys.argv[2:5])
+eng = t.Engine(model, t.tier_config(kv))
+first, more = t.workload(words)
+eng.generate(first)
+store = eng.tier.store
+time.sleep(0.2)
+while eng.tier.staging.stats().queued_bytes or store.stats().pending_entries:
+    time.sleep(0.05)  # the periodic flusher (flush_interval_s) makes them durable
+durable = store.stats().entries
+out = eng.generate([f"{p} {w[0]}" for p, w in zip(first, more)])
+print(json.dumps({"durable": durable}), flush=True)
+os.kill(os.getpid(), 9)  # right after the last stores were handed to the tier
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_right_after_serving_keeps_every_flushed_block(
+    tmp_path: Path, models: dict[str, Path], engines: list[Engine]
+) -> None:
+    """vLLM with the documented config (``flush_interval_s`` as written) in
+    its own process serves a turn, waits until the tier's periodic flusher
+    made it durable (nobody calls flush), serves another turn and is killed
+    -9 the moment it returns. A restarted engine recovers every block of the
+    first turn, loads them without a checksum error, and answers as vLLM
+    without offloading does."""
+    import subprocess
+
+    kv = tmp_path / "kv"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    p = subprocess.run(
+        [sys.executable, "-c", _SERVE_THEN_DIE, __file__, str(models["A"]), str(models["words"]),
+         str(kv)],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert p.returncode == -9, p.stderr[-3000:]
+    durable = json.loads(p.stdout.strip().splitlines()[-1])["durable"]
+    assert durable > 0
+    first, _ = workload(models["words"])
+    ref = Engine(models["A"], None)
+    engines.append(ref)
+    want = ref.generate(first)
+    ref.close()
+    engines.remove(ref)
+    e = Engine(models["A"], tier_config(kv))
+    engines.append(e)
+    assert e.tier.store.stats().recovered_entries >= durable
+    got = e.generate(first)
+    st = e.tier.stats()
+    assert st["loaded_blocks"] > 0 and st["checksum_errors"] == 0 and st["load_misses"] == 0, st
+    tokens, drift = same(got, want)
+    assert tokens and drift <= LOGPROB_TOL, drift
