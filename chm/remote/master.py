@@ -68,6 +68,8 @@ assert ENTRY_BYTES == 64
 _EPOCH_AT = 40  # byte offset of the node epoch in ENTRY
 _NODE_AT = 56  # byte offset of the node id
 _WIRE = np.dtype([("hi", ">u8"), ("lo", ">u8")])
+# RedisMaster.renew_status
+RENEWED, SUPERSEDED, UNKNOWN, UNREACHABLE = 1, 0, -1, -2
 
 # KEYS[1] = entries hash, KEYS[2] = lease key prefix; ARGV = 16-byte keys.
 # Returns the leading entries whose node lease holds their epoch, stopping
@@ -97,7 +99,8 @@ return out
 # KEYS[1] = lease key, KEYS[2] = epoch counter; ARGV = epoch (8 bytes), ttl ms.
 _RENEW = """
 local cur = redis.call('GET', KEYS[2])
-if cur and tonumber(cur) ~= tonumber(ARGV[3]) then return 0 end
+if not cur then return -1 end
+if tonumber(cur) ~= tonumber(ARGV[3]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
@@ -274,15 +277,22 @@ class RedisMaster:
 
     def renew(self, node: int, epoch: int) -> bool:
         """Extends the node's lease; False when Redis is down or the node has a newer epoch."""
+        return self.renew_status(node, epoch) == RENEWED
+
+    def renew_status(self, node: int, epoch: int) -> int:
+        """Extends the node's lease: ``RENEWED``; ``SUPERSEDED`` (the node
+        registered again since: a newer epoch); ``UNKNOWN`` (Redis no longer
+        knows the node: it lost its data, so the node must register again);
+        ``UNREACHABLE``."""
         try:
-            ok = self._renew(
+            rc = self._renew(
                 keys=[self._lease_key(node), self._k(f"epoch:{node}")],
                 args=[struct.pack("<Q", epoch), int(self.lease * 1000), epoch],
             )
         except self._errors_cls:
             self._count("errors")
-            return False
-        return bool(ok)
+            return UNREACHABLE
+        return int(rc)
 
     def deregister(self, node: int, epoch: int) -> None:
         """Ends the node's lease now (a clean shutdown): its entries stop being hits."""
@@ -293,7 +303,15 @@ class RedisMaster:
             self._count("errors")
 
     def nodes(self) -> list[NodeInfo]:
-        """Every node ever registered, with its epoch, liveness and lease time left."""
+        """Every node ever registered, with its epoch, liveness and lease time left
+        (MasterUnreachable when Redis does not answer)."""
+        try:
+            return self._nodes()
+        except self._errors_cls as exc:
+            self._count("errors")
+            raise MasterUnreachable(None, f"nodes: the Master's Redis: {exc}") from None
+
+    def _nodes(self) -> list[NodeInfo]:
         out = []
         for name, nid in sorted(self._r.hgetall(self._k("ids")).items(), key=lambda kv: int(kv[1])):
             node = int(nid)
@@ -409,26 +427,49 @@ class RedisMaster:
 
 
 class Lease:
-    """A thread that renews a node's lease every ``lease / 3`` seconds until stopped."""
+    """A thread that renews a node's lease every ``lease / 3`` seconds until stopped.
 
-    def __init__(self, master: RedisMaster, node: int, epoch: int) -> None:
+    ``on_lost_master`` is called (on the lease thread) when Redis answers
+    again after it was unreachable or no longer knows this node (it
+    restarted without its data); it returns the node's ``(node, epoch)``
+    to renew from then on (e.g. after registering and re-publishing). When
+    a newer epoch of the node took over, ``lost`` is set and renewing stops.
+    """
+
+    def __init__(
+        self,
+        master: RedisMaster,
+        node: int,
+        epoch: int,
+        on_lost_master: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
         self.master, self.node, self.epoch = master, node, epoch
+        self.on_lost_master = on_lost_master
         self.lost = False  # a newer epoch took over: this node must stop serving
+        self.recoveries = 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, name=f"chm-lease-{node}", daemon=True)
         self._t.start()
 
     def _run(self) -> None:
         step = self.master.lease / 3
+        down = False
         while not self._stop.wait(step):
-            if not self.master.renew(self.node, self.epoch):
+            rc = self.master.renew_status(self.node, self.epoch)
+            if rc == UNREACHABLE:
+                down = True  # renew again when it is back
+                continue
+            if rc == SUPERSEDED:
+                self.lost = True
+                return
+            if (rc == UNKNOWN or down) and self.on_lost_master is not None:
                 try:
-                    cur = self.master._r.get(self.master._k(f"epoch:{self.node}"))
-                except self.master._errors_cls:
-                    continue  # Redis is down: renew again when it is back
-                if cur is not None and int(cur) != self.epoch:
-                    self.lost = True
-                    return
+                    self.node, self.epoch = self.on_lost_master()
+                except ChmError:
+                    down = True
+                    continue
+                self.recoveries += 1
+            down = False
 
     def stop(self, deregister: bool = True) -> None:
         self._stop.set()

@@ -152,7 +152,12 @@ class NodeServer:
             name,
             {"data": engine.endpoint, "control": f"{host}:{port}", "pid": str(os.getpid())},
         )
-        self._lease = Lease(master, self.node, self.epoch)
+        self._endpoints = {
+            "data": engine.endpoint,
+            "control": f"{host}:{port}",
+            "pid": str(os.getpid()),
+        }
+        self._lease = Lease(master, self.node, self.epoch, self._master_back)
         self._lock = threading.Lock()
         self._clients: set[int] = set()
         self._closing = threading.Event()
@@ -173,6 +178,19 @@ class NodeServer:
                     )
                 )
         return out
+
+    def _master_back(self) -> tuple[int, int]:
+        """Redis answers again: registers anew when it lost this node, then
+        re-publishes every block under the (possibly new) epoch."""
+        try:
+            info = self.master.node(self.node)
+            same = info.name == self.name and info.epoch == self.epoch
+        except ChmError:
+            same = False
+        if not same:
+            self.node, self.epoch = self.master.register(self.name, self._endpoints)
+        self.republish()
+        return self.node, self.epoch
 
     def republish(self) -> int:
         """Publishes every block the store holds under this epoch; returns how many."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -24,11 +25,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from chm.errors import NoSpace
 from chm.kv.keys import Namespace
 from chm.kv.store import PutStatus
 from chm.remote.master import RedisMaster, key_bytes
 from chm.remote.node import NodeGone, RemoteTier, _NodeLink, read_secret
-from chm.remote.transfer import Engine
+from chm.remote.transfer import TIMEOUT, Engine
 from chm.testing.redisd import RedisServer, redis_server_path
 from chm.testing.remote import NodeProcess, write_secret
 
@@ -270,3 +272,80 @@ def test_secret_file_must_be_private(tmp_path: Path) -> None:
     p.write_bytes(b"")
     with pytest.raises(InvalidArgument, match="empty"):
         read_secret(p)
+
+
+def test_redis_restart_while_node_runs_recovers(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """Redis killed (SIGKILL) under a running node and worker: loads are
+    misses within the timeout, not hangs; once Redis is back (empty: it
+    keeps nothing on disk) the node registers again and re-publishes, and
+    the same blocks are hits again, byte-exact."""
+    keys = Namespace(model="rr").keys(range(6))
+    data = _blocks(6, 5)
+    with _node(redis_srv, tmp_path, secret_file) as node, _tier(redis_srv, secret_file) as tier:
+        assert tier.save("r", keys, data) == [PutStatus.STORED] * 6
+        redis_srv.kill()
+        t0 = time.monotonic()
+        assert tier.load(keys, [np.zeros(BLOCK, np.uint8) for _ in range(6)]) == 0
+        assert time.monotonic() - t0 < 3.0
+        redis_srv.start()
+        deadline = time.monotonic() + 10
+        n = 0
+        while time.monotonic() < deadline:
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(6)]
+            n = tier.load(keys, outs, timeout=1.0)
+            if n == 6:
+                break
+            time.sleep(0.1)
+        assert n == 6, node.log()[-2000:]
+        assert all(np.array_equal(a, b) for a, b in zip(outs, data, strict=True))
+
+
+def test_stopped_node_times_out_and_quarantines_late_reads(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """A node that stops answering (SIGSTOP: its sockets stay open, so the
+    Transfer Engine's read blocks) turns a load into misses at the load's
+    timeout; once the node is gone for good the late read ends and its
+    buffer memory comes back (it was quarantined, never reused meanwhile)."""
+    keys = Namespace(model="st").keys(range(8))
+    data = _blocks(8, 6)
+    node = _node(redis_srv, tmp_path, secret_file).start()
+    try:
+        with _tier(redis_srv, secret_file, timeout=1.0) as tier:
+            assert tier.save("r", keys, data) == [PutStatus.STORED] * 8
+            assert node.proc is not None
+            ents = tier.master.lookup(keys)
+            link = tier._link(ents[0].node, ents[0].epoch)
+            staged, why = link.call(
+                ("stage", [e.key for e in ents], [e.checksum for e in ents], 2.0)
+            )
+            assert why == "all" and len(staged) == 8
+            node.proc.send_signal(signal.SIGSTOP)
+            # the read itself hangs on the stopped peer: TIMEOUT, memory held
+            off = tier.buf.take(8 * BLOCK)
+            t0 = time.monotonic()
+            status = tier.engine.read(
+                link.info["data"],
+                [tier.buf.addr + off + j * BLOCK for j in range(8)],
+                [a for a, _, _ in staged],
+                [BLOCK] * 8,
+                timeout=0.5,
+                on_late=lambda: tier.buf.quarantine(off, 8 * BLOCK),
+            )
+            assert time.monotonic() - t0 < 1.5
+            assert status == TIMEOUT
+            assert tier.buf.quarantined == 1
+            with pytest.raises(NoSpace):  # the quarantined region is not handed out
+                tier.buf.take(tier.buf.nbytes)
+            t0 = time.monotonic()
+            assert tier.load(keys, [np.zeros(BLOCK, np.uint8) for _ in range(8)]) == 0
+            assert time.monotonic() - t0 < 2.5
+            node.kill()  # SIGKILL ends a stopped process too: its sockets close
+            deadline = time.monotonic() + 10
+            while tier.buf.quarantined and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert tier.buf.quarantined == 0
+    finally:
+        node.kill()
