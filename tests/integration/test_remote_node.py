@@ -76,10 +76,12 @@ def _node(
     return NodeProcess(redis_srv.url, name, tmp_path / name, secret_file, options=NODE_OPTS)
 
 
-def _tier(redis_srv: RedisServer, secret_file: Path, timeout: float = 3.0) -> RemoteTier:
+def _tier(
+    redis_srv: RedisServer, secret_file: Path, timeout: float = 3.0, buffer: int = 8 << 20
+) -> RemoteTier:
     master = RedisMaster(redis_srv.url, lease=1.0)
     return RemoteTier(
-        master, Engine.get("127.0.0.1"), read_secret(secret_file), buffer=8 << 20, timeout=timeout
+        master, Engine.get("127.0.0.1"), read_secret(secret_file), buffer=buffer, timeout=timeout
     )
 
 
@@ -349,3 +351,25 @@ def test_stopped_node_times_out_and_quarantines_late_reads(
             assert tier.buf.quarantined == 0
     finally:
         node.kill()
+
+
+def test_save_past_the_write_buffer_skips_not_stalls(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """More blocks in one commit than the node's write buffer (8 MiB) holds:
+    the surplus is SKIPPED at once (never a stall, never an error), and every
+    block reported STORED loads back byte-exact."""
+    keys = Namespace(model="sk").keys(range(48))  # 12 MiB in one save
+    data = _blocks(48, 7)
+    node = _node(redis_srv, tmp_path, secret_file)
+    with node, _tier(redis_srv, secret_file, buffer=16 << 20) as tier:
+        t0 = time.monotonic()
+        st = tier.save("big", keys, data)
+        assert time.monotonic() - t0 < 3.0
+        assert PutStatus.ERROR not in st
+        assert PutStatus.SKIPPED in st and st[0] == PutStatus.STORED
+        assert tier.stats["skipped"] == st.count(PutStatus.SKIPPED)
+        stored = [j for j, s in enumerate(st) if s == PutStatus.STORED]
+        outs = [np.zeros(BLOCK, np.uint8) for _ in stored]
+        assert tier.load(keys[stored], outs) == len(stored)
+        assert all(np.array_equal(outs[i], data[j]) for i, j in enumerate(stored))
