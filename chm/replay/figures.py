@@ -244,10 +244,32 @@ def _pd_systems(p: PdParams, overrides: Sequence[str]) -> tuple[PrefillModel, li
     return setup.prefill, list(setup.systems.values())
 
 
-def fig8_pd(p: PdParams, overrides: Sequence[str] = (), progress: Progress = None) -> FigureData:
+def _hit_gain(p: PdParams, overrides: Sequence[str]) -> float:
+    """Turn ``late_turn`` hit rate of HyMCache minus Mooncake's, in points."""
+    pm, systems = _pd_systems(p, overrides)
+    reqs = _chat(p)
+    pool = next(s for s in systems if s.name == "remote-dram-pool")
+    res = simulate(reqs, pool, pm, workers=p.prefill_workers)
+    res += [r.result for r in _hymcache(reqs, pm, p, p.prefill_workers, None)]
+    late = p.late_turn - 1
+    return 100 * (
+        turn_stats(res, "hymcache", late)["hit_rate"]
+        - turn_stats(res, "remote-dram-pool", late)["hit_rate"]
+    )
+
+
+def fig8_pd(
+    p: PdParams,
+    overrides: Sequence[str] = (),
+    progress: Progress = None,
+    session_rates: Sequence[float] = (),
+) -> FigureData:
     """Fig. 8: per-turn hit rate and TTFT, four prefill workers, one storage node.
 
     ``overrides``: ``SCOPE.NAME=VALUE`` for the baselines (:func:`configure`).
+    ``session_rates``: the hit-rate gain is also replayed with conversations
+    starting at these rates (how interleaved they are decides how much of
+    the footprint is live at once: the gain's modeling choice).
     """
     pm, systems = _pd_systems(p, overrides)
     reqs = _chat(p)
@@ -262,6 +284,12 @@ def fig8_pd(p: PdParams, overrides: Sequence[str] = (), progress: Progress = Non
     ttft_ratio = _mean_ttft(results, "hymcache") / _mean_ttft(results, "remote-dram-pool")
     dram_ratio = p.pool_bytes / p.device_dram_bytes
     foot = _footprint(reqs, pm)
+    gain = 100 * (hym["hit_rate"] - moon["hit_rate"])
+    by_rate = [(p.session_rate_per_s, gain)]
+    for rate in session_rates:
+        if rate != p.session_rate_per_s:
+            q = dataclasses.replace(p, session_rate_per_s=rate)
+            by_rate.append((rate, _hit_gain(q, overrides)))
     summary = {
         "requests": len(reqs),
         "footprint_bytes": foot,
@@ -275,13 +303,15 @@ def fig8_pd(p: PdParams, overrides: Sequence[str] = (), progress: Progress = Non
         "hymcache_queued_ttft_mean_s": sum(r.ttft_s for r in hy) / len(hy),
         "hymcache_writes_skipped": sum(r.writes_skipped for r in hy),
         "hymcache_writes_offered": sum(r.writes_offered for r in hy),
+        "hit_gain_points_by_session_rate": [{"rate_per_s": r, "points": g} for r, g in by_rate],
     }
+    rates = "; ".join(f"{r:g}/s: {g:+.1f}" for r, g in by_rate)
     claims = [
         Claim(
             f"turn {p.late_turn} hit rate, HyMCache - Mooncake (points) [{p.users} conversations "
             f"starting at {p.session_rate_per_s:g}/s, footprint {foot / 1e12:.2f} TB, pool "
-            f"{p.pool_bytes / 1e12:.2f} TB]",
-            100 * (hym["hit_rate"] - moon["hit_rate"]),
+            f"{p.pool_bytes / 1e12:.2f} TB; by start rate {rates}]",
+            gain,
             5.0,
             True,
             "HyMCache's hit rate ~10 % higher than Mooncake's 1 TB pool",
@@ -308,7 +338,8 @@ def fig8_pd(p: PdParams, overrides: Sequence[str] = (), progress: Progress = Non
             "16x less DRAM",
         ),
     ]
-    return FigureData("fig8", results, {"hymcache": hy}, {}, summary, claims)
+    sweeps = {"hit_gain_points": [(r, g) for r, g in by_rate]}
+    return FigureData("fig8", results, {"hymcache": hy}, sweeps, summary, claims)
 
 
 # ---- Fig. 9
@@ -439,11 +470,16 @@ class TransferBufferParams(PdParams):
 
 
 def fig10_transfer_buffer(
-    p: TransferBufferParams, buffers: Sequence[int], progress: Progress = None
+    p: TransferBufferParams,
+    buffers: Sequence[int],
+    progress: Progress = None,
+    drains: Sequence[float] = (),
 ) -> FigureData:
     """Fig. 10: mean TTFT per host transfer-buffer size, Mooncake and HyMCache.
 
-    ``buffers`` must include ``p.knee_bytes`` and a larger size."""
+    ``buffers`` must include ``p.knee_bytes`` and a larger size. ``drains``:
+    Mooncake's knee ratio is also replayed with these drain rates (B/s), the
+    modeling choice its verdict rests on."""
     bufs = sorted(set(buffers))
     if p.knee_bytes not in bufs or bufs[-1] <= p.knee_bytes:
         raise ValueError(
@@ -476,6 +512,19 @@ def fig10_transfer_buffer(
 
     big = bufs[-1]
     moon = at("mooncake", p.knee_bytes) / at("mooncake", big)
+
+    def knee(drain: float) -> float:
+        t = {}
+        for b in (p.knee_bytes, big):
+            s = dataclasses.replace(
+                pool, transfer_buffer_bytes=b, transfer_drain_Bps=drain, name="mooncake"
+            )
+            rs = simulate(reqs, s, pm, workers=p.prefill_workers)
+            t[b] = sum(r.ttft_s for r in rs) / len(rs)
+        return t[p.knee_bytes] / t[big]
+
+    by_drain = [(p.transfer_drain_Bps, moon)]
+    by_drain += [(d, knee(d)) for d in drains if d != p.transfer_drain_Bps]
     hym = max(at("hymcache", b) for b in bufs if b >= p.knee_bytes) / at("hymcache", big)
     summary = {
         "requests": len(reqs),
@@ -485,11 +534,13 @@ def fig10_transfer_buffer(
         },
         "mooncake_knee_over_largest": moon,
         "hymcache_above_knee_over_largest": hym,
+        "mooncake_knee_ratio_by_drain": [{"drain_Bps": d, "ratio": r} for d, r in by_drain],
     }
+    drain_txt = "; ".join(f"{d / 1e9:g} GB/s: {r:.2f}" for d, r in by_drain)
     claims = [
         Claim(
             f"Mooncake mean TTFT at {p.knee_bytes >> 30} GiB / at {big >> 30} GiB "
-            f"[drain {p.transfer_drain_Bps / 1e9:g} GB/s]",
+            f"[drain {p.transfer_drain_Bps / 1e9:g} GB/s; by drain {drain_txt}]",
             moon,
             1.1,
             True,

@@ -154,6 +154,22 @@ def test_fig8_small_has_every_system_and_its_claims() -> None:
         F.PdParams(late_turn=9)
 
 
+def test_fig8_and_fig10_verdicts_carry_their_sweeps() -> None:
+    p = F.PdParams(late_turn=3, **SMALL)  # type: ignore[arg-type]
+    fig = F.fig8_pd(p, session_rates=[1.0])
+    rates = [r for r, _ in fig.sweeps["hit_gain_points"]]
+    assert rates == [100.0, 1.0]
+    assert fig.sweeps["hit_gain_points"][0][1] == fig.claims[0].value
+    assert "by start rate 100/s:" in fig.claims[0].name and "; 1/s:" in fig.claims[0].name
+    q = F.TransferBufferParams(late_turn=3, knee_bytes=1 << 30, **SMALL)  # type: ignore[arg-type]
+    f10 = F.fig10_transfer_buffer(q, [256 << 20, 1 << 30, 4 << 30], drains=[1e9, 100e9])
+    by = {d["drain_Bps"]: d["ratio"] for d in f10.summary["mooncake_knee_ratio_by_drain"]}
+    assert set(by) == {25e9, 1e9, 100e9}
+    # a buffer that drains faster makes the knee no worse
+    assert by[1e9] >= by[25e9] >= by[100e9] >= 1.0
+    assert "by drain 25 GB/s:" in f10.claims[0].name
+
+
 def test_fig9_shorter_timeouts_fall_back_more() -> None:
     p = F.NvmeofParams(load_timeout_s=0.01, **SMALL)  # type: ignore[arg-type]
     fig = F.fig9_nvmeof(p, [10.0])

@@ -175,17 +175,29 @@ def main() -> None:
     metavar="SCOPE.NAME=VALUE",
     help="Override a baseline (e.g. remote-dram-pool.tier.latency_s=5e-5).",
 )
+@click.option(
+    "--session-rates",
+    default="1",
+    show_default=True,
+    help="Conversation start rates (1/s) the hit-rate gain is also replayed with.",
+)
 @common
 def fig8(
-    baseline_sets: tuple[str, ...], sets: tuple[str, ...], quick: bool, no_plots: bool, out: Path
+    baseline_sets: tuple[str, ...],
+    session_rates: str,
+    sets: tuple[str, ...],
+    quick: bool,
+    no_plots: bool,
+    out: Path,
 ) -> None:
     """Fig. 8: PD-disaggregated 4P-1D-1S, Qwen2.5-32B, against Mooncake's 1 TB pool."""
     p = _params(F.PdParams(), quick, sets, {"late_turn": "3"})
+    rates = _floats(session_rates)
     total = p.users * p.turns * 4
     _run(
         "fig8",
         p,
-        lambda prog: F.fig8_pd(p, baseline_sets, prog),
+        lambda prog: F.fig8_pd(p, baseline_sets, prog, rates),
         total,
         out,
         no_plots,
@@ -230,8 +242,16 @@ def fig9(timeouts: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out:
     show_default=True,
     help="Host transfer-buffer sizes (must include knee_bytes and a larger one).",
 )
+@click.option(
+    "--drains",
+    default="12.5e9,50e9",
+    show_default=True,
+    help="Mooncake drain rates (B/s) its knee ratio is also replayed with.",
+)
 @common
-def fig10(buffers: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out: Path) -> None:
+def fig10(
+    buffers: str, drains: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out: Path
+) -> None:
     """Fig. 10: host transfer-buffer sweep, Mooncake vs HyMCache."""
     quick_knee = {"late_turn": "3", "knee_bytes": "1G"}
     p = _params(F.TransferBufferParams(), quick, sets, quick_knee)
@@ -254,7 +274,8 @@ def fig10(buffers: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out:
             title="Fig. 10: transfer-buffer sensitivity",
         )
 
-    work = lambda prog: F.fig10_transfer_buffer(p, bufs, prog)  # noqa: E731
+    ds = _floats(drains)
+    work = lambda prog: F.fig10_transfer_buffer(p, bufs, prog, ds)  # noqa: E731
     _run("fig10", p, work, total, out, no_plots, plot, quick)
 
 
