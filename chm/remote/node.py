@@ -330,11 +330,16 @@ class NodeServer:
             if p and j >= n:
                 self.store.unpin(ks[j : j + 1])
         tokens: list[int] = []
+        # the store's admission picks the blocks the device keeps resident in
+        # its DRAM after release (a device with a resident region), as for a local load
+        retain = self.store._retain_mask([e["addr"] for e in ents[:n] if e is not None])
         for j in range(n):
             e = ents[j]
             assert e is not None
             try:
-                h = cl.session.prefetch(e["addr"], e["length"], noqueue=True)
+                h = cl.session.prefetch(
+                    e["addr"], e["length"], noqueue=True, retain=bool(retain and retain[j])
+                )
             except ChmError as exc:  # no free slot (or over the quota): the prefix ends
                 why = "busy" if isinstance(exc, WouldBlock) else "error"
                 for jj in range(j, n):
@@ -817,6 +822,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dram", default="64M")
     ap.add_argument("--slot-size", default="1M")
     ap.add_argument("--wbuf", default="4M", help="the device's write buffer (part of --dram)")
+    ap.add_argument(
+        "--resident",
+        default="0",
+        help="the device's resident region (part of --dram; 0: none): hot blocks stay in DRAM",
+    )
     ap.add_argument("--backend", default="pread")
     ap.add_argument("--write-area", type=int, default=64 << 20)
     ap.add_argument("--lease", type=float, default=3.0)
@@ -831,7 +841,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         dram=a.dram,
         slot_size=a.slot_size,
         backend=a.backend,
-        device_options={"pool": "memfd", "wbuf": a.wbuf},
+        device_options={
+            "pool": "memfd",
+            "wbuf": a.wbuf,
+            **({"resident": a.resident} if a.resident not in ("0", "") else {}),
+        },
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
