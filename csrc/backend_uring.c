@@ -70,11 +70,6 @@ struct uring_be {
 	uintptr_t pool_base;
 	uint64_t pool_bytes;
 	pthread_t reaper;
-	/* the pool is registered as fixed buffers by a thread of its own (it
-	 * pins, so faults in, the whole pool: up to seconds); nbufs and the
-	 * pool fields are published under lock when it is done */
-	pthread_t bufs_thread;
-	bool bufs_started;
 
 	/* liburing's SQ is single-producer: every get_sqe/prep/submit on the
 	 * ring, from callers and from the reaper, happens under lock. The CQ
@@ -351,49 +346,34 @@ static int uring_setup(struct uring_be *ub, unsigned entries)
 	return -EPERM;
 }
 
-/* Registers the targets; a failure just means running without. */
+/* Registers targets and pool; a failure just means running without. */
 static void uring_register(struct uring_be *ub)
 {
-	struct chm_dev *dev = ub->dev;
-	ub->fixed_files = !io_uring_register_files(&ub->ring, dev->fds, dev->cfg.n_targets);
-}
-
-/* Registers the pool as fixed buffers, off the open path: registration pins
- * every page, so it faults the whole pool in (the kernel zeroing it, and in
- * a VM the host backing it: up to seconds for the default 320 MiB). I/O
- * before it is done uses plain buffers; so does all I/O if it fails.
- * Buffer registration does not quiesce the ring (Linux 5.13+), so it runs
- * beside submissions; nbufs is published under lock, where uring_prep
- * reads it. */
-static void *uring_register_bufs(void *arg)
-{
-	struct uring_be *ub = arg;
 	struct chm_dev *dev = ub->dev;
 	uint64_t piece = 1ull << URING_PIECE_SHIFT, off;
 	struct iovec *iov;
 	unsigned n, i;
 
+	ub->fixed_files = !io_uring_register_files(&ub->ring, dev->fds, dev->cfg.n_targets);
+
 	if (!dev->pool.base || !dev->pool.bytes)
-		return NULL;
+		return;
 	n = (unsigned)((dev->pool.bytes + piece - 1) >> URING_PIECE_SHIFT);
 	if (n > URING_MAX_BUFS)
-		return NULL;
+		return;
 	iov = calloc(n, sizeof(*iov));
 	if (!iov)
-		return NULL;
+		return;
 	for (i = 0, off = 0; i < n; i++, off += piece) {
 		iov[i].iov_base = (char *)dev->pool.base + off;
 		iov[i].iov_len = dev->pool.bytes - off < piece ? dev->pool.bytes - off : piece;
 	}
 	if (!io_uring_register_buffers(&ub->ring, iov, n)) {
-		pthread_mutex_lock(&ub->lock);
 		ub->nbufs = n;
 		ub->pool_base = (uintptr_t)dev->pool.base;
 		ub->pool_bytes = dev->pool.bytes;
-		pthread_mutex_unlock(&ub->lock);
 	}
 	free(iov);
-	return NULL;
 }
 
 static int uring_init(struct chm_dev *dev, struct chm_backend **out)
@@ -429,9 +409,6 @@ static int uring_init(struct chm_dev *dev, struct chm_backend **out)
 	if (ret)
 		goto err_mutex;
 	pthread_setname_np(ub->reaper, "chm-uring");
-	ub->bufs_started = pthread_create(&ub->bufs_thread, NULL, uring_register_bufs, ub) == 0;
-	if (!ub->bufs_started)
-		uring_register_bufs(ub); /* no thread: here, before open returns */
 	*out = (struct chm_backend *)ub;
 	return 0;
 
@@ -500,8 +477,6 @@ static void uring_shutdown(struct chm_backend *be)
 	pthread_mutex_unlock(&ub->lock);
 
 	pthread_join(ub->reaper, NULL);
-	if (ub->bufs_started) /* a registration still pinning finishes first */
-		pthread_join(ub->bufs_thread, NULL);
 	/* Why unregister before the exit: closing the ring fd leaves its
 	 * teardown to a kernel worker, whose fput of the registered targets is
 	 * deferred again; until then a block-device target stays claimed

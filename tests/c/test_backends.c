@@ -733,15 +733,10 @@ static void phase_shutdown_inflight(struct env *e, bool slow)
 	       e->name, n, slow ? " (1 ms SLOW)" : "");
 }
 
-/* uring only: registration as seen by the kernel. The pool is registered
- * by a thread of the backend's own, after init returns: wait for it. */
+/* uring only: registration as seen by the kernel. */
 static void phase_uring_fdinfo(struct env *e)
 {
 	struct ring_info ri = ring_info();
-	for (int i = 0; i < 1000 && ri.found && ri.user_bufs != 1; i++) { /* up to 10 s */
-		usleep(10000);
-		ri = ring_info();
-	}
 
 	CHECK(ri.found, "%s: no io_uring fd found", e->name);
 	CHECK(ri.user_files == TARGETS, "%s: %ld fixed files, want %d", e->name, ri.user_files,
