@@ -306,20 +306,26 @@ class RemoteDevice:
                 raise Cancelled(None, f"{op.name}: connection is closed")
             if self._broken:
                 raise DaemonGone(None, f"{op.name}: {self._broken}")
-            self._seq += 1
-            seq = self._seq
+            seq = self._seq + 1
+            packet = encode(op, seq, body)  # too large: raised here, nothing sent
+            self._seq = seq
             limit = wait + self.request_timeout
             done = False
             try:
                 self._sock.settimeout(limit)
                 try:
-                    self._sock.send(encode(op, seq, body))
+                    self._sock.send(packet)
                 except OSError as exc:
                     if exc.errno not in _LOST:
                         raise
-                    # the daemon may have said why before closing
-                    self._sock.settimeout(0.001)
-                data = self._sock.recv(MAX_FRAME + 1)
+                    data = self._said_before_closing()
+                    if not data:
+                        self._break(_LOST[exc.errno or 0])
+                        raise DaemonGone(
+                            None, f"{op.name}: {self._broken} ({_oserr(exc)})"
+                        ) from None
+                else:
+                    data = self._sock.recv(MAX_FRAME + 1)
                 done = True
             except TimeoutError:
                 self._break(
@@ -328,6 +334,8 @@ class RemoteDevice:
                 )
                 raise DaemonGone(None, f"{op.name}: {self._broken}") from None
             except OSError as exc:
+                if isinstance(exc, DaemonGone):
+                    raise
                 self._break(f"{_LOST.get(exc.errno or 0, 'the connection failed')}")
                 raise DaemonGone(None, f"{op.name}: {self._broken} ({_oserr(exc)})") from None
             finally:
@@ -351,6 +359,15 @@ class RemoteDevice:
                 self._break(f"answer {rop.name}/{rseq} to {op.name}/{seq}")
                 raise ProtocolError(self._broken)
             return rbody
+
+    def _said_before_closing(self) -> bytes:
+        """After a send failed on a closed connection: the daemon's last
+        packet (its ERROR saying why), or b"" if it left none."""
+        try:
+            self._sock.settimeout(0.05)
+            return bytes(self._sock.recv(MAX_FRAME + 1))
+        except (OSError, ProtocolError):
+            return b""
 
     def _raw_error(self, rc: int, call: str, args: str) -> ChmError:
         """The exception of a raw call's -errno; -EACCES is an address
