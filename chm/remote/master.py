@@ -96,6 +96,27 @@ end
 return out
 """
 
+# The same checks for every key, no prefix: per key its entry or false.
+_CONTAINS = """
+local leases = {}
+local out = {}
+for i = 1, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  local hit = false
+  if v then
+    local node = string.sub(v, 57, 60)
+    local live = leases[node]
+    if live == nil then
+      live = redis.call('GET', KEYS[2] .. node) or false
+      leases[node] = live
+    end
+    if live == string.sub(v, 41, 48) then hit = v end
+  end
+  out[i] = hit
+end
+return out
+"""
+
 # KEYS[1] = lease key, KEYS[2] = epoch counter; ARGV = epoch (8 bytes), ttl ms.
 _RENEW = """
 local cur = redis.call('GET', KEYS[2])
@@ -217,6 +238,7 @@ class RedisMaster:
         except ValueError as exc:
             raise InvalidArgument(None, f"master url {url!r}: {exc}") from None
         self._lookup = self._r.register_script(_LOOKUP)
+        self._contains = self._r.register_script(_CONTAINS)
         self._renew = self._r.register_script(_RENEW)
         self._lock = threading.Lock()
         self.stats: dict[str, int] = {
@@ -400,6 +422,22 @@ class RedisMaster:
                 break
         self._count("hits", len(hits))
         return hits
+
+    def get(self, keys: Any) -> list[Entry | None]:
+        """Per key its live entry or None (no prefix semantics), ``LOOKUP_BATCH``
+        keys per round trip; None for the rest when Redis does not answer."""
+        ks = key_bytes(keys)
+        out: list[Entry | None] = []
+        for at in range(0, len(ks), LOOKUP_BATCH):
+            part = ks[at : at + LOOKUP_BATCH]
+            try:
+                raw = self._contains(keys=[self._k("e"), self._k("lease:")], args=part)
+            except self._errors_cls:
+                self._count("errors")
+                return out + [None] * (len(ks) - len(out))
+            self._count("round_trips")
+            out.extend(Entry.unpack(v) if v else None for v in raw)
+        return out
 
     def prefix_len(self, keys: Any) -> int:
         return len(self.lookup(keys))

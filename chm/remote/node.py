@@ -511,11 +511,19 @@ class RemoteTier:
 
     # ---- loads
 
-    def load(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> int:
+    def load(
+        self,
+        keys: Any,
+        dsts: Sequence[Any],
+        timeout: float | None = None,
+        *,
+        node: int | None = None,
+    ) -> int:
         """Copies the leading hits of ``keys`` into ``dsts`` in order; returns how many.
 
-        Stops at the first key that is not a hit, cannot be staged or read in
-        time, or fails its checksum. Never waits much past ``timeout``.
+        Stops at the first key that is not a hit (with ``node``: not a hit on
+        that node), cannot be staged or read in time, or fails its checksum.
+        Never waits much past ``timeout``.
         """
         t = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + t
@@ -525,6 +533,9 @@ class RemoteTier:
         outs = [as_dst(d, f"buffer {j}") for j, d in enumerate(dsts[: len(ks)])]
         self._count("loads")
         hits = self.master.lookup(ks)
+        if node is not None:
+            mine = [h.node == node for h in hits]
+            hits = hits[: mine.index(False)] if False in mine else hits
         self._count("hits", len(hits))
         done = 0
         while done < len(hits):
@@ -711,8 +722,11 @@ class RemoteTier:
         with self._lock:
             self._placed.pop(request, None)
 
-    def save(self, request: object, keys: Any, srcs: Sequence[Any]) -> list[PutStatus]:
-        """Writes blocks to the request's node and commits them: a status per key.
+    def save(
+        self, request: object, keys: Any, srcs: Sequence[Any], *, node: int | None = None
+    ) -> list[PutStatus]:
+        """Writes blocks to the request's node (or to ``node``) and commits them:
+        a status per key.
 
         Blocks that do not fit the write area in one go are committed in
         several; a node that fails makes the rest ERROR (never a hang).
@@ -723,7 +737,7 @@ class RemoteTier:
         bufs = [as_src(s, f"buffer {j}") for j, s in enumerate(srcs)]
         out: list[PutStatus] = []
         try:
-            link = self._link(self.place(request))
+            link = self._link(self.place(request) if node is None else node)
         except (NodeGone, ChmError):
             self._count("node_errors")
             return [PutStatus.ERROR] * len(ks)

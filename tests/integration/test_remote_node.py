@@ -20,14 +20,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 from chm.errors import NoSpace
 from chm.kv.keys import Namespace
-from chm.kv.store import PutStatus
+from chm.kv.store import PutStatus, Store
 from chm.remote.master import RedisMaster, key_bytes
 from chm.remote.node import NodeGone, RemoteTier, _NodeLink, read_secret
 from chm.remote.transfer import TIMEOUT, Engine
@@ -373,3 +373,51 @@ def test_save_past_the_write_buffer_skips_not_stalls(
         outs = [np.zeros(BLOCK, np.uint8) for _ in stored]
         assert tier.load(keys[stored], outs) == len(stored)
         assert all(np.array_equal(outs[i], data[j]) for i, j in enumerate(stored))
+
+
+def test_address_space_places_requests_across_two_nodes(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """chm.kv.AddressSpace over two remote nodes (NodeStore): round-robin
+    puts each request whole on one node, in order; loads find each request
+    on its node byte-exact; a node killed with SIGKILL turns its request's
+    blocks into misses (and is taken out) while the other still loads."""
+    from chm.kv.space import AddressSpace
+    from chm.remote.nodestore import NodeStore
+
+    ns = Namespace(model="space")
+    reqs = {"a": list(range(0, 6)), "b": list(range(100, 106))}
+    data = {r: _blocks(6, 10 + i) for i, r in enumerate(reqs)}
+    n1 = _node(redis_srv, tmp_path, secret_file, "n1").start()
+    n2 = _node(redis_srv, tmp_path, secret_file, "n2").start()
+    try:
+        with _tier(redis_srv, secret_file, timeout=2.0) as tier:
+            ids = [n1.info["node"], n2.info["node"]]
+            # AddressSpace is annotated with Store; a NodeStore has the calls it makes
+            stores = cast("list[Store]", [NodeStore(tier, i, ns) for i in ids])
+            space = AddressSpace(stores, placement="round-robin")
+            for r, ks in reqs.items():
+                assert space.save(r, ks, data[r]) == [PutStatus.STORED] * 6
+            where = {
+                r: {e.node for e in tier.master.get(ns.keys(ks)) if e is not None}
+                for r, ks in reqs.items()
+            }
+            assert where["a"] != where["b"] and all(len(w) == 1 for w in where.values())
+            for r, ks in reqs.items():
+                outs = [np.zeros(BLOCK, np.uint8) for _ in ks]
+                assert space.load(r, ks, outs) == 6
+                assert all(np.array_equal(o, d) for o, d in zip(outs, data[r], strict=True))
+            dead = n1 if where["a"] == {n1.info["node"]} else n2
+            dead.kill()
+            gone = "a" if where["a"] == {dead.info["node"]} else "b"
+            live = "b" if gone == "a" else "a"
+            t0 = time.monotonic()
+            outs = [np.zeros(BLOCK, np.uint8) for _ in reqs[gone]]
+            assert space.load(gone, reqs[gone], outs, timeout=2.0) == 0
+            assert time.monotonic() - t0 < 3.0
+            outs = [np.zeros(BLOCK, np.uint8) for _ in reqs[live]]
+            assert space.load(live, reqs[live], outs, timeout=2.0) == 6
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data[live], strict=True))
+    finally:
+        n1.kill()
+        n2.kill()
