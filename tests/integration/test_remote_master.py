@@ -185,3 +185,14 @@ def test_down_while_running_misses_then_recovers(server: RedisServer) -> None:
     assert m.publish(_entries(keys, node2, epoch2))
     assert len(m.lookup(keys)) == 40
     m.close()
+
+
+def test_get_is_per_key_without_prefix(master: RedisMaster) -> None:
+    node, e1 = master.register("g")
+    keys = _keys(40, "g")
+    ents = _entries(keys, node, e1)
+    assert master.publish(ents[:10] + ents[11:])
+    got = master.get(keys)
+    assert got[:10] == ents[:10] and got[10] is None and got[11:] == ents[11:]
+    master.register("g")  # a restart: none of the old entries is live any more
+    assert master.get(keys) == [None] * 40
