@@ -6,7 +6,7 @@ little-endian and closed by the XXH32 of its first 60 bytes::
     header  magic "CHMKVJ1\\0", version u32, 0 u32, capacity u64,
             segment_bytes u64, created_ns u64, block_bytes u32,
             16 zero bytes, xxh32 u32
-    record  type u8, 3 zero bytes, segment u32, key_hi u64, key_lo u64,
+    record  type u8, meta_len u16, 0 u8, segment u32, key_hi u64, key_lo u64,
             addr u64, checksum u64, epoch u64, length u32, device u16,
             2 zero bytes, seq u32, xxh32 u32
     META    type u8, part u8, total u16, 0 u32, key_hi u64, key_lo u64,
@@ -16,6 +16,9 @@ Types: PUT (a block became durable), DEL (a key was removed), RECLAIM (every
 block of ``segment`` with an epoch below ``epoch`` is gone), META (part
 ``part`` of the ``total`` metadata bytes of the PUT of the same key and
 epoch; a block's META records come right before its PUT, in one append).
+A PUT's ``meta_len`` is the length of its metadata: a PUT whose META
+records do not add up to it lost one to damage and is dropped (counted as
+damaged) rather than recovered with other metadata than was put.
 ``seq`` numbers the records of the file 1, 2, 3, ... (modulo 2**32; a
 compaction starts again at 1); ``block_bytes`` is the largest block the
 store that wrote the file takes (0: not recorded).
@@ -103,7 +106,8 @@ SEQ_MASK = (1 << 32) - 1
 REC_DTYPE = np.dtype(
     [
         ("type", "u1"),
-        ("_p0", "V3"),
+        ("meta_len", "<u2"),
+        ("_p0", "V1"),
         ("segment", "<u4"),
         ("hi", "<u8"),
         ("lo", "<u8"),
@@ -244,6 +248,8 @@ def put_records(
     recs["type"] = PUT
     for f in _PUT_FIELDS:
         recs[f] = ents[f]
+    if metas:
+        recs["meta_len"] = [len(m) for m in metas]
     return records(recs, metas)
 
 
@@ -413,10 +419,16 @@ def parse(body: bytes, version: int = VERSION) -> Replay:
         got = parts.setdefault(k, [])
         if int(m["part"]) == len(got):
             got.append(bytes(m["data"])[: max(0, int(m["total"]) - part_bytes * len(got))])
+    meta_lens = recs["meta_len"].tolist()
+    incomplete = 0
     for i, t in enumerate(types):
         if t == META:
             continue
         if t == PUT:
+            n = meta_lens[i]
+            if n and sum(map(len, parts.get((his[i], los[i], epochs[i]), ()))) != n:
+                incomplete += 1  # a META record of it was lost: not with other metadata
+                continue
             live[(his[i], los[i])] = i
         elif t == DEL:
             live.pop((his[i], los[i]), None)
@@ -444,7 +456,7 @@ def parse(body: bytes, version: int = VERSION) -> Replay:
         max_epoch,
         metas,
         version,
-        damaged=int(bad_mid.size),
+        damaged=int(bad_mid.size) + incomplete,
         missing=missing,
         out_of_order=out_of_order,
         next_seq=next_seq,

@@ -32,8 +32,8 @@ as zeros). A write before a file's last barrier is always there.
 the real ``pread`` backend (O_DIRECT). It must open; every block whose
 ``flush()`` had returned before the crash and that was neither removed nor
 evicted by then must load, byte-exact; any block that loads at all must hold
-exactly the bytes that were put under its key (each key is put once, its
-bytes a function of the key), never another's. Keys that a crash may
+exactly the bytes (and the metadata) that were put under its key (each key
+is put once, its bytes and metadata a function of the key), never another's. Keys that a crash may
 legitimately keep or lose (put but not yet flushed, removed but the removal
 not yet synced) are only held to the second rule.
 
@@ -57,7 +57,16 @@ import numpy as np
 
 from chm.kv.store import PutStatus, Store
 
-__all__ = ["GEOMETRY", "Log", "PowerCutReport", "block_for", "record", "replay", "run"]
+__all__ = [
+    "GEOMETRY",
+    "Log",
+    "PowerCutReport",
+    "block_for",
+    "meta_for",
+    "record",
+    "replay",
+    "run",
+]
 
 SECTOR = 512
 GEOMETRY: dict[str, Any] = {
@@ -74,6 +83,11 @@ def block_for(key: int) -> np.ndarray[Any, Any]:
     rng = np.random.default_rng(key)
     n = int(rng.integers(1, 64 * 1024 + 1))
     return rng.integers(0, 256, n, dtype=np.uint8)
+
+
+def meta_for(key: int) -> bytes:
+    """The metadata put with ``key``: none, or up to three META records."""
+    return f"meta of {key};".encode() * (key % 4)
 
 
 @dataclass
@@ -179,7 +193,7 @@ def record(directory: str | os.PathLike[str], seed: int, ops: int) -> Log:
             if r < 0.55:
                 keys = list(range(next_key, next_key + rng.randint(1, 4)))
                 next_key += len(keys)
-                res = st.put(keys, [block_for(k) for k in keys])
+                res = st.put(keys, [block_for(k) for k in keys], [meta_for(k) for k in keys])
                 for k, s in zip(keys, res, strict=True):
                     if s == PutStatus.STORED:
                         pending.add(k)
@@ -314,10 +328,13 @@ def _check(
             keys = log.keys
             outs = [np.zeros(64 * 1024, np.uint8) for _ in keys]
             got = st.get(keys, outs) if keys else []
-            for k, o, g in zip(keys, outs, got, strict=True):
+            metas = st.meta(keys) if keys else []
+            for k, o, g, m in zip(keys, outs, got, metas, strict=True):
                 want = block_for(k)
                 if g and not np.array_equal(o[: want.size], want):
                     rep.wrong.append(f"{where}: key {k}")
+                if g and m != meta_for(k):
+                    rep.wrong.append(f"{where}: key {k}: metadata {m!r}")
                 if k in must:
                     rep.acked_checked += 1
                     if not g:

@@ -447,3 +447,22 @@ def test_a_compaction_writes_its_file_with_the_store_unlocked(tmp_backing: Path)
     with Store.open(tmp_backing, **GEOM) as st2:
         assert st2.contains([1, 2, 3]) == [False, True, True]
         assert all_back(st2, [2, 3])
+
+
+def test_a_put_whose_meta_record_is_damaged_is_dropped_not_given_other_meta(
+    tmp_backing: Path,
+) -> None:
+    st = Store.open(tmp_backing, **GEOM)
+    long_meta = bytes(range(60))  # three META records, then the PUT
+    for i in range(4):
+        st.put([i], [blk(i)], [long_meta])
+        st.flush()
+    st.close(flush=False)
+    j = journal_of(tmp_backing)
+    raw = bytearray(j.read_bytes())
+    raw[(1 + 4 * 2 + 1) * 64 + 40] ^= 1  # key 2: its second META record
+    j.write_bytes(bytes(raw))
+    with pytest.warns(JournalDamageWarning), Store.open(tmp_backing, **GEOM) as st2:
+        assert st2.stats().journal_damaged_records == 2  # the META record and its PUT
+        assert st2.contains([0, 1, 2, 3]) == [True, True, False, True]
+        assert st2.meta([0, 1, 3]) == [long_meta] * 3
