@@ -137,8 +137,14 @@ class _Relay:
     def run(self) -> None:
         try:
             self._run()
-        except (OSError, ProtocolError):
+        except ProtocolError as exc:  # after HELLO: the client broke the framing
+            with contextlib.suppress(OSError, ProtocolError):
+                body = {"errno": errno.EPROTO, "message": f"protocol error: {exc}", "fatal": True}
+                self.net.send(encode(Op.ERROR, 0, body))
+        except OSError:
             pass  # the Client logs the disconnect; a refusal was logged above
+        except Exception:  # a bug here: logged; the other clients are served on
+            self.front.d.log.exception("tcp front end failed", extra={"peer": self.peer})
         finally:
             for m in (self.area, self.pool):
                 if m is not None:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import chm
 from chm.errors import WouldBlock
@@ -174,3 +176,34 @@ def test_quota_and_cleanup_as_for_local_clients(
     assert p.stdin is not None and p.stdout is not None
     p.stdin.close()
     p.stdout.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(first=st.binary(max_size=200), later=st.binary(max_size=200))
+def test_random_bytes_over_tcp(
+    daemon: tuple[DaemonProcess, str], secret: str, first: bytes, later: bytes
+) -> None:
+    """Random bytes instead of HELLO, and random bytes after a valid HELLO:
+    refused or answered, never a hang, never a failure of the daemon."""
+    d, url = daemon
+    host, port = url[len("tcp://") :].rsplit(":", 1)
+    for payload in (first, later):
+        s = socket.create_connection((host, int(port)), timeout=15)
+        f = Framed(s)
+        try:
+            nonce = decode(f.recv())[2]["nonce"]
+            if payload is later:
+                proof = chm.remote.protocol.auth_digest(Path(secret).read_bytes().strip(), nonce)
+                f.send(encode(Op.HELLO, 0, {"version": VERSION, "auth": proof}))
+                assert decode(f.recv())[0] == Op.HELLO
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            while f.recv():  # answers, an ERROR, then the end; never a hang
+                pass
+        except (ConnectionResetError, chm.remote.protocol.ProtocolError):
+            pass
+        finally:
+            s.close()
+    with chm.connect(d.socket) as local:
+        assert local.daemon_stats()["held"]["handles"] == 0
+    assert not [e for e in d.events() if e.get("level") == "error"]
