@@ -36,3 +36,28 @@ def test_sim_speed_reduced(tmp_path: Path) -> None:
     assert all(len(v) == 1 for v in by_mode.values()), by_mode
     names = [t["name"] for t in doc["verdicts"]["targets"]]
     assert "prefetch peak RSS 512 GiB / 64 GiB" in names
+
+
+def test_sim_speed_with_concurrent_workers(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    args = ["--users", "4", "--turns", "2", "--capacities", "64G", "--dram", "4G"]
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(TOOL),
+            *args,
+            "--modes",
+            "prefetch",
+            "--workers",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 1, p.stderr  # far from a million accesses
+    assert "open loop, 2 worker(s)" in p.stdout
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["workers"] == 2 and run["accesses"] > 0

@@ -87,6 +87,7 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
             gpu_cache=False,
             device_block_bytes=block,
             open_loop=True,
+            workers=args["workers"],
             tier_bytes=args["tier"],
         )
         t0, c0 = time.perf_counter(), time.process_time()
@@ -98,6 +99,7 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
     return {
         "mode": args["mode"],
         "capacity": args["capacity"],
+        "workers": args["workers"],
         "requests": len(requests),
         "reads": reads,
         "writes": writes,
@@ -122,6 +124,13 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
 @click.option("--dram", default="64G", show_default=True)
 @click.option("--wbuf", default="1G", show_default=True, help="prefetch mode write buffer")
 @click.option("--lru-line", default="1M", show_default=True, help="lru mode line size")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Concurrent workers in simulated time (chm.replay.cxlhm's event queue).",
+)
 @click.option("--json", "json_out", default=None, help="Write the figures to this file.")
 @click.option(
     "--quick", is_flag=True, help="A smoke run: at most 64 users; speed judged as smoke targets."
@@ -136,6 +145,7 @@ def main(
     dram: str,
     wbuf: str,
     lru_line: str,
+    workers: int,
     json_out: str | None,
     quick: bool,
     child: str | None,
@@ -153,7 +163,7 @@ def main(
             raise click.BadParameter(f"--modes: {m!r} is not prefetch or lru")
     console.print(
         f"workload: {users} users x {turns} turns of chat, 64 MiB blocks (Llama-3.1-8B, "
-        f"512 tokens), open loop; ghost devices in virtual time with "
+        f"512 tokens), open loop, {workers} worker(s); ghost devices in virtual time with "
         f"{format_size(parse_size(dram), exact=False)} DRAM, lru mode with "
         f"{format_size(parse_size(lru_line), exact=False)} lines"
     )
@@ -169,6 +179,7 @@ def main(
                 dram=parse_size(dram),
                 wbuf=parse_size(wbuf),
                 lru_line=parse_size(lru_line),
+                workers=workers,
                 tier=min(caps),
             )
             p = subprocess.run(
