@@ -117,3 +117,22 @@ def test_redis_node_worker_in_separate_namespaces(tmp_path: Path) -> None:
     if not net.loopback:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert net.tag not in listed  # everything made was removed
+
+
+@pytest.mark.slow
+def test_remote_bench_quick_runs(tmp_path: Path) -> None:
+    """tools/bench/remote_bench.py --quick end to end (namespaces, Redis, a
+    node, a worker): exit 0, every load whole and exact, the JSON written."""
+    out = tmp_path / "remote_bench.json"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, str(root / "tools/bench/remote_bench.py"), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["verdicts"]["all_met"]
+    assert res["result"]["exact"] and set(res["result"]["hits"]) == {8}
