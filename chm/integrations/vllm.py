@@ -61,8 +61,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -127,6 +129,27 @@ def _model_files(name: str) -> list[list[Any]]:
     return out
 
 
+def _vllm_config() -> Any:
+    """The engine's ``VllmConfig``: vLLM's current one when it has set it,
+    else the one the connector creating this tier was given (the scheduler
+    builds its connector, and so this tier, without setting a current
+    config, and hands the spec only the derived ``OffloadingConfig``)."""
+    from vllm.config import VllmConfig, get_current_vllm_config_or_none
+
+    vc = get_current_vllm_config_or_none()
+    if vc is not None:
+        return vc
+    frame: types.FrameType | None = sys._getframe(1)
+    for _ in range(40):  # the connector's __init__ is a few calls up
+        if frame is None:
+            break
+        cand = frame.f_locals.get("vllm_config")
+        if isinstance(cand, VllmConfig):
+            return cand
+        frame = frame.f_back
+    return None
+
+
 def vllm_identity(offloading_spec: Any, block_size_bytes: int) -> dict[str, Any]:
     """Everything that decides the bytes of an offloaded chunk, from vLLM's
     ``OffloadingConfig`` (``offloading_spec.config``) and, when vLLM has set
@@ -156,9 +179,7 @@ def vllm_identity(offloading_spec: Any, block_size_bytes: int) -> dict[str, Any]
         "canonical_layout": bool(cfg.canonical_layout),
         "kv_cache_layout": cfg.kv_cache_layout,
     }
-    from vllm.config import get_current_vllm_config_or_none
-
-    vc = get_current_vllm_config_or_none()
+    vc = _vllm_config()
     if vc is not None and getattr(vc, "model_config", None) is not None:
         mc, cc = vc.model_config, vc.cache_config
         ident.update(

@@ -259,6 +259,11 @@ def test_llm_with_the_documented_tier(
 
     a = Engine(models["A"], tier_config(kv))
     engines.append(a)
+    # the namespace saw vLLM's own configuration, not only the offloading one
+    ident = a.tier.identity
+    assert ident["model"] == str(models["A"]) and ident["kv_cache_dtype"] == "auto", ident
+    assert ident["dtype"] == "float32" and ident["block_size"] == BLOCK, ident
+    assert [f[0] for f in ident["model_files"]] == ["config.json", "model.safetensors"], ident
     got, _ = multi_turn(a, models["words"])
     tokens, drift = same(got, want)
     assert tokens and drift <= LOGPROB_TOL, drift
