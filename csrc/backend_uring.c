@@ -1,5 +1,6 @@
 /* backend_uring.c - io_uring backend: O_DIRECT targets as fixed files, the
- * DRAM pool as registered buffers, one ring and one completion thread.
+ * DRAM pool as registered buffers (piecewise, off the open path, where the
+ * kernel allows), one ring and one completion thread.
  *
  * At most qd ios hold an SQE or CQE at a time; the rest wait on a FIFO and
  * are submitted as completions arrive. Short transfers are resubmitted for
@@ -25,6 +26,7 @@
 #include "dev.h"
 
 #define URING_PIECE_SHIFT 30      /* a registered buffer is at most 1 GiB */
+#define URING_BG_PIECE_SHIFT 24   /* 16 MiB pieces when registered piecewise */
 #define URING_MAX_BUFS (1u << 14) /* kernel limit on registered buffers */
 #define URING_MAX_QD 16384u
 #define URING_MIN_ENTRIES 8u
@@ -70,6 +72,16 @@ struct uring_be {
 	uintptr_t pool_base;
 	uint64_t pool_bytes;
 	pthread_t reaper;
+	/* Piecewise registration (Linux 5.19+): a sparse table of pool pieces
+	 * filled one piece at a time by a thread of its own, off the open path
+	 * (registering pins, so faults in, the piece; each update holds the
+	 * ring's lock only that long). A piece is used once its bit is set;
+	 * before that, plain buffers. piece_shift is the piece size then. */
+	unsigned piece_shift;
+	uint64_t *piece_ready; /* bitmap, atomics */
+	pthread_t pieces_thread;
+	bool pieces_started;
+	bool pieces_stop; /* atomics */
 
 	/* liburing's SQ is single-producer: every get_sqe/prep/submit on the
 	 * ring, from callers and from the reaper, happens under lock. The CQ
@@ -99,9 +111,13 @@ static int uring_buf_index(const struct uring_be *ub, const char *buf, uint32_t 
 	off = p - ub->pool_base;
 	if (off >= ub->pool_bytes || len > ub->pool_bytes - off)
 		return -1;
-	if ((off >> URING_PIECE_SHIFT) != ((off + len - 1) >> URING_PIECE_SHIFT))
+	if ((off >> ub->piece_shift) != ((off + len - 1) >> ub->piece_shift))
 		return -1;
-	return (int)(off >> URING_PIECE_SHIFT);
+	uint64_t i = off >> ub->piece_shift;
+	if (ub->piece_ready &&
+	    !(__atomic_load_n(&ub->piece_ready[i / 64], __ATOMIC_ACQUIRE) & (1ull << (i % 64))))
+		return -1; /* not registered yet */
+	return (int)i;
 }
 
 /* Lock held. */
@@ -346,15 +362,21 @@ static int uring_setup(struct uring_be *ub, unsigned entries)
 	return -EPERM;
 }
 
-/* Registers targets and pool; a failure just means running without. */
+/* Registers the targets; a failure (here and for the pool) just means
+ * running without. */
 static void uring_register(struct uring_be *ub)
+{
+	struct chm_dev *dev = ub->dev;
+	ub->fixed_files = !io_uring_register_files(&ub->ring, dev->fds, dev->cfg.n_targets);
+}
+
+/* Registers the whole pool at once (kernels without a sparse table). */
+static void uring_register_whole(struct uring_be *ub)
 {
 	struct chm_dev *dev = ub->dev;
 	uint64_t piece = 1ull << URING_PIECE_SHIFT, off;
 	struct iovec *iov;
 	unsigned n, i;
-
-	ub->fixed_files = !io_uring_register_files(&ub->ring, dev->fds, dev->cfg.n_targets);
 
 	if (!dev->pool.base || !dev->pool.bytes)
 		return;
@@ -374,6 +396,66 @@ static void uring_register(struct uring_be *ub)
 		ub->pool_bytes = dev->pool.bytes;
 	}
 	free(iov);
+}
+
+/* Fills the sparse table piece by piece (see struct uring_be). */
+static void *uring_register_pieces(void *arg)
+{
+	struct uring_be *ub = arg;
+	uint64_t piece = 1ull << ub->piece_shift;
+	for (unsigned i = 0; i < ub->nbufs; i++) {
+		if (__atomic_load_n(&ub->pieces_stop, __ATOMIC_ACQUIRE))
+			break;
+		uint64_t off = (uint64_t)i << ub->piece_shift;
+		struct iovec iov = {.iov_base = (char *)ub->pool_base + off,
+		                    .iov_len = ub->pool_bytes - off < piece ? ub->pool_bytes - off
+		                                                            : piece};
+		__u64 tag = 0;
+		if (io_uring_register_buffers_update_tag(&ub->ring, i, &iov, &tag, 1) != 1)
+			break; /* the rest stay plain */
+		__atomic_fetch_or(&ub->piece_ready[i / 64], 1ull << (i % 64), __ATOMIC_RELEASE);
+	}
+	return NULL;
+}
+
+/* Stops and joins the piecewise registration (what it registered stays). */
+static void uring_pieces_stop(struct uring_be *ub)
+{
+	if (!ub->pieces_started)
+		return;
+	__atomic_store_n(&ub->pieces_stop, true, __ATOMIC_RELEASE);
+	pthread_join(ub->pieces_thread, NULL);
+	ub->pieces_started = false;
+}
+
+/* Registers the pool piecewise in the background when the kernel takes a
+ * sparse table; else (false) the caller registers it whole, now. */
+static bool uring_register_bg(struct uring_be *ub)
+{
+	struct chm_dev *dev = ub->dev;
+	unsigned shift = URING_BG_PIECE_SHIFT;
+	if (!dev->pool.base || !dev->pool.bytes)
+		return true; /* nothing to register */
+	uint64_t n = (dev->pool.bytes + (1ull << shift) - 1) >> shift;
+	if (n > URING_MAX_BUFS)
+		return false;
+	ub->piece_ready = calloc((n + 63) / 64, sizeof(uint64_t));
+	if (!ub->piece_ready)
+		return false;
+	if (io_uring_register_buffers_sparse(&ub->ring, (unsigned)n)) {
+		free(ub->piece_ready);
+		ub->piece_ready = NULL;
+		return false;
+	}
+	ub->piece_shift = shift;
+	ub->nbufs = (unsigned)n;
+	ub->pool_base = (uintptr_t)dev->pool.base;
+	ub->pool_bytes = dev->pool.bytes;
+	ub->pieces_started =
+	        pthread_create(&ub->pieces_thread, NULL, uring_register_pieces, ub) == 0;
+	if (!ub->pieces_started)
+		uring_register_pieces(ub); /* no thread: here */
+	return true;
 }
 
 static int uring_init(struct chm_dev *dev, struct chm_backend **out)
@@ -401,7 +483,10 @@ static int uring_init(struct chm_dev *dev, struct chm_backend **out)
 	ret = uring_setup(ub, entries);
 	if (ret)
 		goto err_free;
+	ub->piece_shift = URING_PIECE_SHIFT;
 	uring_register(ub);
+	if (!uring_register_bg(ub))
+		uring_register_whole(ub);
 	ret = -pthread_mutex_init(&ub->lock, NULL);
 	if (ret)
 		goto err_ring;
@@ -415,6 +500,7 @@ static int uring_init(struct chm_dev *dev, struct chm_backend **out)
 err_mutex:
 	pthread_mutex_destroy(&ub->lock);
 err_ring:
+	uring_pieces_stop(ub);
 	if (ub->fixed_files)
 		io_uring_unregister_files(&ub->ring);
 	if (ub->nbufs)
@@ -477,6 +563,7 @@ static void uring_shutdown(struct chm_backend *be)
 	pthread_mutex_unlock(&ub->lock);
 
 	pthread_join(ub->reaper, NULL);
+	uring_pieces_stop(ub);
 	/* Why unregister before the exit: closing the ring fd leaves its
 	 * teardown to a kernel worker, whose fput of the registered targets is
 	 * deferred again; until then a block-device target stays claimed
@@ -489,6 +576,7 @@ static void uring_shutdown(struct chm_backend *be)
 		io_uring_unregister_buffers(&ub->ring);
 	io_uring_queue_exit(&ub->ring);
 	pthread_mutex_destroy(&ub->lock);
+	free(ub->piece_ready);
 	free(ub);
 }
 
