@@ -17,7 +17,9 @@ ends the answer); ``release`` (tokens); ``commit`` (blocks a client wrote
 into its write area -> put into the store: stored / exists / skipped /
 error per key, skip-not-stall as in :meth:`Store.put`); ``prefetch`` and
 ``wait`` (the two halves of ``stage``, so a worker reads one window while
-the node stages the next). A client's staged
+the node stages the next); ``stats`` (:meth:`NodeServer.health`). A node
+whose epoch was superseded (the same name registered again elsewhere)
+refuses to stage or commit. A client's staged
 slots, pins and write area are given back when it disconnects or dies.
 
 **Worker** (:class:`RemoteTier`): looks keys up in the Master (prefix, at
@@ -179,6 +181,21 @@ class NodeServer:
                 )
         return out
 
+    def health(self) -> dict[str, Any]:
+        """The node as its operator sees it: id, epoch, lease state, clients,
+        blocks staged and committed, refused connections, the store's stats."""
+        with self._lock:
+            counts = dict(self.stats)
+        return {
+            "node": self.node,
+            "name": self.name,
+            "epoch": self.epoch,
+            "superseded": self._lease.lost,
+            "master_recoveries": self._lease.recoveries,
+            **counts,
+            "store": self.store.stats().to_dict(),
+        }
+
     def _master_back(self) -> tuple[int, int]:
         """Redis answers again: registers anew when it lost this node, then
         re-publishes every block under the (possibly new) epoch."""
@@ -291,6 +308,12 @@ class NodeServer:
                 "pool": (self.pool_base, self.pool_len),
                 "write": (cl.write_addr, self.write_area),
             }
+        if op == "stats":
+            return self.health()
+        if self._lease.lost and op in ("stage", "prefetch", "commit"):
+            raise ChmError(
+                None, f"node {self.name} epoch {self.epoch} was superseded by a newer one"
+            )
         if op == "stage":
             return self._stage(cl, req[1], req[2], float(req[3]))
         if op == "prefetch":

@@ -25,7 +25,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from chm.errors import NoSpace
+from chm.errors import ChmError, NoSpace
 from chm.kv.keys import Namespace
 from chm.kv.store import PutStatus, Store
 from chm.remote.master import RedisMaster, key_bytes
@@ -114,6 +114,10 @@ def test_save_then_load_byte_exact_across_processes(
             assert all(np.array_equal(a, b) for a, b in zip(outs2, data[:16], strict=True))
             assert tier.stats["bad_checksums"] == 0
             assert tier.buf.quarantined == 0
+            health = tier._link(node.info["node"]).call(("stats",))
+            assert health["epoch"] == node.info["epoch"] and not health["superseded"]
+            assert health["committed"] == 16 and health["staged"] >= 32
+            assert health["clients"] == 1 and health["refused"] == 0
         assert node.proc is not None and node.proc.poll() is None
 
 
@@ -421,3 +425,26 @@ def test_address_space_places_requests_across_two_nodes(
     finally:
         n1.kill()
         n2.kill()
+
+
+def test_superseded_node_stops_serving(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """The node's name registered again (a second process claiming it): the
+    old process sees its epoch superseded and refuses to stage or commit, so
+    a worker holding a link to it gets misses, never its old blocks."""
+    keys = Namespace(model="sup").keys(range(4))
+    data = _blocks(4, 8)
+    with _node(redis_srv, tmp_path, secret_file) as node, _tier(redis_srv, secret_file) as tier:
+        assert tier.save("r", keys, data) == [PutStatus.STORED] * 4
+        link = tier._link(node.info["node"])
+        ents = tier.master.lookup(keys)
+        assert len(ents) == 4
+        tier.master.register("n1")  # another process takes the name: a new epoch
+        deadline = time.monotonic() + 5
+        while not link.call(("stats",))["superseded"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert link.call(("stats",))["superseded"]
+        with pytest.raises(ChmError, match="superseded"):
+            link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], 1.0))
+        assert tier.load(keys, [np.zeros(BLOCK, np.uint8) for _ in range(4)]) == 0
