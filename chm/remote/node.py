@@ -40,6 +40,7 @@ import contextlib
 import mmap
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -869,8 +870,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--lease", type=float, default=3.0)
     a = ap.parse_args(argv)
     host, _, port = a.listen.rpartition(":")
-    secret = read_secret(a.secret_file)
-    master = RedisMaster(a.master, lease=a.lease)
+    try:
+        secret = read_secret(a.secret_file)
+        master = RedisMaster(a.master, lease=a.lease)
+    except (ChmError, OSError) as exc:  # a clear error at start, not a traceback
+        print(f"chm.remote.node: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     engine = Engine.get(host)
     store = Store.open(
         a.dir,

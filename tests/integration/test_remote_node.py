@@ -448,3 +448,18 @@ def test_superseded_node_stops_serving(
         with pytest.raises(ChmError, match="superseded"):
             link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], 1.0))
         assert tier.load(keys, [np.zeros(BLOCK, np.uint8) for _ in range(4)]) == 0
+
+
+def test_node_with_redis_unreachable_fails_clearly_at_start(
+    tmp_path: Path, secret_file: Path
+) -> None:
+    from chm.testing.redisd import free_port
+
+    argv = [sys.executable, "-m", "chm.remote.node", "--master"]
+    argv += [f"redis://127.0.0.1:{free_port()}/0", "--name", "x", "--dir", str(tmp_path / "x")]
+    argv += ["--secret-file", str(secret_file)]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert "does not answer" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - t0 < 30
