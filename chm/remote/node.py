@@ -69,6 +69,7 @@ from chm.remote.transfer import OK, TIMEOUT, Engine, RegisteredBuffer
 __all__ = ["NodeGone", "NodeServer", "RemoteTier", "read_secret"]
 
 PIPELINE = 4  # parts a load window is read in, so staging overlaps the reads
+PIPELINE_BYTES = 8 << 20  # smaller windows: one part, staged in one round trip
 HANDSHAKE = 5.0  # seconds a new control connection has to prove it holds the secret
 _WIRE = np.dtype([("hi", ">u8"), ("lo", ">u8")])
 _hash = xxhash.xxh3_64_intdigest
@@ -599,8 +600,13 @@ class RemoteTier:
         One round trip issues the node's prefetches for all of them (as many
         as it has free slots for); then in ``PIPELINE`` parts, each waited
         for, read in one batched transfer, released, verified and copied,
-        while the node's device stages the parts after it.
+        while the node's device stages the parts after it. A window under
+        ``PIPELINE_BYTES`` is staged and waited for in one round trip and
+        read in one part: two round trips to the node in all.
         """
+        small = sum(e.length for e in ents) < PIPELINE_BYTES
+        staged: list[tuple[int, int, int]] | None = None
+        keys, sums = [e.key for e in ents], [e.checksum for e in ents]
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -608,9 +614,11 @@ class RemoteTier:
                 return 0, False
             try:
                 link = self._link(ents[0].node, ents[0].epoch)
-                tokens, why = link.call(
-                    ("prefetch", [e.key for e in ents], [e.checksum for e in ents]), timeout=left
-                )
+                if small:
+                    staged, why = link.call(("stage", keys, sums, left), timeout=left)
+                    tokens = [t for _, _, t in staged]
+                else:
+                    tokens, why = link.call(("prefetch", keys, sums), timeout=left)
             except (NodeGone, ChmError):
                 self._count("node_errors")
                 return 0, False
@@ -619,13 +627,13 @@ class RemoteTier:
             self._count("busy")
             time.sleep(0.001)  # every slot is held (by other workers): ask again
         k = len(tokens)
-        step = max(1, -(-k // PIPELINE))
+        step = k if small else max(1, -(-k // PIPELINE))
         parts: list[tuple[int, concurrent.futures.Future[int]]] = []
         whole = True  # every part so far was read in full
         for at in range(0, k, step):
             part = tokens[at : at + step]
             n_read, fut = self._load_part(
-                link, part, ents[at : at + step], outs[at : at + step], deadline
+                link, part, ents[at : at + step], outs[at : at + step], deadline, staged
             )
             parts.append((len(part), fut))
             if n_read < len(part):
@@ -652,16 +660,19 @@ class RemoteTier:
         ents: list[Entry],
         outs: list[Any],
         deadline: float,
+        staged: list[tuple[int, int, int]] | None = None,
     ) -> tuple[int, concurrent.futures.Future[int]]:
         """Waits for, reads and releases one part; its checksums and copies run
         on a helper thread (while the next part is read). Returns how many
-        blocks were read and the future of how many were loaded."""
-        try:
-            left = max(0.001, deadline - time.monotonic())
-            staged = link.call(("wait", tokens, left), timeout=left)
-        except (NodeGone, ChmError):
-            self._count("node_errors")
-            return 0, _done(0)
+        blocks were read and the future of how many were loaded (``staged``:
+        the part was staged and waited for already)."""
+        if staged is None:
+            try:
+                left = max(0.001, deadline - time.monotonic())
+                staged = link.call(("wait", tokens, left), timeout=left)
+            except (NodeGone, ChmError):
+                self._count("node_errors")
+                return 0, _done(0)
         n = len(staged)
         offs: list[int] = []
         try:
