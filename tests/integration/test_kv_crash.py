@@ -1,7 +1,7 @@
 """Crash recovery: writers killed with SIGKILL at random moments lose no acknowledged block.
 
-5 rounds per backend by default; 30 with HYPOTHESIS_PROFILE=nightly, or
-CHM_KV_CRASH_ROUNDS=N. CHM_KV_CRASH_SEED fixes the kill times (printed).
+5 rounds per backend by default; 30 with HYPOTHESIS_PROFILE=nightly and in the
+slow tier's long sweep (`make test-all`), or CHM_KV_CRASH_ROUNDS=N. CHM_KV_CRASH_SEED fixes the kill times (printed).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+
+import pytest
 
 from chm.kv.crashcheck import run_rounds
 
@@ -21,8 +23,19 @@ def _rounds() -> int:
 
 
 def test_sigkill_loses_no_acknowledged_block(tmp_backing: Path, data_backend: str) -> None:
+    _sweep(tmp_backing, data_backend, _rounds())
+
+
+@pytest.mark.slow
+def test_sigkill_long_sweep_loses_no_acknowledged_block(
+    tmp_backing: Path, data_backend: str
+) -> None:
+    """The slow tier's crash sweep: 30 rounds (CHM_KV_CRASH_ROUNDS overrides)."""
+    _sweep(tmp_backing, data_backend, int(os.environ.get("CHM_KV_CRASH_ROUNDS") or 30))
+
+
+def _sweep(tmp_backing: Path, data_backend: str, rounds: int) -> None:
     seed = int(os.environ.get("CHM_KV_CRASH_SEED") or random.randrange(1 << 30))
-    rounds = _rounds()
     print(f"crash test: {rounds} rounds on {data_backend}, CHM_KV_CRASH_SEED={seed}")
     res = run_rounds(tmp_backing / "crash", rounds, seed=seed, backend=data_backend)
     print(res)
