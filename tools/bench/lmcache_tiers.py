@@ -11,7 +11,9 @@ round, each user's history is reloaded as it was before each turn (cold:
 the tier's files are dropped from the page cache first) and checked byte
 for byte (every chunk in the first round, each chunk's identity stamp in
 later ones). Rounds alternate the systems' order; figures are medians of
-the rounds.
+the rounds, and the ratios judged are the medians of the per-round ratios
+(each round runs the systems back to back, so a shared machine's load
+drifts between rounds more than within one).
 
 - LMCache ``local_disk``: LMCache's disk backend;
 - LMCache + chm: the storage plugin with the LMCache configuration of the
@@ -429,6 +431,9 @@ def main(
                     lat[s].append(dt)
             bw[s].add(nbytes / in_tier)
             engine_bw[s].add(nbytes / busy)
+            # what local_disk read stays in the page cache: give it back now, so
+            # that the next system does not pay for its reclaim
+            drop_cache(systems["local_disk"].files())
     for sysm in systems.values():
         sysm.close()
     shutil.rmtree(root, ignore_errors=True)
@@ -462,9 +467,12 @@ def main(
         f"({bl.fmt_ratio(paired_raw)}); engine retrieve LMCache+chm / local_disk = "
         f"{bl.fmt_ratio(bl.ratio(engine_bw['chm'].median, engine_bw['local_disk'].median))}"
     )
-    verdicts.check("tier: LMCache+chm / LMCache local_disk, cold", vs_disk, TARGET_VS_DISK,
-                   speed=True)  # fmt: skip
-    verdicts.check("tier: LMCache+chm / chm raw API", vs_raw, TARGET_VS_RAW, speed=True)
+    # judged on the median of the per-round ratios: each round runs the systems
+    # back to back, so a shared machine's load drifts between rounds, not within
+    verdicts.check("tier: LMCache+chm / LMCache local_disk, cold (per-round median)",
+                   paired_disk, TARGET_VS_DISK, speed=True)  # fmt: skip
+    verdicts.check("tier: LMCache+chm / chm raw API (per-round median)", paired_raw,
+                   TARGET_VS_RAW, speed=True)  # fmt: skip
     verdicts.check("puts skipped (LMCache+chm and raw)", skipped["chm"] + skipped["raw"], 0,
                    higher=False, fmt=str)  # fmt: skip
     verdicts.check("wrong or partial reloads (all systems)", sum(wrong.values()), 0,
