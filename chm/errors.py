@@ -91,8 +91,10 @@ class NotFound(ChmError, FileNotFoundError):
 
 
 class PermissionDenied(ChmError, PermissionError):
-    """EACCES (or EPERM): this process may not open a backing target or pool
-    file; the message names the path and the directory it may not search."""
+    """EACCES (or EPERM): not permitted: a backing target or scratch
+    directory this process may not reach (the message names the path and
+    the directory it may not search), or, through a daemon, an address or
+    operation this client has no right to."""
 
     default_errno = _errno.EACCES
 
