@@ -8,7 +8,8 @@ prefetch hints through the cache, direct mode reads/writes straight through
 
 Runtime: the ``default`` and ``ci`` profiles run EXAMPLES examples per
 machine (the whole file stays well under two minutes on two cores); the
-``nightly`` profile runs its own, much larger, counts.
+``nightly`` profile runs its own, much larger, counts. The slow tier
+(``make test-all``) runs each backend x mode for LONG_EXAMPLES examples.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from chm.testing.stateful import device_machine
 
 MODES = ("prefetch", "lru", "direct")
 EXAMPLES = 25
+LONG_EXAMPLES = 100
 
 # Two targets striped finely (every slot spans both), and a slot size that is
 # not a multiple of 4 KiB: an unaligned object of slot_size bytes fills the
@@ -48,6 +50,15 @@ def machine_settings() -> settings:
 def test_device_machine(backend: str, mode: str, tmp_backing: object) -> None:
     machine = device_machine(backend, mode, tmp_parent=str(tmp_backing))
     run_state_machine_as_test(machine, settings=machine_settings())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_device_machine_long(backend: str, mode: str, tmp_backing: object) -> None:
+    machine = device_machine(backend, mode, tmp_parent=str(tmp_backing))
+    base = machine_settings()
+    n = max(base.max_examples, LONG_EXAMPLES)
+    run_state_machine_as_test(machine, settings=settings(base, max_examples=n))
 
 
 @pytest.mark.parametrize("mode", ["prefetch", "lru"])
