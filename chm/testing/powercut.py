@@ -305,6 +305,35 @@ def _must(log: Log, cut: int, nxt: int) -> set[int]:
     return must
 
 
+def _runs(dev: dict[int, bytes]) -> list[tuple[int, bytes]]:
+    """The sectors as runs of contiguous ones: (address, bytes)."""
+    out: list[tuple[int, bytes]] = []
+    parts: list[bytes] = []
+    start = end = -1
+    for a in sorted(dev):
+        if a != end:
+            if parts:
+                out.append((start, b"".join(parts)))
+            start, parts = a, []
+        parts.append(dev[a])
+        end = a + SECTOR
+    if parts:
+        out.append((start, b"".join(parts)))
+    return out
+
+
+_bufs: list[np.ndarray[Any, Any]] = []
+
+
+def _buffers(n: int) -> list[np.ndarray[Any, Any]]:
+    """n load buffers of a slot, reused from state to state."""
+    while len(_bufs) < n:
+        _bufs.append(np.zeros(64 * 1024, np.uint8))
+    for b in _bufs[:n]:
+        b.fill(0)  # nothing of an earlier state can pass for a load
+    return _bufs[:n]
+
+
 def _check(
     log: Log, dev: dict[int, bytes], journal: bytes, must: set[int], where: str, rep: PowerCutReport
 ) -> None:
@@ -312,9 +341,9 @@ def _check(
     try:
         with open(d / "kv.img", "wb") as f:
             f.truncate(log.capacity)
-            for a, s in dev.items():
+            for a, run in _runs(dev):
                 f.seek(a)
-                f.write(s)
+                f.write(run)
         (d / "kv.img.kvjournal").write_bytes(journal)
         try:
             with warnings.catch_warnings():
@@ -326,7 +355,7 @@ def _check(
         try:
             rep.states += 1
             keys = log.keys
-            outs = [np.zeros(64 * 1024, np.uint8) for _ in keys]
+            outs = _buffers(len(keys))
             got = st.get(keys, outs) if keys else []
             metas = st.meta(keys) if keys else []
             for k, o, g, m in zip(keys, outs, got, metas, strict=True):
