@@ -92,7 +92,7 @@ from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
     TransferJob,
 )
 
-from chm.errors import InvalidArgument  # noqa: E402
+from chm.errors import ChmError, InvalidArgument  # noqa: E402
 from chm.integrations._tier import RemoteTierStore, Tier, TierOptions, open_tier  # noqa: E402
 from chm.kv import Namespace, PutStatus, Ticket  # noqa: E402
 from chm.kv.staging import DEFAULT_STAGING, StagingQueue  # noqa: E402
@@ -112,6 +112,7 @@ _COUNTERS = {
     "loaded_blocks": "Blocks the chm tier loaded into vLLM's CPU tier.",
     "load_misses": "Blocks a load did not deliver (absent, damaged or late); vLLM recomputed them.",
     "checksum_errors": "Blocks whose bytes failed their checksum on load.",
+    "lookup_errors": "Lookups the chm tier could not answer (counted as misses).",
 }
 
 
@@ -333,6 +334,7 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._reported = dict.fromkeys(_COUNTERS, 0)
         self._closed = False
+        self._last_lookup_error = -1e18
 
     def _rows(self, job: TransferJob) -> list[np.ndarray[Any, Any]]:
         view = self._primary_rows
@@ -346,7 +348,17 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
     # ---- SecondaryTierManager
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        hit = self._lookup_store.contains([bytes(key)])[0]
+        try:
+            hit = self._lookup_store.contains([bytes(key)])[0]
+        except ChmError as exc:
+            # the daemon went away (or the store failed): vLLM serves on,
+            # recomputing what it would have loaded; the log says why
+            self._count("lookup_errors", 1)
+            now = time.monotonic()
+            if now - self._last_lookup_error > 10.0:
+                self._last_lookup_error = now
+                _log.error("chm: vLLM tier lookups fail, every block is a miss: %s", exc)
+            return LookupResult.MISS
         return LookupResult.HIT if hit else LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -453,7 +465,11 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         """The tier's counters (``stored_blocks``, ``skipped_blocks``, ...),
         its store's (``puts_*``, ``gets_*``, ``entries``, ...) and its
         staging queue's (``staging_*``), and where it is."""
-        out = self.tier.stats()
+        try:
+            out = self.tier.stats()
+        except ChmError as exc:  # the daemon is gone: the tier's own counters still are
+            out = {f"staging_{k}": v for k, v in self.staging.stats().to_dict().items()}
+            out["store_error"] = str(exc)
         with self._lock:
             out.update(self._counts)
         out["where"] = self.tier.where
@@ -490,4 +506,10 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
                 if extra is not self.store:
                     extra.close(flush=False)
         finally:
-            self.tier.close()
+            try:
+                self.tier.close()
+            except ChmError as exc:
+                # every thread of the tier has stopped and nothing touches
+                # vLLM's memory any more: vLLM may unmap it; the log says what
+                # the last flush did not make durable
+                _log.error("chm: vLLM tier closed with an error (the last flush failed): %s", exc)

@@ -491,7 +491,9 @@ def test_replicas_on_per_rank_directories(tmp_path: Path, primary: Primary) -> N
         t.shutdown()
 
 
-def test_two_tiers_share_one_daemon(tmp_path: Path, primary: Primary) -> None:
+def test_two_tiers_share_one_daemon(
+    tmp_path: Path, primary: Primary, caplog: pytest.LogCaptureFixture
+) -> None:
     """Two vLLM tier instances (two replicas of one model) on one
     ``chm-emu serve``: what one stores, the other finds and loads byte-exact."""
     from chm_emu.serve_proc import DaemonProcess
@@ -518,7 +520,21 @@ def test_two_tiers_share_one_daemon(tmp_path: Path, primary: Primary) -> None:
             # another model on the same daemon misses
             tb = make_tier(cfg, other, spec(model="org/model-b"))
             assert not any(tb.lookup(k, ReqContext(req_id="b")) is LookupResult.HIT for k in data)
-            for t in (t0, t1, tb):
+            for t in (t0, tb):
                 t.shutdown()
+        # the daemon is gone: lookups are misses (vLLM recomputes), loads
+        # fail as jobs, and the log says so; nothing raises into vLLM
+        with caplog.at_level(logging.ERROR):
+            assert t1.lookup(next(iter(data)), ReqContext(req_id="c")) is LookupResult.MISS
+        assert t1.stats()["lookup_errors"] == 1
+        lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any("lookups fail" in m for m in lines), lines
+        job = TransferJob(job_id=9, keys=list(data)[:2], chunk_ids=np.arange(2),
+                          is_promotion=True, req_context=ReqContext(req_id="c"))  # fmt: skip
+        t1.submit_load(job)
+        t1.drain_jobs()
+        (res,) = t1.get_finished_jobs()
+        assert not res.success
+        t1.shutdown()  # logged, not raised: vLLM goes on to release its CPU tier
     finally:
         other.tier.shutdown()
