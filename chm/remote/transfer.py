@@ -17,7 +17,8 @@ partitioned one can block for long). :meth:`Engine.read` and
 releases the GIL) and wait at most ``timeout`` seconds: on a timeout they
 return ``TIMEOUT`` and the local memory of that transfer is **quarantined**
 (:meth:`RegisteredBuffer.quarantine`) until the late transfer ends, so no
-later load can see bytes a stale transfer writes. They return ``OK``,
+later load can see bytes a stale transfer writes. Each peer has its own
+helper threads, so a stopped node never delays transfers with other nodes. They return ``OK``,
 ``FAILED`` or ``TIMEOUT``; only ``OK`` means every byte arrived.
 """
 
@@ -73,7 +74,9 @@ class Engine:
         if rc != 0:
             raise TransferFailed(None, f"TransferEngine.initialize({host!r}, {protocol!r}) = {rc}")
         self.rpc_port = int(self._te.get_rpc_port())
-        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="chm-te")
+        # one small pool per peer: transfers stuck on a stopped node never
+        # hold the threads another node's transfers need
+        self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._regions: dict[int, int] = {}
         self._lock = threading.Lock()
         self.stats = {"reads": 0, "writes": 0, "bytes": 0, "failed": 0, "timeouts": 0}
@@ -128,7 +131,13 @@ class Engine:
             raise InvalidArgument(None, f"{what}: local, remote and lengths differ in length")
         if not local:
             return OK
-        fut = self._pool.submit(fn, peer, list(local), list(remote), list(lengths))
+        with self._lock:
+            pool = self._pools.get(peer)
+            if pool is None:
+                pool = self._pools[peer] = concurrent.futures.ThreadPoolExecutor(
+                    2, thread_name_prefix=f"chm-te-{peer}"
+                )
+        fut = pool.submit(fn, peer, list(local), list(remote), list(lengths))
         try:
             rc = fut.result(timeout)
         except concurrent.futures.TimeoutError:

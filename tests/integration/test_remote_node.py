@@ -463,3 +463,42 @@ def test_node_with_redis_unreachable_fails_clearly_at_start(
     assert proc.returncode == 1
     assert "does not answer" in proc.stderr and "Traceback" not in proc.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_a_stopped_node_does_not_stall_another_nodes_loads(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """Reads stuck on a stopped node (SIGSTOP) hold only that node's helper
+    threads: loads from another node still complete, byte-exact."""
+    k1, k2 = Namespace(model="s1").keys(range(4)), Namespace(model="s2").keys(range(4))
+    d1, d2 = _blocks(4, 12), _blocks(4, 13)
+    n1 = _node(redis_srv, tmp_path, secret_file, "n1").start()
+    n2 = _node(redis_srv, tmp_path, secret_file, "n2").start()
+    try:
+        with _tier(redis_srv, secret_file, timeout=2.0) as tier:
+            assert tier.save(None, k1, d1, node=n1.info["node"]) == [PutStatus.STORED] * 4
+            assert tier.save(None, k2, d2, node=n2.info["node"]) == [PutStatus.STORED] * 4
+            ents = tier.master.lookup(k1)
+            link = tier._link(n1.info["node"])
+            staged, _ = link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], 2.0))
+            assert n1.proc is not None
+            n1.proc.send_signal(signal.SIGSTOP)
+            off = tier.buf.take(BLOCK)
+            for _ in range(6):  # more stuck reads than any shared pool would have threads
+                status = tier.engine.read(
+                    link.info["data"],
+                    [tier.buf.addr + off],
+                    [staged[0][0]],
+                    [BLOCK],
+                    timeout=0.2,
+                )  # the region stays taken: late reads may still write it
+                assert status == TIMEOUT
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
+            t0 = time.monotonic()
+            assert tier.load(k2, outs) == 4
+            assert time.monotonic() - t0 < 1.5
+            assert all(np.array_equal(a, b) for a, b in zip(outs, d2, strict=True))
+            n1.kill()
+    finally:
+        n1.kill()
+        n2.kill()
