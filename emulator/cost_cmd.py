@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from chm.replay.cost import CostInputs, PricedUnit, format_gb, parse_gb, parse_priced, table1
+from chm.sim.replay.cost import CostInputs, PricedUnit, format_gb, parse_gb, parse_priced, table1
 
 __all__ = ["cost"]
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from chm.backend import uring_unavailable
 from chm.errors import ChmError
-from chm.replay.demo import (
+from chm.sim.replay.demo import (
     DEMO_DILATION,
     DEMO_SYSTEMS,
     DemoConfig,
@@ -24,7 +24,7 @@ from chm.replay.demo import (
     run_demo,
     summary_sentences,
 )
-from chm.replay.results import per_turn, write_csv, write_json
+from chm.sim.replay.results import per_turn, write_csv, write_json
 from chm.sizes import format_size
 
 console = Console(highlight=False)
@@ -137,7 +137,7 @@ def demo(
             "(.venv/bin/pip install matplotlib) and run again"
         )
         return
-    from chm.replay.plots import plot_load_bandwidth, plot_per_turn
+    from chm.sim.replay.plots import plot_load_bandwidth, plot_per_turn
 
     plot_per_turn(
         per_turn(x for rs in results.values() for x in rs),

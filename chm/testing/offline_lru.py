@@ -6,7 +6,7 @@ before and the number of distinct blocks last accessed since then is below
 the capacity in blocks. Every block of a request is one access, in key
 order, whether it hit or not; a request's hits are its leading held blocks.
 No eviction list, no cache: the answer comes from access times alone, so it
-checks the caches of :mod:`chm.replay` (the baselines' LRU tiers, the
+checks the caches of :mod:`chm.sim.replay` (the baselines' LRU tiers, the
 CXL-HM tier on a :class:`chm.kv.Store`) without sharing their code.
 
     from chm.testing.offline_lru import offline_lru_hits
@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from chm.workloads import (
+from chm.sim.workloads import (
     ChatWorkload,
     read_mooncake,
     synthetic_trace,
     trace_requests,
     write_mooncake,
 )
-from chm.workloads.records import Request
+from chm.sim.workloads.records import Request
 
 __all__ = ["Fenwick", "chat_trace", "offline_lru_hits", "unbounded_hit_rate"]
 

@@ -1,10 +1,10 @@
-"""chm.replay.baselines: each baseline's cache behaviour on hand-worked examples."""
+"""chm.sim.replay.baselines: each baseline's cache behaviour on hand-worked examples."""
 
 from __future__ import annotations
 
 import pytest
 
-from chm.replay import (
+from chm.sim.replay import (
     BaselineReplay,
     GpuPreset,
     LruBlocks,
@@ -17,7 +17,7 @@ from chm.replay import (
     simulate,
     simulate_closed_loop,
 )
-from chm.workloads import Request
+from chm.sim.workloads import Request
 
 # 10 bytes of KV per token and 2-token blocks: a block is 20 bytes.
 TINY = PrefillModel(

@@ -1,10 +1,10 @@
-"""chm.replay.configure: presets, systems and scoped overrides by name."""
+"""chm.sim.replay.configure: presets, systems and scoped overrides by name."""
 
 from __future__ import annotations
 
 import pytest
 
-from chm.replay import SYSTEMS, configure, split_scoped
+from chm.sim.replay import SYSTEMS, configure, split_scoped
 
 
 def test_defaults() -> None:

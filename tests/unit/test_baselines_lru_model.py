@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chm.replay import LruBlocks
+from chm.sim.replay import LruBlocks
 
 keys = st.lists(st.sampled_from([bytes([i]) for i in range(12)]), max_size=8, unique=True)
 

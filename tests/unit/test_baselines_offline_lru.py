@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from chm.replay import GPUS, MODELS, PrefillModel, SystemSpec, simulate
-from chm.workloads import Request, read_mooncake, trace_requests
+from chm.sim.replay import GPUS, MODELS, PrefillModel, SystemSpec, simulate
+from chm.sim.workloads import Request, read_mooncake, trace_requests
 
 TRACE = Path(__file__).resolve().parent.parent / "data" / "mooncake_chat.jsonl"
 LLAMA = PrefillModel(MODELS["llama-3.1-8b"], GPUS["a100-80g"])

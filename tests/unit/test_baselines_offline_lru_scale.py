@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from chm.replay import GPUS, MODELS, PrefillModel, SystemSpec, simulate
+from chm.sim.replay import GPUS, MODELS, PrefillModel, SystemSpec, simulate
+from chm.sim.workloads import Request
 from chm.testing.offline_lru import chat_trace, offline_lru_hits, unbounded_hit_rate
-from chm.workloads import Request
 
 LLAMA = PrefillModel(MODELS["llama-3.1-8b"], GPUS["a100-80g"])
 BLOCK = 16 << 20

@@ -1,4 +1,4 @@
-"""chm.replay.plots and capacity_sweep: PNGs from replay results."""
+"""chm.sim.replay.plots and capacity_sweep: PNGs from replay results."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chm.replay import (
+from chm.sim.replay import (
     GpuPreset,
     ModelPreset,
     PrefillModel,
@@ -17,7 +17,7 @@ from chm.replay import (
     per_turn,
     simulate,
 )
-from chm.workloads import ChatWorkload, Request, generate_chat
+from chm.sim.workloads import ChatWorkload, Request, generate_chat
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 needs_mpl = pytest.mark.skipif(
@@ -58,7 +58,7 @@ def test_capacity_sweep_matches_simulate_and_grows() -> None:
 
 @needs_mpl
 def test_per_turn_plot_is_a_png(tmp_path: Path) -> None:
-    from chm.replay.plots import plot_per_turn
+    from chm.sim.replay.plots import plot_per_turn
 
     reqs = _workload()
     results = simulate(reqs, SystemSpec("a", hbm_kv_bytes=16 * 4), TINY)
@@ -71,7 +71,7 @@ def test_per_turn_plot_is_a_png(tmp_path: Path) -> None:
 
 @needs_mpl
 def test_per_turn_plot_needs_turns(tmp_path: Path) -> None:
-    from chm.replay.plots import plot_per_turn
+    from chm.sim.replay.plots import plot_per_turn
 
     none = TurnSummary("a", None, 1, 10, 0, 0, 0, 0.1)
     with pytest.raises(ValueError, match="no summary has a turn"):
@@ -81,7 +81,7 @@ def test_per_turn_plot_needs_turns(tmp_path: Path) -> None:
 
 @needs_mpl
 def test_capacity_plot_is_a_png(tmp_path: Path) -> None:
-    from chm.replay.plots import plot_capacity_sweep
+    from chm.sim.replay.plots import plot_capacity_sweep
 
     out = tmp_path / "cap.png"
     plot_capacity_sweep({"lru": [(1 << 30, 0.2), (1 << 40, 0.9)]}, out)

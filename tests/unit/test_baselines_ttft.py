@@ -1,10 +1,10 @@
-"""chm.replay.prefill / tiers / params: the modeled TTFT by hand, and overrides."""
+"""chm.sim.replay.prefill / tiers / params: the modeled TTFT by hand, and overrides."""
 
 from __future__ import annotations
 
 import pytest
 
-from chm.replay import (
+from chm.sim.replay import (
     GPUS,
     MODELS,
     TIERS,

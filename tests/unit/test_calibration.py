@@ -1,4 +1,4 @@
-"""chm.replay.calibration, fw_spec/timing_presets.yaml and tools/replay/calibrate.py."""
+"""chm.sim.replay.calibration, fw_spec/timing_presets.yaml and tools/replay/calibrate.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import chm
-from chm.replay import calibration as cal
+from chm.sim.replay import calibration as cal
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "fw_spec" / "timing_presets.yaml"

@@ -1,4 +1,4 @@
-"""chm.replay.cost and ``chm-emu cost``: Table 1's arithmetic by hand."""
+"""chm.sim.replay.cost and ``chm-emu cost``: Table 1's arithmetic by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from chm.replay.cost import CostInputs, PricedUnit, format_gb, parse_gb, parse_priced, table1
+from chm.sim.replay.cost import CostInputs, PricedUnit, format_gb, parse_gb, parse_priced, table1
 from chm_emu.cli import main
 
 

@@ -7,7 +7,13 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from chm.replay.demo import DemoPacing, DemoTurn, pacing_sentence, scaled_max_io, summary_sentences
+from chm.sim.replay.demo import (
+    DemoPacing,
+    DemoTurn,
+    pacing_sentence,
+    scaled_max_io,
+    summary_sentences,
+)
 from emulator.cli import main
 
 

@@ -227,9 +227,11 @@ def test_files_have_a_header_comment(name: str) -> None:
 # ties one module to another. Imports of the group's own modules are free.
 #
 # The groups' order, bottom first: the driver (core), then the KV layer, then
-# what is built on them: the remote client, the simulation (workloads, then
-# replay), the engines' adapters, the test support; chm_emu (the command and
-# the daemon) may use all of chm, and nothing in chm imports chm_emu.
+# what is built on them: the remote client, the simulation (chm.sim: its
+# workloads, then its replay), the engines' adapters, the test support;
+# chm_emu (the command and the daemon) may use all of chm, and nothing in chm
+# imports chm_emu. The rows of core, kv, remote and integrations name none
+# of sim, workloads and replay: nothing there imports chm.sim.
 
 import ast  # noqa: E402 - the Python half of the file keeps its own imports
 
@@ -238,8 +240,9 @@ PY_GROUPS: dict[str, str] = {
     "chm": "core",
     "chm.kv": "kv",
     "chm.remote": "remote",
-    "chm.workloads": "workloads",
-    "chm.replay": "replay",
+    "chm.sim": "sim",
+    "chm.sim.workloads": "workloads",
+    "chm.sim.replay": "replay",
     "chm.integrations": "integrations",
     "chm.testing": "testing",
     "chm_emu": "chm_emu",
@@ -249,6 +252,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "core": {"core"},
     "kv": {"core"},
     "remote": {"core", "kv"},
+    # chm.sim: the package itself names its two halves and imports neither
+    "sim": {"core"},
     "workloads": {"core"},
     "replay": {"core", "kv", "workloads"},
     "integrations": {"core", "kv"},
@@ -257,6 +262,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "core",
         "kv",
         "remote",
+        "sim",
         "workloads",
         "replay",
         "integrations",
@@ -435,6 +441,25 @@ def test_chm_importing_chm_emu_fails(tmp_path: Path) -> None:
     store.write_text("from chm_emu.devices import probe\n" + store.read_text())
     assert py_violations(root) == [
         "chm.kv.index imports chm_emu.devices: kv may not import chm_emu"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("module", "group"),
+    [
+        ("device.py", "core"),
+        ("kv/index.py", "kv"),
+        ("integrations/lmcache.py", "integrations"),
+        ("remote/node.py", "remote"),
+    ],
+)
+def test_importing_the_simulation_from_below_fails(tmp_path: Path, module: str, group: str) -> None:
+    root = _py_scratch(tmp_path)
+    path = root / "chm" / module
+    path.write_text("from chm.sim.replay.lru import LruBlocks\n" + path.read_text())
+    name = "chm." + module.removesuffix(".py").replace("/", ".")
+    assert py_violations(root) == [
+        f"{name} imports chm.sim.replay.lru: {group} may not import replay"
     ]
 
 

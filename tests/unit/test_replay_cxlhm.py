@@ -1,4 +1,4 @@
-"""CXL-HM replays (chm.replay.cxlhm) on hand-computed examples, in virtual time."""
+"""CXL-HM replays (chm.sim.replay.cxlhm) on hand-computed examples, in virtual time."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 import chm
-from chm.replay.cxlhm import CxlhmReplay, replay_cxlhm
-from chm.replay.prefill import GPUS, MODELS, PrefillModel
-from chm.workloads.records import Request
+from chm.sim.replay.cxlhm import CxlhmReplay, replay_cxlhm
+from chm.sim.replay.prefill import GPUS, MODELS, PrefillModel
+from chm.sim.workloads.records import Request
 
 MiB = 1 << 20
 PREFILL = PrefillModel(MODELS["llama-3.1-8b"], GPUS["a100-80g"])  # 16 MiB per 128 tokens
@@ -111,7 +111,7 @@ def test_wrong_mode_and_block_size_are_errors() -> None:
 def _chat_run(mode: str, wbuf: str = "4M") -> list[tuple[Any, ...]]:
     # a multi-turn chat with writes in flight and a small write buffer, open
     # loop: the flusher runs on the simulated clock, so everything repeats
-    from chm.workloads import ChatWorkload, generate_chat
+    from chm.sim.workloads import ChatWorkload, generate_chat
 
     reqs = generate_chat(
         ChatWorkload(users=6, turns=4, user_tokens=(512, 2048), think_time_s=0.01, seed=3)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import pytest
 
-from chm.replay.cxlhm_run import GhostSetup, replay_virtual
-from chm.replay.prefill import GPUS, MODELS, PrefillModel
+from chm.sim.replay.cxlhm_run import GhostSetup, replay_virtual
+from chm.sim.replay.prefill import GPUS, MODELS, PrefillModel
+from chm.sim.workloads import Request
 from chm.testing.offline_lru import chat_trace, offline_lru_hits, unbounded_hit_rate
-from chm.workloads import Request
 
 LLAMA = PrefillModel(MODELS["llama-3.1-8b"], GPUS["a100-80g"])
 BLOCK = 16 << 20  # Llama-3.1-8B, 128 tokens

@@ -1,4 +1,4 @@
-"""chm.replay.figures and the baselines' policies it uses, on hand-computed
+"""chm.sim.replay.figures and the baselines' policies it uses, on hand-computed
 examples, small replays and one real Redis."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from chm.replay import figures as F
-from chm.replay.baselines import BaselineReplay, SystemSpec
-from chm.replay.lru import LruBlocks
-from chm.replay.prefill import GPUS, MODELS, PrefillModel
-from chm.replay.tiers import TierParams
-from chm.workloads.records import Request
+from chm.sim.replay import figures as F
+from chm.sim.replay.baselines import BaselineReplay, SystemSpec
+from chm.sim.replay.lru import LruBlocks
+from chm.sim.replay.prefill import GPUS, MODELS, PrefillModel
+from chm.sim.replay.tiers import TierParams
+from chm.sim.workloads.records import Request
 
 MiB = 1 << 20
 BB = 16 * MiB  # Llama-3.1-8B, 128-token blocks

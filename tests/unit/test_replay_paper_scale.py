@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from chm.replay import configure
-from chm.replay.cxlhm_run import GhostSetup, replay_virtual
-from chm.workloads import ChatWorkload, generate_chat
+from chm.sim.replay import configure
+from chm.sim.replay.cxlhm_run import GhostSetup, replay_virtual
+from chm.sim.workloads import ChatWorkload, generate_chat
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "replay" / "paper_scale.py"
 

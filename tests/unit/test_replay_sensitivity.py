@@ -1,12 +1,12 @@
-"""chm.replay.sensitivity: the prefetch/lru ratio under alternative modeling choices."""
+"""chm.sim.replay.sensitivity: the prefetch/lru ratio under alternative modeling choices."""
 
 from __future__ import annotations
 
 import pytest
 
-from chm.replay import configure
-from chm.replay.cxlhm_run import GhostSetup, open_ghost, replay_virtual
-from chm.replay.sensitivity import (
+from chm.sim.replay import configure
+from chm.sim.replay.cxlhm_run import GhostSetup, open_ghost, replay_virtual
+from chm.sim.replay.sensitivity import (
     Choice,
     RatioPoint,
     describe,
@@ -14,7 +14,7 @@ from chm.replay.sensitivity import (
     one_at_a_time,
     ratio_sweep,
 )
-from chm.workloads import ChatWorkload, generate_chat
+from chm.sim.workloads import ChatWorkload, generate_chat
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -1,4 +1,4 @@
-"""Concurrent workers in virtual time (chm.replay.cxlhm): hand-computed schedules.
+"""Concurrent workers in virtual time (chm.sim.replay.cxlhm): hand-computed schedules.
 
 The device's timing is set so that every time is written out by hand: no
 SSD or DRAM limits, a host link of 2,097,152,000 B/s with no latency, so one
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 import chm
-from chm.replay.cxlhm import CxlhmReplay, replay_cxlhm
-from chm.replay.prefill import GPUS, MODELS, PrefillModel
-from chm.workloads.records import Request
+from chm.sim.replay.cxlhm import CxlhmReplay, replay_cxlhm
+from chm.sim.replay.prefill import GPUS, MODELS, PrefillModel
+from chm.sim.workloads.records import Request
 
 MiB = 1 << 20
 PREFILL = PrefillModel(MODELS["llama-3.1-8b"], GPUS["a100-80g"])

@@ -1,4 +1,4 @@
-"""chm.workloads.mooncake: the trace reader, its errors, and re-blocking."""
+"""chm.sim.workloads.mooncake: the trace reader, its errors, and re-blocking."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chm.workloads import (
+from chm.sim.workloads import (
     TraceFormatError,
     chain_key,
     parse_mooncake_line,

@@ -1,4 +1,4 @@
-"""chm.workloads.synthetic: the multi-turn chat generator and the closed loop."""
+"""chm.sim.workloads.synthetic: the multi-turn chat generator and the closed loop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chm.workloads import ChatWorkload, Request, generate_chat, schedule_closed_loop
+from chm.sim.workloads import ChatWorkload, Request, generate_chat, schedule_closed_loop
 
 
 def _by_session(reqs: list[Request]) -> dict[int, list[Request]]:

@@ -1,4 +1,4 @@
-"""chm.workloads.mooncake_write: synthetic workloads written as Mooncake traces."""
+"""chm.sim.workloads.mooncake_write: synthetic workloads written as Mooncake traces."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chm.workloads import (
+from chm.sim.workloads import (
     ChatWorkload,
     TraceRecord,
     generate_chat,

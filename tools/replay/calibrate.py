@@ -5,7 +5,7 @@ The points are a preset's published figures (fw_spec/timing_presets.yaml,
 --preset NAME) or measured here with fio on a local file (--fio PATH:
 O_DIRECT random reads, io_uring, one job per --sizes x --depths). Prints
 the points, the fitted latency, bandwidth and channel count
-(chm.replay.calibration), each point's residuals, the preset's own values
+(chm.sim.replay.calibration), each point's residuals, the preset's own values
 beside the fit, and the device options that make a preset of the fit
 (--json writes them). Verdicts last: the fit's RMS log error within
 --max-rms (exit 1 on a miss).
@@ -30,7 +30,7 @@ import _benchlib as bl
 
 import chm
 from chm.errors import InvalidArgument
-from chm.replay import calibration as cal
+from chm.sim.replay import calibration as cal
 from chm.sizes import format_size, parse_size
 
 SPEC = Path(__file__).resolve().parents[2] / "fw_spec" / "timing_presets.yaml"

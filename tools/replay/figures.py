@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The paper's figures 8, 9, 10 and 12, one command each (chm.replay.figures).
+"""The paper's figures 8, 9, 10 and 12, one command each (chm.sim.replay.figures).
 
 Each subcommand prints its parameters (every one overridable with --set
 NAME=VALUE), replays the figure's systems, writes to --out
@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import _benchlib as bl
 
 from chm.errors import InvalidArgument
-from chm.replay import figures as F
-from chm.replay.params import apply_overrides, param_rows, parse_overrides
-from chm.replay.results import write_csv, write_json
+from chm.sim.replay import figures as F
+from chm.sim.replay.params import apply_overrides, param_rows, parse_overrides
+from chm.sim.replay.results import write_csv, write_json
 from chm.sizes import parse_size
 
 console = Console(highlight=False, markup=False)
@@ -139,7 +139,7 @@ def _run(
 
 def _plot_turns(title: str) -> Callable[[F.FigureData, Path], None]:
     def plot(fig: F.FigureData, path: Path) -> None:
-        from chm.replay.plots import plot_per_turn
+        from chm.sim.replay.plots import plot_per_turn
 
         plot_per_turn(fig.turns(), path, title=title)
 
@@ -228,7 +228,7 @@ def fig9(timeouts: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out:
     total = p.users * p.turns * 4
 
     def plot(fig: F.FigureData, path: Path) -> None:
-        from chm.replay.plots import plot_per_turn
+        from chm.sim.replay.plots import plot_per_turn
 
         plot_per_turn(fig.turns(), path, title=f"Fig. 9: NVMe-oF, timeout {p.load_timeout_s:g} s")
 
@@ -264,7 +264,7 @@ def fig10(
     total = p.users * p.turns * 2 * len(bufs)
 
     def plot(fig: F.FigureData, path: Path) -> None:
-        from chm.replay.plots import plot_size_sweep
+        from chm.sim.replay.plots import plot_size_sweep
 
         plot_size_sweep(
             {k: [(int(x), y) for x, y in v] for k, v in fig.sweeps.items()},

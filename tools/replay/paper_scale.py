@@ -4,9 +4,9 @@
 Llama-3.1-8B (16 MiB blocks), 32 users x 8 turns of synthetic chat, a 2 TB
 CXL-HM device with 64 GB of DRAM in virtual time on the ghost backend (lru
 mode and prefetch mode; the tier is a chm.kv.Store on the device, see
-chm.replay.cxlhm), against the baselines of chm.replay.baselines with the
+chm.sim.replay.cxlhm), against the baselines of chm.sim.replay.baselines with the
 paper's budgets. --scale divides the device's sizes and block size (see
-chm.replay.cxlhm_run; 1, the default, is the paper's sizes: a ghost device
+chm.sim.replay.cxlhm_run; 1, the default, is the paper's sizes: a ghost device
 holds no data, so that needs no more host memory than a scaled run).
 Prints the per-turn hit rate per system and the prefetch/lru load-bandwidth
 ratio; the write-buffer sweep, run twice to show it repeats exactly; and
@@ -17,7 +17,7 @@ and the sweep's repeatability (verdicts last, exit 1 on a miss). The ratio
 depends on modeling choices (--lru-line, --scale, --timing): its verdict
 names the choice used and the ratio under each alternative of
 --sweep-lru-lines, --sweep-scales and --sweep-timings, one varied at a time
-(chm.replay.sensitivity). Writes to --out:
+(chm.sim.replay.sensitivity). Writes to --out:
 
     results.json     setup, per-turn summaries, the ratio
     per_request.csv  one row per (system, request); CXL-HM rows add device columns
@@ -48,13 +48,13 @@ import _benchlib as bl
 
 import chm
 from chm.errors import InvalidArgument
-from chm.replay import RequestResult, configure, per_turn, simulate, write_csv, write_json
-from chm.replay.cxlhm import CxlhmRequest
-from chm.replay.cxlhm_run import GhostSetup, replay_virtual
-from chm.replay.cxlhm_run import wbuf_sweep as run_wbuf_sweep
-from chm.replay.sensitivity import Choice, RatioPoint, describe, one_at_a_time, ratio_sweep
+from chm.sim.replay import RequestResult, configure, per_turn, simulate, write_csv, write_json
+from chm.sim.replay.cxlhm import CxlhmRequest
+from chm.sim.replay.cxlhm_run import GhostSetup, replay_virtual
+from chm.sim.replay.cxlhm_run import wbuf_sweep as run_wbuf_sweep
+from chm.sim.replay.sensitivity import Choice, RatioPoint, describe, one_at_a_time, ratio_sweep
+from chm.sim.workloads import ChatWorkload, generate_chat
 from chm.sizes import format_size, parse_size
-from chm.workloads import ChatWorkload, generate_chat
 
 console = Console(highlight=False, markup=False)
 TARGET_RATIO = 1.35  # paper, Fig. 13: prefetch >35 % average load bandwidth
@@ -388,7 +388,7 @@ def main(
     write_csv(out / "per_turn.csv", [t.row() for t in turns_summary])
     if not no_plots:
         try:
-            from chm.replay.plots import plot_load_bandwidth, plot_per_turn, plot_wbuf_sweep
+            from chm.sim.replay.plots import plot_load_bandwidth, plot_per_turn, plot_wbuf_sweep
 
             plot_per_turn(turns_summary, out / "per_turn.png", title="Llama-3.1-8B, 32x8 chat")
             plot_load_bandwidth(

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Replays a multi-turn workload through the baseline KV caches.
 
-The workload is synthetic multi-turn chat (chm.workloads.ChatWorkload) or a
+The workload is synthetic multi-turn chat (chm.sim.workloads.ChatWorkload) or a
 trace in the Mooncake format (--trace). With --arrival closed, --concurrency
 users at a time each send their next turn a think time after the modeled
-first token, so each system's own TTFT paces its replay. Every system of chm.replay.baselines
+first token, so each system's own TTFT paces its replay. Every system of chm.sim.replay.baselines
 replays the same requests; the tool prints the parameters it used and a
 summary per system, and writes to --out:
 
@@ -32,7 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from chm.errors import InvalidArgument
-from chm.replay import (
+from chm.sim.replay import (
     GPUS,
     MODELS,
     SYSTEMS,
@@ -47,9 +47,8 @@ from chm.replay import (
     write_csv,
     write_json,
 )
-from chm.replay.plots import plot_capacity_sweep, plot_per_turn
-from chm.sizes import format_size, parse_size
-from chm.workloads import (
+from chm.sim.replay.plots import plot_capacity_sweep, plot_per_turn
+from chm.sim.workloads import (
     ChatWorkload,
     Request,
     TraceFormatError,
@@ -59,6 +58,7 @@ from chm.workloads import (
     trace_requests,
     write_mooncake,
 )
+from chm.sizes import format_size, parse_size
 
 console = Console(highlight=False, markup=False)  # paths and messages print as they are
 

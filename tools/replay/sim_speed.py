@@ -3,7 +3,7 @@
 
 Replays a synthetic multi-turn chat (Llama-3.1-8B, 512-token blocks = 64 MiB,
 no GPU cache, so every block access reaches the device: reads of the tier's
-hits and writes of the blocks it lacks) through chm.replay.CxlhmReplay on
+hits and writes of the blocks it lacks) through chm.sim.replay.CxlhmReplay on
 ghost devices in virtual time, open loop, in prefetch mode and lru mode, at
 each device capacity given (default 2 TB and 16 TB, 64 GB of DRAM; lru
 mode with --lru-line lines, default 1 MiB: the cache's cost is per line, and
@@ -41,11 +41,11 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import _benchlib as bl
 
-from chm.replay import configure
-from chm.replay.cxlhm import CxlhmReplay, replay_cxlhm
-from chm.replay.cxlhm_run import GhostSetup, open_ghost
+from chm.sim.replay import configure
+from chm.sim.replay.cxlhm import CxlhmReplay, replay_cxlhm
+from chm.sim.replay.cxlhm_run import GhostSetup, open_ghost
+from chm.sim.workloads import ChatWorkload, generate_chat
 from chm.sizes import format_size, parse_size
-from chm.workloads import ChatWorkload, generate_chat
 
 console = Console(highlight=False, markup=False)
 TARGET_WALL_S = 60.0
@@ -129,7 +129,7 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Concurrent workers in simulated time (chm.replay.cxlhm's event queue).",
+    help="Concurrent workers in simulated time (chm.sim.replay.cxlhm's event queue).",
 )
 @click.option("--json", "json_out", default=None, help="Write the figures to this file.")
 @click.option(

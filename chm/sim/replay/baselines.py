@@ -19,13 +19,13 @@ the tier from there on (the longest held run); the rest is computed. Then
 every block of the request is accessed in order in G1 and in the tier: the
 request holds all of them in HBM, and the connector stores what the tier
 lacks (an inclusive hierarchy). Every cache is an LRU over blocks
-(:class:`~chm.replay.lru.LruBlocks`) with a capacity of
+(:class:`~chm.sim.replay.lru.LruBlocks`) with a capacity of
 ``capacity_bytes // block_bytes`` blocks. A request runs on worker
 ``session % workers`` (a session stays on its worker), or ``index % workers``
 when the workload has no sessions.
 
-TTFT = prefill compute of the uncached tokens (:mod:`chm.replay.prefill`)
-+ the load time of the tier's bytes (:mod:`chm.replay.tiers`); G1 hits cost
+TTFT = prefill compute of the uncached tokens (:mod:`chm.sim.replay.prefill`)
++ the load time of the tier's bytes (:mod:`chm.sim.replay.tiers`); G1 hits cost
 nothing to load.
 
 Policies a :class:`SystemSpec` can add (all off by default):
@@ -50,13 +50,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from chm.replay.lru import LruBlocks
-from chm.replay.params import param
-from chm.replay.prefill import PrefillModel
-from chm.replay.results import RequestResult
-from chm.replay.tiers import TIERS, TierParams
-from chm.workloads.records import Request
-from chm.workloads.synthetic import schedule_closed_loop
+from chm.sim.replay.lru import LruBlocks
+from chm.sim.replay.params import param
+from chm.sim.replay.prefill import PrefillModel
+from chm.sim.replay.results import RequestResult
+from chm.sim.replay.tiers import TIERS, TierParams
+from chm.sim.workloads.records import Request
+from chm.sim.workloads.synthetic import schedule_closed_loop
 
 __all__ = [
     "SYSTEMS",
@@ -155,7 +155,7 @@ class BaselineReplay:
     """One system's caches, fed one request at a time (:meth:`step`).
 
     :func:`simulate` runs a whole workload; a closed-loop replay calls
-    :meth:`step` from :func:`~chm.workloads.schedule_closed_loop`'s service
+    :meth:`step` from :func:`~chm.sim.workloads.schedule_closed_loop`'s service
     time, so the system's own TTFT decides when the next turn arrives.
     """
 
@@ -298,7 +298,7 @@ def simulate_closed_loop(
 
     A turn arrives its think time after the previous turn's first token
     (decode time is not modeled); see
-    :func:`~chm.workloads.schedule_closed_loop`. Results are in arrival order.
+    :func:`~chm.sim.workloads.schedule_closed_loop`. Results are in arrival order.
     """
     replay = BaselineReplay(system, prefill, workers=workers)
 

@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from chm.replay.baselines import SystemSpec, baseline_systems
-from chm.replay.params import apply_overrides, split_scoped
-from chm.replay.prefill import GPUS, MODELS, PrefillModel
+from chm.sim.replay.baselines import SystemSpec, baseline_systems
+from chm.sim.replay.params import apply_overrides, split_scoped
+from chm.sim.replay.prefill import GPUS, MODELS, PrefillModel
 
 __all__ = ["ReplaySetup", "configure"]
 

@@ -103,10 +103,10 @@ import numpy as np
 from chm.kv.protocol import DeviceLike
 from chm.kv.store import PutStatus, Store
 from chm.kv.window import WINDOW_BYTES
-from chm.replay.lru import LruBlocks
-from chm.replay.prefill import PrefillModel
-from chm.replay.results import RequestResult
-from chm.workloads.records import Request
+from chm.sim.replay.lru import LruBlocks
+from chm.sim.replay.prefill import PrefillModel
+from chm.sim.replay.results import RequestResult
+from chm.sim.workloads.records import Request
 
 __all__ = [
     "CXLHM_SYSTEMS",

@@ -5,7 +5,7 @@ The paper's device is 2 TB of SSD behind 64 GB of DRAM, with 16 MB KV blocks
 and block size by the same factor, so every ratio (DRAM / footprint, blocks
 per window, write buffer / block) stays the paper's while the replay's
 memory and time shrink; load times are scaled back by
-:class:`~chm.replay.cxlhm.CxlhmReplay`. A ghost device holds no data (its
+:class:`~chm.sim.replay.cxlhm.CxlhmReplay`. A ghost device holds no data (its
 writes carry no payload, its lines no bytes), so ``scale=1`` -- the paper's
 sizes -- needs no more host memory than a scaled run.
 
@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import chm
-from chm.replay.cxlhm import CXLHM_SYSTEMS, CxlhmReplay, CxlhmRequest, replay_cxlhm
-from chm.replay.params import param
-from chm.replay.prefill import PrefillModel
-from chm.workloads.records import Request
+from chm.sim.replay.cxlhm import CXLHM_SYSTEMS, CxlhmReplay, CxlhmRequest, replay_cxlhm
+from chm.sim.replay.params import param
+from chm.sim.replay.prefill import PrefillModel
+from chm.sim.workloads.records import Request
 
 __all__ = ["GhostSetup", "WbufPoint", "open_ghost", "replay_virtual", "wbuf_sweep"]
 

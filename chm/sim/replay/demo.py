@@ -5,7 +5,7 @@ embedded devices (lru mode and prefetch mode) over sparse files in a
 directory, with the same device DRAM, and through the local DRAM LRU
 baseline holding as much KV as that DRAM (in the model's bytes). Device
 blocks are the model's blocks scaled down by ``scale`` so the run is small;
-load times are scaled back (see :mod:`chm.replay.cxlhm`).
+load times are scaled back (see :mod:`chm.sim.replay.cxlhm`).
 
 The devices run time-dilated (``time_dilation``, :data:`DEMO_DILATION` by
 default): the modeled device is faster than this host's disk, and pacing
@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import chm
-from chm.replay.baselines import BaselineReplay, SystemSpec
-from chm.replay.cxlhm import CxlhmReplay, replay_cxlhm
-from chm.replay.prefill import GPUS, MODELS, PrefillModel
-from chm.replay.results import RequestResult
-from chm.replay.tiers import TIERS
-from chm.workloads.records import Request
-from chm.workloads.synthetic import ChatWorkload, generate_chat
+from chm.sim.replay.baselines import BaselineReplay, SystemSpec
+from chm.sim.replay.cxlhm import CxlhmReplay, replay_cxlhm
+from chm.sim.replay.prefill import GPUS, MODELS, PrefillModel
+from chm.sim.replay.results import RequestResult
+from chm.sim.replay.tiers import TIERS
+from chm.sim.workloads.records import Request
+from chm.sim.workloads.synthetic import ChatWorkload, generate_chat
 
 __all__ = [
     "DEMO_DILATION",

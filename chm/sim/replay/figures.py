@@ -1,15 +1,15 @@
 """The paper's figures 8, 9, 10 and 12 as replays, judged against its statements.
 
 Each figure is a function of one parameter set (a frozen dataclass whose
-fields print and override by name, :mod:`chm.replay.params`) that replays a
+fields print and override by name, :mod:`chm.sim.replay.params`) that replays a
 synthetic multi-turn chat through the systems the figure compares and
 returns a :class:`FigureData`: every request's result, per-turn summaries,
 sweep points, a summary and the :class:`Claim` s -- the paper's statements
 as a measured value against a target. ``tools/replay/figures.py`` prints,
-writes and plots them. The baselines are :mod:`chm.replay.baselines` (with
+writes and plots them. The baselines are :mod:`chm.sim.replay.baselines` (with
 its store-failure, second-tier, transfer-buffer and timeout policies);
 HyMCache is ``cxlhm-prefetch`` on a ghost device in virtual time
-(:mod:`chm.replay.cxlhm_run`), open loop, its prefill workers concurrent
+(:mod:`chm.sim.replay.cxlhm_run`), open loop, its prefill workers concurrent
 on the device clock. TTFTs compared across systems are compute + load (the
 baselines have no queues); the CXL-HM rows also carry their queued TTFT.
 
@@ -43,16 +43,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chm.replay.baselines import BaselineReplay, SystemSpec, simulate
-from chm.replay.configure import configure
-from chm.replay.cxlhm import CxlhmRequest
-from chm.replay.cxlhm_run import GhostSetup, replay_virtual
-from chm.replay.params import param
-from chm.replay.prefill import PrefillModel
-from chm.replay.results import RequestResult, TurnSummary, per_turn
-from chm.replay.tiers import TIERS
-from chm.workloads import ChatWorkload, generate_chat
-from chm.workloads.records import Request
+from chm.sim.replay.baselines import BaselineReplay, SystemSpec, simulate
+from chm.sim.replay.configure import configure
+from chm.sim.replay.cxlhm import CxlhmRequest
+from chm.sim.replay.cxlhm_run import GhostSetup, replay_virtual
+from chm.sim.replay.params import param
+from chm.sim.replay.prefill import PrefillModel
+from chm.sim.replay.results import RequestResult, TurnSummary, per_turn
+from chm.sim.replay.tiers import TIERS
+from chm.sim.workloads import ChatWorkload, generate_chat
+from chm.sim.workloads.records import Request
 
 __all__ = [
     "Claim",

@@ -1,6 +1,6 @@
 """Printing and overriding the parameters of a model (a frozen dataclass).
 
-Every parameter class of :mod:`chm.replay` declares its fields with
+Every parameter class of :mod:`chm.sim.replay` declares its fields with
 :func:`param`, giving a unit and a meaning (presets say where their numbers come from
 in a ``note`` field), so a replay
 can print exactly what it assumed and a user can change any of it by name

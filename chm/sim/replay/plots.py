@@ -1,6 +1,6 @@
 """Plots of replay results (PNG, matplotlib; install ``chm[plots]``).
 
-Each function takes results of :mod:`chm.replay` and writes one PNG. They use
+Each function takes results of :mod:`chm.sim.replay` and writes one PNG. They use
 matplotlib's object API (no pyplot, no global state), so they are safe in
 servers and tests.
 """
@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from chm.replay.results import TurnSummary
+from chm.sim.replay.results import TurnSummary
 from chm.sizes import format_size
 
 if TYPE_CHECKING:

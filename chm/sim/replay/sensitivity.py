@@ -18,11 +18,11 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from chm.replay.cxlhm import CxlhmRequest
-from chm.replay.cxlhm_run import GhostSetup, replay_virtual
-from chm.replay.prefill import PrefillModel
+from chm.sim.replay.cxlhm import CxlhmRequest
+from chm.sim.replay.cxlhm_run import GhostSetup, replay_virtual
+from chm.sim.replay.prefill import PrefillModel
+from chm.sim.workloads.records import Request
 from chm.sizes import format_size
-from chm.workloads.records import Request
 
 __all__ = ["Choice", "RatioPoint", "describe", "load_bw", "one_at_a_time", "ratio_sweep"]
 

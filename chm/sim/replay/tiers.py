@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chm.replay.params import param
+from chm.sim.replay.params import param
 
 __all__ = ["TIERS", "TierParams"]
 

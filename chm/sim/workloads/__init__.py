@@ -3,14 +3,14 @@
 Every source yields the same record, :class:`Request`: one prefill request
 whose prompt is cut into serving blocks of ``block_tokens`` tokens, each full
 block named by a 16-byte key that is a function of the prompt's prefix up to
-and including that block (:mod:`chm.workloads.keys`), so requests that share
+and including that block (:mod:`chm.sim.workloads.keys`), so requests that share
 a prefix share the keys of its blocks.
 """
 
 from __future__ import annotations
 
-from chm.workloads.keys import KEY_BYTES, chain_key, root_key
-from chm.workloads.mooncake import (
+from chm.sim.workloads.keys import KEY_BYTES, chain_key, root_key
+from chm.sim.workloads.mooncake import (
     TRACE_BLOCK_TOKENS,
     TraceFormatError,
     TraceRecord,
@@ -19,9 +19,9 @@ from chm.workloads.mooncake import (
     reblock,
     trace_requests,
 )
-from chm.workloads.mooncake_write import format_mooncake_line, synthetic_trace, write_mooncake
-from chm.workloads.records import Request
-from chm.workloads.synthetic import ChatWorkload, generate_chat, schedule_closed_loop
+from chm.sim.workloads.mooncake_write import format_mooncake_line, synthetic_trace, write_mooncake
+from chm.sim.workloads.records import Request
+from chm.sim.workloads.synthetic import ChatWorkload, generate_chat, schedule_closed_loop
 
 __all__ = [
     "KEY_BYTES",

@@ -15,7 +15,7 @@ The reader validates every line and raises :class:`TraceFormatError` naming
 the source and line number at the first bad one; it never skips a line.
 :func:`reblock` cuts a prompt into serving blocks (128 tokens by default) and
 names each full one by a key chained over the trace ids it overlaps
-(:mod:`chm.workloads.keys`). A partial trace block has a different id from the
+(:mod:`chm.sim.workloads.keys`). A partial trace block has a different id from the
 full block it later grows into, so serving blocks inside it are not reused by
 the next turn: the trace does not say which of its tokens are shared.
 """
@@ -30,8 +30,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chm.workloads.keys import chain_key, root_key
-from chm.workloads.records import Request
+from chm.sim.workloads.keys import chain_key, root_key
+from chm.sim.workloads.records import Request
 
 __all__ = [
     "TRACE_BLOCK_TOKENS",

@@ -16,8 +16,8 @@ import json
 import os
 from collections.abc import Iterable
 
-from chm.workloads.mooncake import TRACE_BLOCK_TOKENS, TraceRecord
-from chm.workloads.synthetic import ChatWorkload, generate_chat
+from chm.sim.workloads.mooncake import TRACE_BLOCK_TOKENS, TraceRecord
+from chm.sim.workloads.synthetic import ChatWorkload, generate_chat
 
 __all__ = ["format_mooncake_line", "synthetic_trace", "write_mooncake"]
 

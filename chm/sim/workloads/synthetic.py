@@ -34,8 +34,8 @@ from typing import Literal
 
 import numpy as np
 
-from chm.workloads.keys import chain_key, root_key
-from chm.workloads.records import Request
+from chm.sim.workloads.keys import chain_key, root_key
+from chm.sim.workloads.records import Request
 
 __all__ = ["ChatWorkload", "generate_chat", "schedule_closed_loop"]
 
