@@ -198,6 +198,12 @@ def status_error(rc: int, call: str = "chm", args: str = "", detail: str | None 
     return error_for(code)(code, message, call=call, detail=detail)
 
 
+def _ns(timeout_ns: int) -> str:
+    """A timeout argument as an error message shows it: UINT64_MAX (no
+    deadline) as "forever", not 18446744073709551615."""
+    return "forever" if timeout_ns == UINT64_MAX else str(timeout_ns)
+
+
 def _arg_error(call: str, args: str, exc: Exception | str) -> InvalidArgument:
     code = InvalidArgument.default_errno
     return InvalidArgument(code, f"{call}({args}): {exc}", call=call, detail=str(exc))
@@ -523,7 +529,7 @@ def _wait(dev: CData, h: int, timeout_ns: int) -> CData:
     except OverflowError as exc:
         raise _arg_error("chm_prefetch_wait", f"handle={h}, timeout_ns={timeout_ns}", exc) from None
     if rc < 0:
-        _check(rc, "chm_prefetch_wait", f"handle={h:#x}, timeout_ns={timeout_ns}")
+        _check(rc, "chm_prefetch_wait", f"handle={h:#x}, timeout_ns={_ns(timeout_ns)}")
     return vp
 
 
@@ -675,7 +681,7 @@ def flush(dev: CData, timeout_ns: int) -> None:
         rc = lib.chm_flush(dev, timeout_ns)
     except OverflowError as exc:
         raise _arg_error("chm_flush", f"timeout_ns={timeout_ns}", exc) from None
-    _check(rc, "chm_flush", f"timeout_ns={timeout_ns}")
+    _check(rc, "chm_flush", f"timeout_ns={_ns(timeout_ns)}")
 
 
 _STATS_FIELDS = [(name, ft) for name, ft in _iter_fields(ffi.typeof("struct chm_stats"))]
@@ -917,7 +923,7 @@ def session_wait_buffer(
         rc = _sess_wait_c(dev, sess, h, timeout_ns, vp)
     except OverflowError as exc:
         raise _arg_error(call, f"handle={h}, timeout_ns={timeout_ns}", exc) from None
-    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={timeout_ns}")
+    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={_ns(timeout_ns)}")
     return _view_buffer(vp.data, vp.len, dev if owner is None else owner)
 
 
@@ -929,7 +935,7 @@ def session_wait(dev: CData, sess: int, h: int, timeout_ns: int) -> ViewInfo:
         rc = _sess_wait_c(dev, sess, h, timeout_ns, vp)
     except OverflowError as exc:
         raise _arg_error(call, f"handle={h}, timeout_ns={timeout_ns}", exc) from None
-    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={timeout_ns}")
+    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={_ns(timeout_ns)}")
     n = int(vp.len)
     return ViewInfo(_view_buffer(vp.data, n, dev), n, int(vp.dev_addr), int(vp.pool_offset))
 

@@ -310,3 +310,23 @@ def test_an_unwritable_scratch_parent_is_permission_denied() -> None:
         assert str(base) in text and "CHM_TMPDIR" in text, got
     finally:
         shutil.rmtree(base)
+
+
+def test_a_wait_without_deadline_reads_forever_in_the_message(tiny_fs: Path) -> None:
+    """chm_flush(timeout_ns=18446744073709551615) read like a number to
+    compute; no deadline is shown as "forever"."""
+    ballast = tiny_fs / "ballast"
+    ballast.write_bytes(b"\0" * (6 << 20))
+    try:
+        dev = chm.Device.open(targets=[tiny_fs / "t.img"], create=True, **SMALL)
+    except errors.NotSupported:
+        pytest.skip("no O_DIRECT on tmpfs on this kernel")
+    try:
+        for i in range(4):
+            dev.write(i << 20, b"\1" * (1 << 20))
+        with pytest.raises(errors.NoSpace) as exc:
+            dev.flush()
+        assert "chm_flush(timeout_ns=forever)" in str(exc.value), str(exc.value)
+    finally:
+        ballast.unlink()
+        dev.close()
