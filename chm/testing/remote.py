@@ -156,7 +156,8 @@ def measure(
     """A worker's side of ``tools/bench/remote_bench.py`` (run on the worker host).
 
     Saves ``blocks`` blocks of ``block_bytes`` through the node (skipped
-    ones again until stored), then alternates ``reps`` times: a prefix load
+    ones again until stored), then, after one untimed warm-up round,
+    alternates ``reps`` rounds (each in the other order than the last): a prefix load
     of all of them through :meth:`RemoteTier.load` (Master lookup, stage,
     one batched read, release, checksum, copy out) and the Transfer
     Engine's own batched read of the same staged bytes from the same node
@@ -200,14 +201,19 @@ def measure(
     raw_s: list[float] = []
     hits: list[int] = []
     exact = True
-    for _ in range(reps):
+
+    def chm_load() -> float:
+        nonlocal exact
         t0 = time.perf_counter()
         n = tier.load(keys, dsts)
-        chm_s.append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
         hits.append(n)
         exact &= all(np.array_equal(dsts[j], data[j]) for j in range(n))
         for d in dsts:
             d[:1] = 0  # the next load must write them again
+        return took
+
+    def raw_read() -> float:
         staged, _ = link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], timeout))
         try:
             if len(staged) != blocks:
@@ -222,11 +228,23 @@ def measure(
                 [ln for _, ln, _ in staged],
                 timeout=timeout,
             )
-            raw_s.append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
             if status != OK:
                 raise ChmError(None, f"remote_bench: the raw read ended {status}")
+            return took
         finally:
             link.call(("release", [t for _, _, t in staged]))
+
+    # round 0 warms up (first reads: the node's admission retains blocks read
+    # again) and is not timed; then the order alternates round by round
+    for r in range(reps + 1):
+        if r % 2:
+            raw, ours = raw_read(), chm_load()
+        else:
+            ours, raw = chm_load(), raw_read()
+        if r:
+            chm_s.append(ours)
+            raw_s.append(raw)
     n_lookups = 0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < lookup_seconds:
