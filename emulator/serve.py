@@ -35,7 +35,7 @@ import numpy as np
 import chm
 from chm.errors import Busy, ChmError
 from chm.kv import KEY_DTYPE, Store
-from chm.remote.protocol import Op, config_options, encode, read_secret
+from chm.remote.protocol import MAX_FRAME, Op, config_options, encode, read_secret
 
 from .devices import check_target, reason_key
 from .metrics import Metrics
@@ -158,6 +158,7 @@ class Daemon:
             "handshakes_dropped": 0,
         }
         self._condemned: set[tuple[int, int]] = set()
+        self._refusing = threading.BoundedSemaphore(16)
         self.raw_base = 0
         self.raw_bytes = 0
         self._writer_uids: set[int] | None = None
@@ -409,10 +410,28 @@ class Daemon:
         with contextlib.suppress(OSError):
             conn.settimeout(0.5)
             conn.send(encode(Op.ERROR, 0, {"errno": errno.EBUSY, "message": msg, "fatal": True}))
-        conn.close()
         self.log.warning(
             "client refused: too many clients", extra={"event": "refuse", "max_clients": n}
         )
+        if self._refusing.acquire(blocking=False):  # a few at a time; past that, closed at once
+            threading.Thread(target=self._linger, args=(conn,), daemon=True).start()
+        else:
+            conn.close()
+
+    def _linger(self, conn: socket.socket) -> None:
+        """Reads what a refused client sends until it hangs up (at most 1 s):
+        closing with its HELLO unread would reset the connection, and the
+        client would lose the ERROR that says why."""
+        try:
+            end = time.monotonic() + 1.0
+            with contextlib.suppress(OSError):
+                while (left := end - time.monotonic()) > 0:
+                    conn.settimeout(left)
+                    if not conn.recv(MAX_FRAME + 1):
+                        break
+        finally:
+            conn.close()
+            self._refusing.release()
 
     def _reap(self) -> None:
         for cid in [k for k, (_, t) in self._clients.items() if not t.is_alive()]:

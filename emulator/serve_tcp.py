@@ -28,6 +28,7 @@ import secrets
 import select
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from chm.remote.protocol import (
@@ -129,6 +130,14 @@ class _Relay:
     def _refuse(self, err: int, message: str) -> None:
         with contextlib.suppress(OSError, ProtocolError):
             self.net.send(encode(Op.ERROR, 0, {"errno": err, "message": message, "fatal": True}))
+            # read what it sent until it hangs up (at most 1 s): closing with
+            # bytes unread would reset the connection before it reads why
+            self.net.shutdown(socket.SHUT_WR)
+            end = time.monotonic() + 1.0
+            while (left := end - time.monotonic()) > 0:
+                self.net.settimeout(left)
+                if not self.net.sock.recv(65536):
+                    break
         self.front.d.log.warning(
             "tcp client refused", extra={"event": "refuse", "peer": self.peer, "reason": message}
         )
