@@ -86,17 +86,25 @@ def _refill_bw(tmp: Path, *extra: str, quick: bool = True) -> subprocess.Complet
 
 
 def test_refill_bw_missed_target_fails_with_verdicts_last(tmp_backing: Path) -> None:
-    proc = _refill_bw(
-        tmp_backing, "--target-cycles=1e12", "--target-ratio=0.0001", "--profile", quick=False
-    )
+    """A full run (not --quick) judges speed figures against their targets."""
+    proc = _refill_bw(tmp_backing, "--target-cycles=1e12", "--target-ratio=0.0001", quick=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    out = proc.stdout
-    lines = out.strip().splitlines()
+    lines = proc.stdout.strip().splitlines()
     assert lines[-1].startswith("refill_bw: MISSED 2 of 3 targets (prefetch cycles/s")
     assert lines[-5] == "refill_bw verdicts:"
-    # the profile was asked for: it comes before the verdicts, never after
+
+
+def test_refill_bw_quick_judges_smoke_targets(tmp_backing: Path) -> None:
+    """Targets no host meets: a --quick run still exits 0, because the code worked;
+    the profile asked for comes before the verdicts, never after."""
+    proc = _refill_bw(tmp_backing, "--target-cycles=1e12", "--target-ratio=1e6", "--profile")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    lines = out.strip().splitlines()
+    assert lines[-1] == "refill_bw: all 3 targets met"
+    assert lines[-5] == "refill_bw verdicts (--quick: speed figures judged as smoke targets):"
     assert "cProfile of the 'explicit' loop" in out
-    assert out.rindex("cProfile") < out.rindex("refill_bw verdicts:")
+    assert out.rindex("cProfile") < out.rindex("refill_bw verdicts")
 
 
 def test_refill_bw_met_targets_exit_zero_without_profile(tmp_backing: Path) -> None:
@@ -104,12 +112,3 @@ def test_refill_bw_met_targets_exit_zero_without_profile(tmp_backing: Path) -> N
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "refill_bw: all 3 targets met"
     assert "cProfile" not in proc.stdout
-
-
-def test_refill_bw_quick_judges_smoke_targets(tmp_backing: Path) -> None:
-    """Targets no host meets: a --quick run still exits 0, because the code worked."""
-    proc = _refill_bw(tmp_backing, "--target-cycles=1e12", "--target-ratio=1e6")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert lines[-1] == "refill_bw: all 3 targets met"
-    assert lines[-5] == "refill_bw verdicts (--quick: speed figures judged as smoke targets):"
