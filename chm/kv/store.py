@@ -536,11 +536,12 @@ class Store:
         stored = hdr.block_bytes if hdr is not None and hdr.block_bytes else longest
         raise InvalidArgument(
             None,
-            f"{self._journal.path}: the store holds {n} blocks of up to {longest} bytes "
+            f"{self._journal.path}: the store holds {n} block{'s' if n != 1 else ''} longer "
+            f"than {self.max_block} bytes (up to {longest}) "
             f"(written with block_bytes={stored}, segment_bytes={self._alloc.segment_bytes}), "
             f"but this open takes blocks of at most {self.max_block} bytes "
             f"(slot_size={self.slot_bytes}); opening would drop them. Reopen with "
-            f"slot_size={stored} (Store.open(slot_size=...), chm-emu --slot-size) "
+            f"slot_size={stored} (Store.open(slot_size=...), chm-emu serve --slot-size) "
             f"and block_bytes={stored}; nothing was changed",
         )
 

@@ -149,7 +149,7 @@ def test_reopening_with_smaller_slots_refuses_and_changes_nothing(tmp_backing: P
     with pytest.raises(InvalidArgument) as ei:
         Store.open(tmp_backing, **{**GEOM, "slot_size": "32K"}, **seg)
     msg = str(ei.value)
-    assert "blocks of up to 65536 bytes" in msg and "block_bytes=65536" in msg
+    assert "1 block longer than 32768 bytes (up to 65536)" in msg and "block_bytes=65536" in msg
     assert "slot_size=65536" in msg and "nothing was changed" in msg
     assert j.read_bytes() == before
     with Store.open(tmp_backing, **GEOM, **seg) as st:
@@ -323,8 +323,9 @@ def test_puts_loads_and_removes_go_on_while_a_flush_syncs(tmp_backing: Path) -> 
 
 
 def test_concurrent_puts_flushes_removes_and_compactions_lose_nothing(tmp_backing: Path) -> None:
-    """Four threads for about a second: every block whose flush returned
-    and that was not removed is there after a reopen, and no removed one is."""
+    """Four threads for about a second (and at least 20 flushes a writer):
+    every block whose flush returned and that was not removed is there after
+    a reopen, and no removed one is."""
     import threading
 
     st = Store.open(tmp_backing, **{**GEOM, "capacity": "256M"})
@@ -336,7 +337,8 @@ def test_concurrent_puts_flushes_removes_and_compactions_lose_nothing(tmp_backin
 
     def writer(base: int) -> None:
         k = base
-        while time.monotonic() < stop and k < base + 2000:  # < a tenth of the capacity
+        # at least 20 flushes, at most 2,000 blocks (a tenth of the capacity)
+        while (time.monotonic() < stop or k < base + 40) and k < base + 2000:
             keys = [k, k + 1]
             k += 2
             assert st.put(keys, [blk(x) for x in keys]) == [S, S]
@@ -344,8 +346,10 @@ def test_concurrent_puts_flushes_removes_and_compactions_lose_nothing(tmp_backin
             with guard:
                 acked.update(keys)
 
+    done = threading.Event()
+
     def remover() -> None:
-        while time.monotonic() < stop:
+        while not done.is_set():
             with guard:
                 pick = sorted(acked - removed)[:1]
             if pick and st.remove(pick) == [True]:
@@ -353,7 +357,7 @@ def test_concurrent_puts_flushes_removes_and_compactions_lose_nothing(tmp_backin
                     removed.update(pick)
 
     def compactor() -> None:
-        while time.monotonic() < stop:
+        while not done.is_set():
             st.compact()
             time.sleep(0.01)
 
@@ -371,7 +375,11 @@ def test_concurrent_puts_flushes_removes_and_compactions_lose_nothing(tmp_backin
     ]
     for t in ts:
         t.start()
-    for t in ts:
+    for t in ts[:2]:
+        t.join(60)
+    time.sleep(0.05)  # a last remove and compaction after the writers
+    done.set()
+    for t in ts[2:]:
         t.join(30)
     assert not errors, errors
     st.close()
