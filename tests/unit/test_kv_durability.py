@@ -294,7 +294,7 @@ def test_puts_loads_and_removes_go_on_while_a_flush_syncs(tmp_backing: Path) -> 
     def held_sync() -> None:
         real_sync()
         in_sync.set()
-        assert release.wait(10)
+        assert release.wait(30)
 
     assert st.put([1, 2], [blk(1), blk(2)]) == [S, S]
     j.sync = held_sync  # type: ignore[method-assign]
@@ -303,13 +303,13 @@ def test_puts_loads_and_removes_go_on_while_a_flush_syncs(tmp_backing: Path) -> 
     try:
         assert in_sync.wait(10)
         # the flush is inside fdatasync: the store answers at once, not
-        # after the 10 s the sync is held
+        # after the 30 s the sync may be held
         t0 = time.monotonic()
         assert st.put([3], [blk(3)]) == [S]
         assert st.contains([1, 2, 3]) == [True, True, True]
         assert all_back(st, [1, 3])
         assert st.remove([2]) == [True]  # its PUT is being synced: DEL journaled
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 15
         assert t.is_alive()  # still in the sync
     finally:
         release.set()
@@ -433,7 +433,7 @@ def test_a_compaction_writes_its_file_with_the_store_unlocked(tmp_backing: Path)
     def held_write(live: Any) -> str:
         tmp = real_write(live)
         in_write.set()
-        assert release.wait(10)
+        assert release.wait(30)
         return tmp
 
     j.compact_write = held_write  # type: ignore[method-assign]
@@ -445,7 +445,7 @@ def test_a_compaction_writes_its_file_with_the_store_unlocked(tmp_backing: Path)
         assert st.put([3], [blk(3)]) == [S]
         st.flush()
         assert st.remove([1]) == [True]
-        assert time.monotonic() - t0 < 5 and t.is_alive()
+        assert time.monotonic() - t0 < 15 and t.is_alive()
     finally:
         release.set()
         t.join(10)
