@@ -170,14 +170,15 @@ def _admission(choice: str | Admission | None, entries: int) -> Admission | None
 
 
 def _local_backing(dev: DeviceLike) -> str | None:
-    """The device's first target when it is a local device on a regular
-    file (where a lost journal's blocks can be looked for), else None."""
+    """The device's target when it is a local device on one regular file
+    (where device addresses are file offsets and a lost journal's blocks can
+    be looked for), else None."""
     from chm.device import Device
 
     if not isinstance(dev, Device):
         return None
     targets = dev.config.targets
-    if not targets:
+    if not targets or len(targets) != 1:
         return None
     try:
         return str(targets[0]) if stat.S_ISREG(os.stat(targets[0]).st_mode) else None
