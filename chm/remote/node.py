@@ -17,10 +17,12 @@ ends the answer); ``release`` (tokens); ``commit`` (blocks a client wrote
 into its write area -> put into the store: stored / exists / skipped /
 error per key, skip-not-stall as in :meth:`Store.put`); ``prefetch`` and
 ``wait`` (the two halves of ``stage``, so a worker reads one window while
-the node stages the next); ``stats`` (:meth:`NodeServer.health`). A node
-whose epoch was superseded (the same name registered again elsewhere)
-refuses to stage or commit. A client's staged
-slots, pins and write area are given back when it disconnects or dies.
+the node stages the next; ``prefetch`` also answers the pool addresses when
+every block is staged at once, resident in device DRAM); ``stats``
+(:meth:`NodeServer.health`). A node whose epoch was superseded (the same
+name registered again elsewhere) refuses to stage or commit. A client's
+staged slots, pins and write area are given back when it disconnects or
+dies.
 
 **Worker** (:class:`RemoteTier`): looks keys up in the Master (prefix, at
 most 32 per round trip), asks the node to stage them, reads them all with
@@ -319,7 +321,8 @@ class NodeServer:
         if op == "stage":
             return self._stage(cl, req[1], req[2], float(req[3]))
         if op == "prefetch":
-            return self._prefetch(cl, req[1], req[2])
+            tokens, why = self._prefetch(cl, req[1], req[2])
+            return tokens, why, self._ready(cl, tokens)
         if op == "wait":
             return self._wait(cl, req[1], float(req[2]))
         if op == "release":
@@ -373,6 +376,18 @@ class NodeServer:
             cl.staged[h.token] = (h, keys[j])
             tokens.append(h.token)
         return tokens, why
+
+    def _ready(self, cl: _Client, tokens: list[int]) -> list[tuple[int, int, int]] | None:
+        """Every token's ``(pool addr, length, token)`` when all are staged
+        already (resident in device DRAM), else None; never waits."""
+        out = []
+        for tok in tokens:
+            try:
+                _, length, off = self.device.view_info(cl.staged[tok][0], 0)
+            except ChmError:  # WaitTimeout: still staging
+                return None
+            out.append((self.pool_base + off, length, tok))
+        return out
 
     def _wait(self, cl: _Client, tokens: list[int], timeout: float) -> list[tuple[int, int, int]]:
         """Waits for prefetched tokens in order: ``[(pool addr, length, token)]``
@@ -600,9 +615,10 @@ class RemoteTier:
         One round trip issues the node's prefetches for all of them (as many
         as it has free slots for); then in ``PIPELINE`` parts, each waited
         for, read in one batched transfer, released, verified and copied,
-        while the node's device stages the parts after it. A window under
-        ``PIPELINE_BYTES`` is staged and waited for in one round trip and
-        read in one part: two round trips to the node in all.
+        while the node's device stages the parts after it (when the node
+        answers that all are staged already, resident, the parts need no
+        waits). A window under ``PIPELINE_BYTES`` is staged and waited for in one
+        round trip and read in one part: two round trips to the node in all.
         """
         small = sum(e.length for e in ents) < PIPELINE_BYTES
         staged: list[tuple[int, int, int]] | None = None
@@ -618,7 +634,7 @@ class RemoteTier:
                     staged, why = link.call(("stage", keys, sums, left), timeout=left)
                     tokens = [t for _, _, t in staged]
                 else:
-                    tokens, why = link.call(("prefetch", keys, sums), timeout=left)
+                    tokens, why, staged = link.call(("prefetch", keys, sums), timeout=left)
             except (NodeGone, ChmError):
                 self._count("node_errors")
                 return 0, False
@@ -627,13 +643,21 @@ class RemoteTier:
             self._count("busy")
             time.sleep(0.001)  # every slot is held (by other workers): ask again
         k = len(tokens)
+        # parts, so each part's checksums and copies overlap the next part's
+        # read; staged already (small, or all resident in the node's DRAM):
+        # no wait round trips
         step = k if small else max(1, -(-k // PIPELINE))
         parts: list[tuple[int, concurrent.futures.Future[int]]] = []
         whole = True  # every part so far was read in full
         for at in range(0, k, step):
             part = tokens[at : at + step]
             n_read, fut = self._load_part(
-                link, part, ents[at : at + step], outs[at : at + step], deadline, staged
+                link,
+                part,
+                ents[at : at + step],
+                outs[at : at + step],
+                deadline,
+                None if staged is None else staged[at : at + step],
             )
             parts.append((len(part), fut))
             if n_read < len(part):
