@@ -197,6 +197,17 @@ class Engine:
         self.llm.llm_engine.engine_core.shutdown()
 
 
+def _regions() -> set[Path]:
+    return set(Path("/dev/shm").glob("vllm_offload_*.mmap"))
+
+
+def _drop_regions(before: set[Path]) -> None:
+    """Removes the CPU-tier files of engines that died without their shutdown
+    (a start-up that failed, a process killed -9): vLLM leaves them in /dev/shm."""
+    for f in _regions() - before:
+        f.unlink(missing_ok=True)
+
+
 @pytest.fixture
 def engines() -> Iterator[list[Engine]]:
     made: list[Engine] = []
@@ -354,8 +365,10 @@ def test_replicas_share_one_daemon_and_a_path_serves_one_engine(
     kv = tmp_path / "kv"
     e1 = Engine(models["A"], tier_config(kv))
     engines.append(e1)
+    before = _regions()
     with caplog.at_level(logging.ERROR), pytest.raises(Exception) as exc:
         Engine(models["A"], tier_config(kv))
+    _drop_regions(before)
     assert "Busy" in repr(exc.value) or "in use" in str(exc.value), exc.value
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any(m.startswith("chm: tier not in use") and str(kv) in m for m in lines), lines
@@ -397,11 +410,13 @@ def test_sigkill_right_after_serving_keeps_every_flushed_block(
 
     kv = tmp_path / "kv"
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    before = _regions()
     p = subprocess.run(
         [sys.executable, "-c", _SERVE_THEN_DIE, __file__, str(models["A"]), str(models["words"]),
          str(kv)],
         capture_output=True, text=True, timeout=300, check=False, env=env,
     )  # fmt: skip
+    _drop_regions(before)
     assert p.returncode == -9, p.stderr[-3000:]
     durable = json.loads(p.stdout.strip().splitlines()[-1])["durable"]
     assert durable > 0
