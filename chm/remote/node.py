@@ -154,20 +154,16 @@ class NodeServer:
         self._listener = Listener(listen)  # the handshake runs on each connection's thread
         host, port = self._listener.address
         self.address = (str(host), int(port))
-        self.node, self.epoch = master.register(
-            name,
-            {"data": engine.endpoint, "control": f"{host}:{port}", "pid": str(os.getpid())},
-        )
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self.stats = {"clients": 0, "staged": 0, "committed": 0, "refused": 0}
         self._endpoints = {
             "data": engine.endpoint,
             "control": f"{host}:{port}",
             "pid": str(os.getpid()),
         }
+        self.node, self.epoch = master.register(name, self._endpoints)
         self._lease = Lease(master, self.node, self.epoch, self._master_back)
-        self._lock = threading.Lock()
-        self._clients: set[int] = set()
-        self._closing = threading.Event()
-        self.stats = {"clients": 0, "staged": 0, "committed": 0, "refused": 0}
         self.republish()
         self._thread = threading.Thread(target=self._accept, name="chm-node-accept", daemon=True)
         self._thread.start()
