@@ -263,6 +263,9 @@ def test_worker_killed_while_holding_slots_frees_them(
             time.sleep(0.1)
         assert n == 16
         assert all(np.array_equal(a, b) for a, b in zip(outs, data, strict=True))
+        # the dead worker's session and write area are gone: only this tier's link is left
+        health = tier._link(node.info["node"]).call(("stats",))
+        assert health["clients"] == 1
 
 
 def test_secret_file_must_be_private(tmp_path: Path) -> None:
