@@ -209,6 +209,18 @@ class NodeServer:
         self.republish()
         return self.node, self.epoch
 
+    def _forget(self, key: bytes, held: dict[str, Any] | None) -> None:
+        """A worker asked for a block this node no longer holds as published
+        (evicted, or replaced): drops the stale entry from the Master when it
+        is this node's, or publishes what the node holds now."""
+        if held is not None:
+            self.master.publish(self._entries(_digests([key])))
+            return
+        with contextlib.suppress(ChmError):
+            (e,) = self.master.get([key])
+            if e is not None and e.node == self.node:
+                self.master.remove([key])
+
     def republish(self) -> int:
         """Publishes every block the store holds under this epoch; returns how many."""
         idx = self.store._index  # the store's rows: keys of every block it holds
@@ -347,7 +359,8 @@ class NodeServer:
         while n < len(keys):
             e = ents[n]
             if not pinned[n] or e is None or e["checksum"] != checksums[n]:
-                why = "miss"  # gone, or the key now names other bytes
+                why = "miss"  # gone (evicted), or the key now names other bytes
+                self._forget(keys[n], e)
                 break
             n += 1
         for j, p in enumerate(pinned):
@@ -642,7 +655,7 @@ class RemoteTier:
         # parts, so each part's checksums and copies overlap the next part's
         # read; staged already (small, or all resident in the node's DRAM):
         # no wait round trips
-        step = k if small else max(1, -(-k // PIPELINE))
+        step = max(1, k) if small else max(1, -(-k // PIPELINE))
         parts: list[tuple[int, concurrent.futures.Future[int]]] = []
         whole = True  # every part so far was read in full
         for at in range(0, k, step):

@@ -505,3 +505,32 @@ def test_a_stopped_node_does_not_stall_another_nodes_loads(
     finally:
         n1.kill()
         n2.kill()
+
+
+def test_evicted_blocks_leave_the_master(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """More blocks than the node's 64 MiB device holds: its store evicts the
+    oldest. A load of an evicted block is a miss (never wrong bytes), and the
+    node drops that stale entry from the Master, so it stops being a hit."""
+    ns = Namespace(model="ev")
+    keys = ns.keys(range(320))  # 80 MiB of 256 KiB blocks
+    with _node(redis_srv, tmp_path, secret_file), _tier(redis_srv, secret_file) as tier:
+        for at in range(0, 320, 16):
+            todo = list(range(at, at + 16))
+            deadline = time.monotonic() + 10
+            while todo and time.monotonic() < deadline:
+                st = tier.save("r", keys[todo], _blocks(len(todo), at))
+                assert PutStatus.ERROR not in st
+                todo = [j for j, s in zip(todo, st, strict=True) if s == PutStatus.SKIPPED]
+                if todo:
+                    time.sleep(0.05)
+            assert not todo
+        first = keys[:1]
+        assert tier.master.get(first)[0] is not None  # still published...
+        assert tier.load(first, [np.zeros(BLOCK, np.uint8)]) == 0  # ...but evicted
+        assert tier.master.get(first) == [None]
+        assert tier.stats["bad_checksums"] == 0
+        last = keys[-16:]
+        outs = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
+        assert tier.load(last, outs) == 16
