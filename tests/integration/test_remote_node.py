@@ -85,6 +85,18 @@ def _tier(
     )
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP, then waits until the kernel shows the process stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 def _blocks(n: int, seed: int) -> list[np.ndarray[Any, Any]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, BLOCK, dtype=np.uint8) for _ in range(n)]
@@ -331,7 +343,7 @@ def test_stopped_node_times_out_and_quarantines_late_reads(
                 ("stage", [e.key for e in ents], [e.checksum for e in ents], 2.0)
             )
             assert why == "all" and len(staged) == 8
-            node.proc.send_signal(signal.SIGSTOP)
+            _stop(node.proc.pid)
             # the read itself hangs on the stopped peer: TIMEOUT, memory held
             off = tier.buf.take(8 * BLOCK)
             t0 = time.monotonic()
@@ -485,7 +497,7 @@ def test_a_stopped_node_does_not_stall_another_nodes_loads(
             link = tier._link(n1.info["node"])
             staged, _ = link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], 2.0))
             assert n1.proc is not None
-            n1.proc.send_signal(signal.SIGSTOP)
+            _stop(n1.proc.pid)
             off = tier.buf.take(BLOCK)
             for _ in range(6):  # more stuck reads than any shared pool would have threads
                 status = tier.engine.read(
