@@ -7,6 +7,10 @@
 
 ``prefix`` runs the node inside a network namespace (``["ip", "netns",
 "exec", NAME]``); ``host`` is the address it listens on there.
+
+:func:`measure` is the worker's side of ``tools/bench/remote_bench.py``
+(``python -m chm.testing.remote measure URL HOST SECRET_FILE BLOCKS
+BLOCK_BYTES REPS SECONDS`` prints its JSON).
 """
 
 from __future__ import annotations
