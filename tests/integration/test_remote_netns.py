@@ -136,3 +136,28 @@ def test_remote_bench_quick_runs(tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     assert res["verdicts"]["all_met"]
     assert res["result"]["exact"] and set(res["result"]["hits"]) == {8}
+
+
+def test_network_refuses_bad_hosts_and_removes_what_it_made() -> None:
+    from chm.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument):
+        Network(["a", "a"], fallback=True)
+    with pytest.raises(InvalidArgument):
+        Network([], fallback=True)
+    net = Network(["a", "b"], fallback=True)
+    with pytest.raises(InvalidArgument):
+        net.host("c")
+    if net.loopback:
+        assert net.prefix("a") == [] and net.host("b") == "127.0.0.1"
+        return
+    with net:
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert net.ns("a") in listed and net.ns("b") in listed
+        ping = [*net.prefix("a"), sys.executable, "-c"]
+        code = "import socket, sys; s = socket.create_connection((sys.argv[1], 9), timeout=2)"
+        # b listens on nothing: a connection from a is refused by b's own stack
+        r = subprocess.run([*ping, code, net.host("b")], capture_output=True, text=True)
+        assert "ConnectionRefusedError" in r.stderr
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert net.tag not in listed
