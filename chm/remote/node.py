@@ -155,6 +155,7 @@ class NodeServer:
         host, port = self._listener.address
         self.address = (str(host), int(port))
         self._lock = threading.Lock()
+        self._conns: set[Connection] = set()
         self._closing = threading.Event()
         self.stats = {"clients": 0, "staged": 0, "committed": 0, "refused": 0}
         self._endpoints = {
@@ -273,6 +274,7 @@ class NodeServer:
         cl = _Client(conn, wmap, waddr, self.device.session(self.quota))
         with self._lock:
             self.stats["clients"] += 1
+            self._conns.add(conn)
         try:
             while True:
                 try:
@@ -283,6 +285,8 @@ class NodeServer:
                     reply: Any = ("ok", self._handle(cl, warr, req))
                 except ChmError as exc:
                     reply = ("err", type(exc).__name__, str(exc.strerror))
+                except (IndexError, KeyError, TypeError, ValueError) as exc:  # a malformed request
+                    reply = ("err", "InvalidArgument", f"bad request: {exc!r}")
                 try:
                     conn.send(reply)
                 except OSError:
@@ -294,6 +298,8 @@ class NodeServer:
             with contextlib.suppress(BufferError):
                 wmap.close()
             conn.close()
+            with self._lock:
+                self._conns.discard(conn)  # last: close() waits for all of the above
 
     def _drop(self, cl: _Client) -> None:
         """Gives back everything a gone client held: slots, pins, the session."""
@@ -443,13 +449,26 @@ class NodeServer:
         return [int(s) for s in status]
 
     def close(self) -> None:
-        """Stops serving: ends the lease (the node's entries stop being hits)."""
+        """Stops serving: ends the lease (the node's entries stop being hits)
+        and every client's connection (their slots, pins and write areas are
+        given back)."""
         self._closing.set()
         self._lease.stop(deregister=True)
         with contextlib.suppress(OSError):  # wakes the accept loop, which then sees _closing
             socket.create_connection(self.address, timeout=1.0).close()
         self._thread.join(5)
         self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:  # ends each client's thread, which gives back what it held
+            with contextlib.suppress(OSError):
+                socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._conns:
+                    break
+            time.sleep(0.01)
         self.engine.unregister(self.pool_base)
 
     def __enter__(self) -> NodeServer:

@@ -546,3 +546,54 @@ def test_evicted_blocks_leave_the_master(
         last = keys[-16:]
         outs = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
         assert tier.load(last, outs) == 16
+
+
+def test_in_process_node_refuses_bad_requests_and_closes_its_clients(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """A NodeServer in this process (as a daemon would host it): a malformed
+    request is an error reply, not a dead connection; close() ends every
+    client's connection and gives back what it held, so the store closes."""
+    from chm.kv.store import Store
+    from chm.remote.node import NodeServer
+
+    secret = read_secret(secret_file)
+    store = Store.open(
+        tmp_path / "inproc",
+        capacity="64M",
+        dram="24M",
+        slot_size="1M",
+        backend="pread",
+        device_options={"pool": "memfd", "wbuf": "8M"},
+    )
+    master = RedisMaster(redis_srv.url, lease=1.0)
+    keys = Namespace(model="ip").keys(range(4))
+    data = _blocks(4, 9)
+    assert store.put(keys, data) == [PutStatus.STORED] * 4
+    server = NodeServer(
+        store,
+        master,
+        "inproc",
+        engine=Engine.get("127.0.0.1"),
+        listen=("127.0.0.1", 0),
+        secret=secret,
+    )
+    try:
+        assert server.republish() == 4
+        link = _NodeLink(server.address, secret, 3.0)
+        with pytest.raises(ChmError, match="bad request"):
+            link.call(("stage",))
+        with pytest.raises(ChmError, match="unknown command"):
+            link.call(("format-disk",))
+        ents = master.lookup(keys)
+        staged, why = link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], 2.0))
+        assert why == "all" and len(staged) == 4
+        assert server.health()["clients"] == 1
+    finally:
+        server.close()
+    assert server.health()["clients"] == 0
+    with pytest.raises(NodeGone):
+        link.call(("stats",))
+    assert master.lookup(keys) == []  # the lease ended with it
+    store.close()
+    master.close()
