@@ -422,6 +422,9 @@ def test_address_space_places_requests_across_two_nodes(
                 for r, ks in reqs.items()
             }
             assert where["a"] != where["b"] and all(len(w) == 1 for w in where.values())
+            both = reqs["a"][:3] + [999] + reqs["b"]
+            assert space.contains(both) == [True] * 3 + [False] + [True] * 6
+            assert space.prefix_len(both) == 3
             for r, ks in reqs.items():
                 outs = [np.zeros(BLOCK, np.uint8) for _ in ks]
                 assert space.load(r, ks, outs) == 6
