@@ -8,9 +8,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from chm.daemon.devices import discover
 from chm.sizes import format_size
-
-from .devices import discover
 
 __all__ = ["devices"]
 

@@ -39,14 +39,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from chm.daemon.devices import FORCE_KEYS
+from chm.daemon.metrics import parse_listen
+from chm.daemon.server import Daemon, ServeError, ServeOptions, setup_logging
+from chm.daemon.tcp import parse_hostport
 from chm.errors import ChmError, InvalidArgument
 from chm.sizes import parse_size
 
-from .devices import FORCE_KEYS
 from .flag_names import in_flags
-from .metrics import parse_listen
-from .serve import Daemon, ServeError, ServeOptions, setup_logging
-from .serve_tcp import parse_hostport
 
 __all__ = ["DEFAULT_SOCKET", "serve"]
 

@@ -37,7 +37,7 @@ from chm.remote.protocol import (
 )
 
 if TYPE_CHECKING:
-    from .serve import Daemon
+    from .options import Host
 
 __all__ = ["Client"]
 
@@ -107,7 +107,7 @@ class Client:
     """A connected client: its socket, shared area and scope."""
 
     def __init__(
-        self, daemon: Daemon, sock: socket.socket, cid: int, peer: str | None = None
+        self, daemon: Host, sock: socket.socket, cid: int, peer: str | None = None
     ) -> None:
         self.d = daemon
         self.sock = sock

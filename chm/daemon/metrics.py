@@ -7,15 +7,12 @@ latency histogram of the daemon's requests by op.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from .serve import Daemon
 
 __all__ = ["Metrics", "parse_listen"]
 
@@ -38,11 +35,11 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 class _Collector(Collector):
-    def __init__(self, daemon: Daemon) -> None:
-        self.d = daemon
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.stats = stats
 
     def collect(self) -> Iterator[Any]:
-        s = self.d.stats()
+        s = self.stats()
         for group in ("device", "kv", "held", "daemon"):
             for k, v in (s.get(group) or {}).items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -50,7 +47,10 @@ class _Collector(Collector):
 
 
 class Metrics:
-    def __init__(self, daemon: Daemon) -> None:
+    """The endpoint's registry: a latency histogram, and gauges read from
+    ``stats()`` (the daemon's STATS answer) at each scrape."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram(
             "chm_request_seconds",
@@ -59,7 +59,7 @@ class Metrics:
             registry=self.registry,
             buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
         )
-        self.registry.register(_Collector(daemon))
+        self.registry.register(_Collector(stats))
         self._server: Any = None
         self.address: tuple[str, int] | None = None
 

@@ -1,4 +1,4 @@
-"""The ``chm-emu serve`` daemon: one device and one KV store for local clients.
+"""The daemon behind ``chm-emu serve``: one device and one KV store for local clients.
 
     d = Daemon(ServeOptions(device={...}, socket="/run/chm/chm.sock"))
     d.start()                 # opens device + store, listens
@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,52 +36,17 @@ from chm.errors import Busy, ChmError
 from chm.kv import KEY_DTYPE, Store
 from chm.remote.protocol import MAX_FRAME, Op, config_options, encode, read_secret
 
+from .connection import Client
 from .devices import check_target, reason_key
 from .metrics import Metrics
-from .serve_client import Client
-from .serve_tcp import TcpFront
+from .options import ServeError, ServeOptions
 from .sessions import Scopes, default_quota
+from .tcp import TcpFront
 
 __all__ = ["Daemon", "JsonFormatter", "ServeError", "ServeOptions"]
 
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 _F_SEAL_FUTURE_WRITE = 0x0010  # linux/fcntl.h; not exported by Python's fcntl
-
-
-class ServeError(Exception):
-    """serve cannot start: the message says why and what to change."""
-
-
-@dataclass
-class ServeOptions:
-    device: dict[str, Any]
-    socket: str
-    group: str | None = None
-    kv: bool = True
-    journal: str | None = None
-    segment_bytes: int | None = None
-    eviction: str = "lru"
-    area_bytes: int | None = None  # per-client shared area (default: 4 slots, >= 64 MiB)
-    force: list[str] = field(default_factory=list)
-    metrics: str | None = None  # host:port of a loopback Prometheus endpoint
-    max_clients: int = 256
-    # request entries (slots + queue) one client's session may hold at once
-    # (default: all of the device's, sessions.default_quota)
-    client_quota: int | None = None
-    # bytes at the top of the device that clients may read and write raw
-    # (their addresses 0..raw_bytes-1); None: the whole device without a KV
-    # store, none at all with one (its segments are never raw-addressable)
-    raw_bytes: int | None = None
-    # who may put and remove keys of the shared store (user names, uids,
-    # @groups); None: every client that may connect; the others only read
-    kv_writers: list[str] | None = None
-    listen: str | None = None  # HOST:PORT of a TCP listener (needs secret_file)
-    secret_file: str | None = None  # the shared secret TCP clients authenticate with
-    hello_timeout: float = 2.0  # seconds a new connection has to send HELLO
-    idle_timeout: float = 0.0  # seconds a client may send nothing (0: forever)
-    # at max_clients, the client idle longest gives way to a new one if it
-    # has been idle this long (0: never)
-    idle_reclaim: float = 60.0
 
 
 class JsonFormatter(logging.Formatter):
@@ -169,7 +133,7 @@ class Daemon:
         self.pool_ro_fd = -1
         self._listener: socket.socket | None = None
         self.tcp: TcpFront | None = None
-        self.metrics = Metrics(self)
+        self.metrics = Metrics(self.stats)
         self.started = time.time()
 
     # ---- start / stop

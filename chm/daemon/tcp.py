@@ -2,7 +2,7 @@
 
 A TCP client is served exactly as a local one: the front end authenticates
 it, then connects it to the daemon through a private socket pair, so it gets
-a :class:`~emulator.serve_client.Client` of its own (session, quota, cleanup
+a :class:`~chm.daemon.connection.Client` of its own (session, quota, cleanup
 when it goes) and speaks the same protocol, with these differences
 (``fw_spec/protocol.md``, "TCP"):
 
@@ -43,7 +43,7 @@ from chm.remote.protocol import (
 )
 
 if TYPE_CHECKING:
-    from .serve import Daemon
+    from .options import Host
 
 __all__ = ["TcpFront", "parse_hostport"]
 
@@ -61,7 +61,7 @@ def parse_hostport(text: str) -> tuple[str, int]:
 
 
 class TcpFront:
-    def __init__(self, daemon: Daemon, listen: str, secret: bytes) -> None:
+    def __init__(self, daemon: Host, listen: str, secret: bytes) -> None:
         self.d = daemon
         self.secret = secret
         host, port = parse_hostport(listen)

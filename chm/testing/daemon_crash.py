@@ -19,8 +19,7 @@ import numpy as np
 
 import chm
 from chm.remote import DaemonGone
-
-from .serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 __all__ = ["BLOCK", "CrashResult", "crash_round", "serve_args"]
 

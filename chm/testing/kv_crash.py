@@ -1,6 +1,6 @@
 """Crash recovery check: a writer process is killed with SIGKILL, then the store is reopened.
 
-The writer (``python -m chm.kv.crashcheck write DIR START``) puts blocks
+The writer (``python -m chm.testing.kv_crash write DIR START``) puts blocks
 whose bytes are a pure function of their key, calls ``flush()`` after each
 batch, and only then prints ``ACK <first> <count>`` on stdout. The checker
 kills it at a random moment, reopens the same backing and counts, over
@@ -127,7 +127,7 @@ def run_rounds(
     for r in range(rounds):
         start = r * (per_round + BATCH)
         cmd = [
-            sys.executable, "-m", "chm.kv.crashcheck", "write",
+            sys.executable, "-m", "chm.testing.kv_crash", "write",
             d, str(start), str(per_round), str(block), backend,
         ]  # fmt: skip
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -188,7 +188,9 @@ def main(argv: list[str]) -> int:
     if len(argv) == 6 and argv[0] == "write":
         _writer(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), argv[5])
         return 0
-    print("usage: python -m chm.kv.crashcheck write DIR START LIMIT BLOCK BACKEND", file=sys.stderr)
+    print(
+        "usage: python -m chm.testing.kv_crash write DIR START LIMIT BLOCK BACKEND", file=sys.stderr
+    )
     return 2
 
 

@@ -29,7 +29,7 @@ from chm._robuf import ReadOnlyBuffer
 from chm.errors import ChmError, StaleHandle
 from chm.kv import PutStatus, Store
 from chm.remote import RemoteHandle
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 
 def _handles(out: list[RemoteHandle | ChmError]) -> list[RemoteHandle]:

@@ -16,7 +16,7 @@ import pytest
 import chm
 from chm.errors import ChmError, InvalidArgument, StaleHandle, ViewInUse, WouldBlock
 from chm.remote import RemoteDevice, RemoteHandle
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 K4 = 4096
 GEOMETRY: dict[str, Any] = {

@@ -17,7 +17,7 @@ import pytest
 import chm
 from chm.errors import Cancelled, ViewInUse
 from chm.remote import RemoteDevice
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 K4 = 4096
 SLOTS = 4

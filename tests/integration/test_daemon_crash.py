@@ -24,8 +24,8 @@ import pytest
 import chm
 from chm.errors import ChmError
 from chm.remote import DaemonGone, RemoteHandle
-from chm_emu.serve_crash import crash_round, serve_args
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_crash import crash_round, serve_args
+from chm.testing.daemon_proc import DaemonProcess
 
 
 def _handles(out: list[RemoteHandle | ChmError]) -> list[RemoteHandle]:

@@ -32,7 +32,7 @@ import pytest
 import chm
 from chm.remote import DaemonGone, RemoteHandle
 from chm.remote.protocol import MAX_FRAME, VERSION, Op, decode, encode
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 ARGS = ["--create", "--capacity", "64M", "--dram", "40M", "--slot-size", "1M",
         "--backend", "pread", "--no-kv"]  # fmt: skip

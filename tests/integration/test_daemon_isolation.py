@@ -29,7 +29,7 @@ import chm
 import chm.remote  # loaded before a fork: the child may not read the interpreter's files
 from chm.errors import Busy, ChmError
 from chm.remote.protocol import Op
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 MIB = 1 << 20
 NOBODY = 65534

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import chm
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 CLIENTS = 8
 SECONDS = float(os.environ.get("CHM_DAEMON_LOAD_SECONDS", "4"))

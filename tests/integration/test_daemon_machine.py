@@ -20,9 +20,9 @@ from hypothesis.stateful import precondition, rule
 import chm
 from chm.remote import RemoteDevice, RemoteHandle
 from chm.testing import device_machine, stateful
+from chm.testing.daemon_proc import DaemonProcess
 from chm.testing.model import ModelRequest
 from chm.testing.stateful import OBJ
-from chm_emu.serve_proc import DaemonProcess
 
 _Base: Any = device_machine("pread", "prefetch", name="DaemonPrefetchMachine")
 

@@ -21,7 +21,7 @@ import pytest
 
 import chm
 from chm.errors import NoSpace
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 
 @pytest.fixture

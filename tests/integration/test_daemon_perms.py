@@ -19,7 +19,7 @@ import pytest
 
 import chm
 import chm.remote  # loaded before the fork: the child cannot read the interpreter's files
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 NOBODY = 65534
 GROUP = "users"

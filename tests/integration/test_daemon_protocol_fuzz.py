@@ -20,7 +20,7 @@ import chm
 from chm.errors import ChmError
 from chm.remote import RemoteHandle
 from chm.remote.protocol import MAX_FRAME, VERSION, VERSIONS, Op, decode, encode
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 
 def _handles(out: list[RemoteHandle | ChmError]) -> list[RemoteHandle]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import chm
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 
 @pytest.fixture

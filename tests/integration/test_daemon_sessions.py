@@ -16,7 +16,7 @@ import pytest
 import chm
 from chm.errors import StaleHandle, WouldBlock
 from chm.remote.protocol import Op
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 OBJ = 4096
 QUOTA = 6

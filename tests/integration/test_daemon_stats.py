@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import chm
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 ARGS = ["--create", "--capacity", "64M", "--dram", "40M", "--slot-size", "1M",
         "--backend", "pread", "--no-kv"]  # fmt: skip

@@ -29,7 +29,7 @@ import chm
 from chm.errors import WouldBlock
 from chm.remote import DaemonGone, RemoteHandle
 from chm.remote.protocol import MAX_FRAME, VERSION, Framed, Op, decode, encode
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 QUOTA = 4
 

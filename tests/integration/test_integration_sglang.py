@@ -405,7 +405,7 @@ def test_two_ranks_on_one_path_the_second_fails_loudly(
 
 
 def test_two_ranks_share_one_daemon(tmp_path: Path) -> None:
-    from chm_emu.serve_proc import DaemonProcess
+    from chm.testing.daemon_proc import DaemonProcess
 
     sock = tmp_path / "chm.sock"
     toml = tmp_path / "chm-emu.toml"

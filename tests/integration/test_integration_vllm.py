@@ -496,7 +496,7 @@ def test_two_tiers_share_one_daemon(
 ) -> None:
     """Two vLLM tier instances (two replicas of one model) on one
     ``chm-emu serve``: what one stores, the other finds and loads byte-exact."""
-    from chm_emu.serve_proc import DaemonProcess
+    from chm.testing.daemon_proc import DaemonProcess
 
     sock = tmp_path / "chm.sock"
     toml = tmp_path / "chm-emu.toml"

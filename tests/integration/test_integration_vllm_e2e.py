@@ -334,7 +334,7 @@ def test_replicas_share_one_daemon_and_a_path_serves_one_engine(
     blocks the first stored and answers as the first did. Then the usual
     mistake, two engines on one embedded ``path``: the second does not
     start, and the log has the ERROR line the docs name."""
-    from chm_emu.serve_proc import DaemonProcess
+    from chm.testing.daemon_proc import DaemonProcess
 
     sock = tmp_path / "chm.sock"
     toml = tmp_path / "chm-emu.toml"

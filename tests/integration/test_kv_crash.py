@@ -1,7 +1,8 @@
 """Crash recovery: writers killed with SIGKILL at random moments lose no acknowledged block.
 
 5 rounds per backend by default; 30 with HYPOTHESIS_PROFILE=nightly and in the
-slow tier's long sweep (`make test-all`), or CHM_KV_CRASH_ROUNDS=N. CHM_KV_CRASH_SEED fixes the kill times (printed).
+slow tier's long sweep (`make test-all`), or CHM_KV_CRASH_ROUNDS=N. CHM_KV_CRASH_SEED
+fixes the kill times (printed).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from chm.kv.crashcheck import run_rounds
+from chm.testing.kv_crash import run_rounds
 
 
 def _rounds() -> int:

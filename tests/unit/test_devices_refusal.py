@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from chm.daemon.devices import check_target, list_block_devices
 from chm_emu.cli import main
-from chm_emu.devices import check_target, list_block_devices
 
 SIZE = 64 << 20
 

@@ -227,11 +227,14 @@ def test_files_have_a_header_comment(name: str) -> None:
 # ties one module to another. Imports of the group's own modules are free.
 #
 # The groups' order, bottom first: the driver (core), then the KV layer, then
-# what is built on them: the remote client, the simulation (chm.sim: its
-# workloads, then its replay), the engines' adapters, the test support;
-# chm_emu (the command and the daemon) may use all of chm, and nothing in chm
-# imports chm_emu. The rows of core, kv, remote and integrations name none
-# of sim, workloads and replay: nothing there imports chm.sim.
+# what is built on them: the wire protocol (chm.remote.protocol), the daemon
+# server (chm.daemon) and the remote client (chm.remote), which share only
+# the protocol, the simulation (chm.sim: its workloads, then its replay), the
+# engines' adapters, the test support; chm_emu (the commands) may use all of
+# chm, and nothing in chm imports chm_emu. The rows of core, kv, remote and
+# integrations name none of sim, workloads and replay: nothing there imports
+# chm.sim; nor of daemon: the server is a library module that only the
+# commands (and the tests) start.
 
 import ast  # noqa: E402 - the Python half of the file keeps its own imports
 
@@ -240,6 +243,8 @@ PY_GROUPS: dict[str, str] = {
     "chm": "core",
     "chm.kv": "kv",
     "chm.remote": "remote",
+    "chm.remote.protocol": "protocol",
+    "chm.daemon": "daemon",
     "chm.sim": "sim",
     "chm.sim.workloads": "workloads",
     "chm.sim.replay": "replay",
@@ -251,17 +256,21 @@ PY_GROUPS: dict[str, str] = {
 MAY_IMPORT: dict[str, set[str]] = {
     "core": {"core"},
     "kv": {"core"},
-    "remote": {"core", "kv"},
+    "protocol": {"core"},
+    "remote": {"core", "kv", "protocol"},
+    "daemon": {"core", "kv", "protocol"},
     # chm.sim: the package itself names its two halves and imports neither
     "sim": {"core"},
     "workloads": {"core"},
     "replay": {"core", "kv", "workloads"},
     "integrations": {"core", "kv"},
-    "testing": {"core", "kv", "remote", "workloads", "replay"},
+    "testing": {"core", "kv", "protocol", "remote", "workloads", "replay"},
     "chm_emu": {
         "core",
         "kv",
+        "protocol",
         "remote",
+        "daemon",
         "sim",
         "workloads",
         "replay",
@@ -286,12 +295,7 @@ FFI_USERS = {"chm._lowlevel"}
 # package (a facade that re-exports the driver) is not a node: a module that
 # does `import chm` for chm.Device depends on the driver, not on everything
 # the facade names.
-KNOWN_CYCLES: list[set[str]] = [
-    # the daemon and its per-connection, TCP and metrics halves name each
-    # other (TYPE_CHECKING imports of Daemon): to be removed when the daemon
-    # server moves into the library behind an interface
-    {"chm_emu.serve", "chm_emu.serve_client", "chm_emu.serve_tcp", "chm_emu.metrics"},
-]
+KNOWN_CYCLES: list[set[str]] = []
 
 
 def py_modules(root: Path) -> dict[str, Path]:
@@ -438,10 +442,36 @@ def test_python_upward_import_fails(tmp_path: Path) -> None:
 def test_chm_importing_chm_emu_fails(tmp_path: Path) -> None:
     root = _py_scratch(tmp_path)
     store = root / "chm" / "kv" / "index.py"
-    store.write_text("from chm_emu.devices import probe\n" + store.read_text())
+    store.write_text("from chm_emu.cli import main\n" + store.read_text())
+    assert py_violations(root) == ["chm.kv.index imports chm_emu.cli: kv may not import chm_emu"]
+
+
+@pytest.mark.parametrize(
+    ("module", "group"),
+    [
+        ("device.py", "core"),
+        ("kv/store.py", "kv"),
+        ("integrations/lmcache.py", "integrations"),
+        ("remote/client.py", "remote"),
+    ],
+)
+def test_importing_the_daemon_from_below_fails(tmp_path: Path, module: str, group: str) -> None:
+    root = _py_scratch(tmp_path)
+    path = root / "chm" / module
+    path.write_text("from chm.daemon.server import Daemon\n" + path.read_text())
+    name = "chm." + module.removesuffix(".py").replace("/", ".")
     assert py_violations(root) == [
-        "chm.kv.index imports chm_emu.devices: kv may not import chm_emu"
+        f"{name} imports chm.daemon.server: {group} may not import daemon"
     ]
+
+
+def test_the_daemon_and_its_connections_do_not_import_each_other() -> None:
+    """The connection handler, the TCP front end and the metrics endpoint
+    see the daemon through chm.daemon.options.Host, never chm.daemon.server."""
+    graph = py_graph(ROOT)
+    assert "chm.daemon.connection" in graph["chm.daemon.server"]
+    for mod in ("chm.daemon.connection", "chm.daemon.tcp", "chm.daemon.metrics"):
+        assert "chm.daemon.server" not in graph[mod], mod
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,8 @@ def sdist_members(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tarfile
         "tools/bench/_benchlib.py",
         "tools/bench/refill_bw.py",
         "emulator/cli.py",
+        "chm/daemon/server.py",
+        "chm/testing/daemon_proc.py",
         ".ci/run",
     ],
 )

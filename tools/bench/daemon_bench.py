@@ -38,7 +38,7 @@ import numpy as np
 from _benchlib import Verdicts, fmt_bw, median, ratio, table
 
 import chm
-from chm_emu.serve_proc import DaemonProcess
+from chm.testing.daemon_proc import DaemonProcess
 
 OBJ = 4 << 20
 WINDOW = 8

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from _benchlib import Verdicts, environment, table, write_json
 
-from chm_emu.serve_crash import crash_round
+from chm.testing.daemon_crash import crash_round
 
 
 def main() -> int:

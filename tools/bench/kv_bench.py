@@ -16,7 +16,7 @@
     load bandwidth of the last turn vs fio sequential O_DIRECT read of the
     same file at the same object size and an iodepth of W_max; target >= 0.8x.
 (5) Crash recovery: writer processes killed with SIGKILL at random moments
-    (chm.kv.crashcheck); acknowledged, recovered, lost; target 0 lost, 0 wrong.
+    (chm.testing.kv_crash); acknowledged, recovered, lost; target 0 lost, 0 wrong.
 
 Verdict lines come last; the exit status is 1 when a target is missed.
 
@@ -39,10 +39,10 @@ import numpy as np
 
 import chm
 from chm.kv import Connector, Namespace, Store, w_max
-from chm.kv.crashcheck import run_rounds
 from chm.kv.index import Index, bytes_at
 from chm.kv.keys import KEY_DTYPE
 from chm.kv.window import SlidingWindow
+from chm.testing.kv_crash import run_rounds
 
 # _benchlib.py sits next to this file, which is on sys.path when the script is
 # run as a file; `python -m tools.bench.kv_bench` puts the repository there instead.
