@@ -156,3 +156,14 @@ def test_blocks_without_headers_are_no_damage(tmp_backing: Path) -> None:
     rc, r = report(tmp_backing)
     assert rc == 0 and r["entries"] == 3 and r["headerless"] == 3
     assert r["header_mismatch"] == 0 and r["bad_payload"] == 0
+
+
+def test_repair_leaves_a_clean_journal_alone_and_refuses_bad_values(tmp_backing: Path) -> None:
+    fill(tmp_backing, 2)
+    j = tmp_backing / "kv.img.kvjournal"
+    before = j.read_bytes()
+    rc, out, _ = kv("repair", str(tmp_backing))
+    assert rc == 0 and "clean (2 entries); nothing to repair" in out
+    assert j.read_bytes() == before and not list(tmp_backing.glob("*.damaged-*"))
+    rc, _, err = kv("repair", str(tmp_backing), "--capacity", "lots")
+    assert rc == 2 and "lots" in err
