@@ -15,6 +15,7 @@ from chm.kv.lookup import LOOKUP_BATCH, Lookup
 from chm.kv.protocol import DeviceLike, HandleLike
 from chm.kv.space import PLACEMENTS, AddressSpace
 from chm.kv.store import MAX_META, PutStatus, Store, StoreStats
+from chm.kv.storelike import StoreLike
 from chm.kv.tickets import Ticket
 from chm.kv.window import WINDOW_BYTES, KVManager, SlidingWindow, fair_shares, w_max
 
@@ -36,6 +37,7 @@ __all__ = [
     "PutStatus",
     "SlidingWindow",
     "Store",
+    "StoreLike",
     "StoreStats",
     "Ticket",
     "block_bytes",

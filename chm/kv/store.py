@@ -950,7 +950,7 @@ class Store:
         rows_l = rows0.tolist()
         segs_l = e["segment"][np.maximum(rows0, 0)].tolist()
         his, los = ks["hi"].tolist(), ks["lo"].tolist()
-        write = self.device.write_length  # type: ignore[attr-defined]
+        write = self.device.write_length
         touch_one = alloc.touch_one
         stored, exists, skipped, error = (
             PutStatus.STORED,

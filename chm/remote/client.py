@@ -610,6 +610,20 @@ class RemoteDevice:
             raise res
         return res
 
+    def write_length(self, addr: int, length: int) -> bool:
+        """Offers ``length`` bytes at ``addr`` with no payload, as
+        ``chm.Device.write_length``: the ghost backend only (it keeps no
+        data, so the daemon is sent zeros of that length); InvalidArgument on
+        a backend that moves data."""
+        if self.backend != "ghost":
+            raise InvalidArgument(
+                None,
+                f"write_length(addr={addr}, len={length}): a write without a payload "
+                f"needs the ghost backend, not {self.backend!r}",
+                call="chm_write_object",
+            )
+        return self.write(addr, np.zeros(length, np.uint8))
+
     def write_many(self, addrs: Sequence[int], datas: Sequence[Any]) -> list[bool | ChmError]:
         """Offers several objects for writing, as ``chm.Device.write_many``:
         returns, in order, True (admitted), False (skipped) or the exception
