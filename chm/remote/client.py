@@ -611,18 +611,16 @@ class RemoteDevice:
         return res
 
     def write_length(self, addr: int, length: int) -> bool:
-        """Offers ``length`` bytes at ``addr`` with no payload, as
-        ``chm.Device.write_length``: the ghost backend only (it keeps no
-        data, so the daemon is sent zeros of that length); InvalidArgument on
-        a backend that moves data."""
-        if self.backend != "ghost":
-            raise InvalidArgument(
-                None,
-                f"write_length(addr={addr}, len={length}): a write without a payload "
-                f"needs the ghost backend, not {self.backend!r}",
-                call="chm_write_object",
-            )
-        return self.write(addr, np.zeros(length, np.uint8))
+        """As ``chm.Device.write_length``, which only the ghost backend
+        accepts: a daemon serves backends that move data (``chm-emu serve
+        --backend`` is uring or pread), so this is always InvalidArgument,
+        the error an embedded device of the same backend raises."""
+        raise InvalidArgument(
+            None,
+            f"write_length(addr={addr}, len={length}): a write without a payload "
+            f"needs the ghost backend, not {self.backend!r}",
+            call="chm_write_object",
+        )
 
     def write_many(self, addrs: Sequence[int], datas: Sequence[Any]) -> list[bool | ChmError]:
         """Offers several objects for writing, as ``chm.Device.write_many``:
