@@ -185,8 +185,14 @@ def test_pages_round_trip_through_sglang_interface(tmp_path: Path) -> None:
     assert b.batch_exists(keys) == 0 and not b.exists(keys[0])
     assert b.set(keys[0], data[0])
     assert b.batch_set(keys[1:], data[1:])  # one batch larger than the write buffer
+    assert b.store.device.config.wbuf_bytes < 23 * PAGE
     st = b.stats()
-    assert st["staging_skipped"] == 0 and st["entries"] == 24 and st["staging_retries"] > 0, st
+    # every page went through the staging queue and was stored; whether the
+    # store had to refuse some first (staging_retries) depends on how fast the
+    # flusher drained meanwhile, so it is not asserted here (test_kv_staging
+    # covers the retries)
+    assert st["staging_skipped"] == 0 and st["staging_stored_blocks"] == 24, st
+    assert st["entries"] == 24, st
     assert b.batch_exists(keys) == 24 and b.exists(keys[11])
     assert b.batch_exists([*keys[:3], "absent", keys[4]]) == 3  # a prefix, as SGLang asks
 
