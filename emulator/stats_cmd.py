@@ -31,7 +31,7 @@ def _table(s: dict[str, Any]) -> Table:
     t.add_column("group", style="bold")
     t.add_column("counter")
     t.add_column("value", justify="right")
-    for group in ("daemon", "held", "device", "kv"):
+    for group in ("daemon", "held", "device", "kv", "staging"):
         for k, v in (s.get(group) or {}).items():
             if isinstance(v, (int, float, str)) and not isinstance(v, bool):
                 t.add_row(group, k, str(v))

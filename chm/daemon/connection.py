@@ -27,6 +27,7 @@ from chm.kv import KEY_DTYPE, MAX_META
 from chm.remote.protocol import (
     MAX_BATCH,
     MAX_FRAME,
+    STAGING_COUNTERS,
     VERSION,
     VERSIONS,
     Op,
@@ -129,6 +130,7 @@ class Client:
         self.busy = False  # a request is being served
         self.last_active = time.monotonic()
         self.evicted: str | None = None  # why the daemon ended it before HELLO
+        self.staging: dict[str, int] | None = None  # its last KV_STAGING report
 
     # ---- lifecycle
 
@@ -182,6 +184,8 @@ class Client:
             reason, level = f"internal error: {type(exc).__name__}: {exc}", logging.ERROR
             self.d.log.exception("client handler failed", extra={"client": self.cid})
         finally:
+            self.d.retire_staging(self.staging)
+            self.staging = None
             handles, pins = self.d.scopes.close(self.scope)
             self._close()
             self.d.retry_condemned()
@@ -329,6 +333,7 @@ class Client:
             "kv_write": self.kv_write,
             "raw_bytes": d.raw_bytes,
             "max_batch": MAX_BATCH,
+            "staging_report": True,  # KV_STAGING is understood
         }
         send_fds(self.sock, encode(Op.HELLO, 0, welcome), [d.pool_ro_fd, self.area_fd])
         self.greeted = True
@@ -571,6 +576,14 @@ class Client:
     def _kv_remove(self, body: Any) -> Any:
         return self._writable("KV_REMOVE").remove(_keys(_list(body, "KV_REMOVE", 2), "key"))
 
+    def _kv_staging(self, body: Any) -> Any:
+        if not isinstance(body, dict) or set(body) != set(STAGING_COUNTERS):
+            raise ProtocolError(f"KV_STAGING body is a map of {', '.join(STAGING_COUNTERS)}")
+        report = {k: _int(body[k], f"KV_STAGING {k}", 0, 2**63 - 1) for k in STAGING_COUNTERS}
+        with self.d.staging_lock:
+            self.staging = report
+        return 0
+
     def _kv_flush(self, body: Any) -> Any:
         t = _int(body, "KV_FLUSH timeout_ns")
         st = self._store()
@@ -593,4 +606,5 @@ _HANDLERS = {
     Op.KV_REMOVE: Client._kv_remove,
     Op.KV_FLUSH: Client._kv_flush,
     Op.KV_ENTRIES: Client._kv_entries,
+    Op.KV_STAGING: Client._kv_staging,
 }

@@ -1,7 +1,8 @@
 """The daemon's Prometheus endpoint (prometheus_client), loopback only, off by default.
 
-Exports the device counters, the KV store counters, what clients hold, and a
-latency histogram of the daemon's requests by op.
+Exports the device counters, the KV store counters, what clients hold, the
+clients' staging queues (``chm_kv_staging_*``: what they skipped and hold,
+from their KV_STAGING reports), and a latency histogram of the daemon's requests by op.
 """
 
 from __future__ import annotations
@@ -34,16 +35,21 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# the clients' staging queues (KV_STAGING reports): chm_kv_staging_skipped_total, ...
+_PREFIX = {"staging": "kv_staging"}
+
+
 class _Collector(Collector):
     def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.stats = stats
 
     def collect(self) -> Iterator[Any]:
         s = self.stats()
-        for group in ("device", "kv", "held", "daemon"):
+        for group in ("device", "kv", "held", "daemon", "staging"):
+            prefix = _PREFIX.get(group, group)
             for k, v in (s.get(group) or {}).items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    yield GaugeMetricFamily(f"chm_{group}_{k}", f"chm {group} {k}", value=v)
+                    yield GaugeMetricFamily(f"chm_{prefix}_{k}", f"chm {prefix} {k}", value=v)
 
 
 class Metrics:

@@ -80,6 +80,7 @@ class Host(Protocol):
     slots_total: int
     raw_base: int
     raw_bytes: int
+    staging_lock: threading.Lock  # guards each client's KV_STAGING report
 
     def adopt(self, conn: socket.socket, peer: str) -> bool:
         """Serve an authenticated TCP client's inner socket (False: full)."""
@@ -99,6 +100,10 @@ class Host(Protocol):
 
     def count(self, name: str, n: int = 1) -> None:
         """Add n to one of the daemon's counters."""
+        ...
+
+    def retire_staging(self, report: dict[str, int] | None) -> None:
+        """Fold a departing client's staging counters into the totals."""
         ...
 
     def stats(self) -> dict[str, Any]:

@@ -122,6 +122,10 @@ class Daemon:
             "handshakes_dropped": 0,
         }
         self._condemned: set[tuple[int, int]] = set()
+        # clients' staging-queue reports (KV_STAGING): the live ones are read
+        # from each client; a gone client's counters are folded in here
+        self.staging_lock = threading.Lock()
+        self._staging_gone: dict[str, int] = dict.fromkeys(_STAGING_TOTALS, 0)
         self._refusing = threading.BoundedSemaphore(16)
         self.raw_base = 0
         self.raw_bytes = 0
@@ -504,6 +508,38 @@ class Daemon:
             with self._lock:
                 self._condemned.discard(p)
 
+    # ---- clients' staging queues
+
+    def retire_staging(self, report: dict[str, int] | None) -> None:
+        """Folds a departing client's staging counters into the totals (what
+        it had queued goes with it)."""
+        if report is None:
+            return
+        with self.staging_lock:
+            for k in _STAGING_TOTALS:
+                self._staging_gone[k] += report[k]
+
+    def staging_stats(self) -> dict[str, int]:
+        """The staging queues of the clients that report them (KV_STAGING):
+        what the live ones hold now, and totals over every client so far."""
+        with self._lock:
+            live = [c for c, _ in self._clients.values()]
+        with self.staging_lock:
+            reports = [c.staging for c in live if c.staging is not None]
+            totals = dict(self._staging_gone)
+        for r in reports:
+            for k in _STAGING_TOTALS:
+                totals[k] += r[k]
+        out = {
+            "clients": len(reports),
+            "queued_bytes": sum(r["queued_bytes"] for r in reports),
+            "capacity_bytes": sum(r["capacity_bytes"] for r in reports),
+        }
+        for k in _STAGING_TOTALS:
+            out[f"{k}_total"] = totals[k]
+        out["skipped_total"] = totals["skipped_full"] + totals["skipped_timeout"]
+        return out
+
     # ---- introspection
 
     def count(self, name: str, n: int = 1) -> None:
@@ -517,6 +553,7 @@ class Daemon:
             "device": self.dev.stats().to_dict(),
             "kv": self.store.stats().to_dict() if self.store is not None else None,
             "held": self.scopes.held(),
+            "staging": self.staging_stats(),
             "daemon": {
                 **counts,
                 "pid": os.getpid(),
@@ -525,6 +562,9 @@ class Daemon:
                 "socket": self.opts.socket,
             },
         }
+
+
+_STAGING_TOTALS = ("submitted_blocks", "stored_blocks", "skipped_full", "skipped_timeout")
 
 
 def _hostport(addr: tuple[Any, ...]) -> str:

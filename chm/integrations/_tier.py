@@ -23,7 +23,9 @@ What it decides, so that no adapter decides it differently:
   call (``chunk_bytes * batch``), within what the device's DRAM allows;
 - durability: ``flush_interval`` starts the store's periodic flusher (the
   daemon's store: the staging queue's flusher);
-- staging: ``staging`` bytes of host staging queue (default 1 GiB).
+- staging: ``staging`` bytes of host staging queue (default 1 GiB); with a
+  daemon, the queue reports its counters to it (KV_STAGING), so the
+  daemon's stats and metrics count every client's skips.
 """
 
 from __future__ import annotations
@@ -144,6 +146,13 @@ class RemoteTierStore:
         return self.kv.stats()
 
     @property
+    def reports_staging(self) -> bool:
+        return self.kv.reports_staging
+
+    def report_staging(self, counters: Any) -> bool:
+        return self.kv.report_staging(counters)
+
+    @property
     def closed(self) -> bool:
         return bool(self.device.closed)
 
@@ -251,6 +260,8 @@ def _open_tier(
                 flush_interval=opts.flush_interval,
                 name=f"chm[{what}]",
                 logger=log,
+                # the daemon exports this client's skips (chm_kv_staging_*)
+                report=store.report_staging if store.reports_staging else None,
             )
         except BaseException:
             store.close(flush=False)

@@ -45,6 +45,15 @@ giving :class:`PutStatus` per key: a :class:`Store` or the daemon's
 stores without a periodic flusher of their own (the daemon's store, through
 ``chm.connect``); for a local :class:`Store` pass ``flush_interval`` to the
 store instead.
+
+``report`` is called with a :class:`StagingStats` from a thread of the
+queue's own whenever the counters changed: at most every ``report_every_s``
+seconds, and soon (at most five times a second) after a skip; once more at
+:meth:`close`. The adapters pass the daemon store's ``report_staging``, so
+a daemon's stats and metrics count the skips of every client's queue (the
+skips happen here, in the engine's process, where the daemon cannot see
+them). A report that fails is logged at DEBUG and tried again next time;
+it never touches the puts.
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -138,6 +147,8 @@ class StagingQueue:
         warn_every_s: float = 10.0,
         name: str = "chm",
         logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        report: Callable[[StagingStats], object] | None = None,
+        report_every_s: float = 1.0,
     ) -> None:
         cap = parse_size(capacity) if isinstance(capacity, str) else capacity
         if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
@@ -151,6 +162,10 @@ class StagingQueue:
             )
         if not max_wait_s > 0:
             raise InvalidArgument(None, f"staging: max_wait_s={max_wait_s!r}: expected > 0")
+        if not 0 < report_every_s < 1e6:
+            raise InvalidArgument(
+                None, f"staging: report_every_s={report_every_s!r}: expected seconds > 0"
+            )
         if flush_interval is not None and not 0 < flush_interval < 1e6:
             raise InvalidArgument(
                 None, f"staging: flush_interval={flush_interval!r}: expected seconds > 0"
@@ -195,6 +210,18 @@ class StagingQueue:
                 daemon=True,
             )
             self._flusher.start()
+        self._report = report
+        self._report_now = False  # a skip: report soon
+        self._reported: StagingStats | None = None
+        self._reporter: threading.Thread | None = None
+        if report is not None:
+            self._reporter = threading.Thread(
+                target=self._reports,
+                args=(float(report_every_s),),
+                name=f"{name}-staging-report",
+                daemon=True,
+            )
+            self._reporter.start()
 
     # ---- submitting
 
@@ -239,6 +266,8 @@ class StagingQueue:
             full = len(keys) - n
             if full:
                 self._c["skipped_full"] += full
+                self._report_now = True
+                self._cv.notify_all()
         if full:
             self._warn(full, "the staging queue is full")
         if n == 0:
@@ -369,6 +398,38 @@ class StagingQueue:
     def _count(self, name: str, n: int = 1) -> None:
         with self._cv:
             self._c[name] += n
+            if name == "skipped_timeout":
+                self._report_now = True
+                self._cv.notify_all()
+
+    # ---- reporting
+
+    def _reports(self, every: float) -> None:
+        soon = min(0.2, every)
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._closing or self._report_now, timeout=every)
+                if self._closing:
+                    return
+            self._send_report()
+            if self._report_now:  # more skips while reporting: not more often than this
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closing, timeout=soon)
+
+    def _send_report(self) -> None:
+        if self._report is None:
+            return
+        with self._cv:
+            self._report_now = False
+        st = self.stats()
+        if st == self._reported:
+            return
+        try:
+            self._report(st)
+        except Exception as exc:  # the daemon is gone or busy: the puts go on
+            self._log.debug("%s: staging report not sent: %s", self.name, exc)
+            return
+        self._reported = st
 
     # ---- flushing, draining, stats
 
@@ -406,6 +467,9 @@ class StagingQueue:
         self._worker.join()
         if self._flusher is not None:
             self._flusher.join()
+        if self._reporter is not None:
+            self._reporter.join()
+            self._send_report()  # the final counters
 
     @property
     def closed(self) -> bool:

@@ -43,6 +43,7 @@ from chm.kv.store import MAX_META, PutStatus, check_meta
 from chm.remote.protocol import (
     MAX_BATCH,
     MAX_FRAME,
+    STAGING_COUNTERS,
     VERSION,
     Framed,
     Op,
@@ -1079,6 +1080,22 @@ class RemoteStore:
 
     def stats(self) -> dict[str, Any]:
         return dict(self.device.daemon_stats()["kv"])
+
+    @property
+    def reports_staging(self) -> bool:
+        """Whether the daemon takes :meth:`report_staging` (KV_STAGING)."""
+        return bool(self.device.welcome.get("staging_report"))
+
+    def report_staging(self, counters: Any) -> bool:
+        """Tells the daemon this client's staging-queue counters (a
+        ``chm.kv.StagingStats`` or a dict with its fields), which it exports
+        in its stats and metrics (``chm_kv_staging_*``). False, and nothing
+        sent, when the daemon predates the request."""
+        if not self.reports_staging:
+            return False
+        d = counters if isinstance(counters, dict) else counters.to_dict()
+        self.device._call(Op.KV_STAGING, {k: int(d[k]) for k in STAGING_COUNTERS})
+        return True
 
 
 def connect(

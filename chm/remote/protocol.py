@@ -28,6 +28,7 @@ import msgpack
 __all__ = [
     "MAX_BATCH",
     "MAX_FRAME",
+    "STAGING_COUNTERS",
     "VERSION",
     "VERSIONS",
     "Framed",
@@ -72,6 +73,18 @@ class Op(enum.IntEnum):
     AREA_PUT = 19  # [area_offset, bytes] -> 0
     AREA_GET = 20  # [area_offset, len] -> bytes
     POOL_GET = 21  # [token, offset, len] -> bytes of that token's staged object
+    KV_STAGING = 22  # {counter: int, ...} -> 0: the client's staging-queue counters
+
+
+# the counters a KV_STAGING report carries (chm.kv.StagingStats field names)
+STAGING_COUNTERS = (
+    "capacity_bytes",
+    "queued_bytes",
+    "submitted_blocks",
+    "stored_blocks",
+    "skipped_full",
+    "skipped_timeout",
+)
 
 
 class ProtocolError(Exception):
