@@ -14,7 +14,11 @@ Extra-config keys besides those SGLang reads: ``path`` (an embedded store,
 this process only) or ``socket`` (a ``chm-emu serve`` daemon every rank and
 replica of the node shares), ``capacity`` (refused when the filesystem has
 less free space, unless ``sparse_overcommit`` is true), ``dram``, ``wbuf``
-(default: ``batch`` pages), ``batch`` (pages per store call, 64),
+(default: ``batch`` pages of the host pool SGLang registers; SGLang's
+``dynamic`` factory passes no page size to the constructor, so an embedded
+store opened without ``wbuf`` is reopened once, at ``register_mem_pool_host``,
+with the write buffer sized from the pool's page; with ``socket`` the write
+buffer is the daemon's, ``chm-emu serve --wbuf``), ``batch`` (pages per store call, 64),
 ``staging`` (the host staging queue, 1G), ``slot_size`` (at least one page
 part), ``per_rank_dir`` (``path/rank<tp_rank>`` per rank), ``backend``,
 ``get_timeout_s``, ``flush_interval_s`` (default 1: a page SGLang has set is
@@ -71,7 +75,7 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
 )
 
 from chm.errors import InvalidArgument  # noqa: E402
-from chm.integrations._tier import Tier, TierOptions, open_tier  # noqa: E402
+from chm.integrations._tier import Tier, TierOptions, default_wbuf, open_tier  # noqa: E402
 from chm.kv import Namespace, PutStatus  # noqa: E402
 
 __all__ = ["ChmHiCacheStorage", "namespace_of"]
@@ -197,29 +201,72 @@ class ChmHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                     None, f"ChmHiCacheStorage: batch={extra['batch']!r} is no integer"
                 ) from None
             page = (kwargs or {}).get("page_bytes")
-            tier = open_tier(
-                TierOptions(
-                    path=extra.get("path"),
-                    socket=extra.get("socket"),
-                    capacity=extra.get("capacity", "64G"),
-                    dram=extra.get("dram"),
-                    wbuf=extra.get("wbuf"),
-                    slot_size=extra.get("slot_size", "32M"),
-                    backend=extra.get("backend", "auto"),
-                    flush_interval=flush or None,
-                    staging=extra.get("staging", "1G"),
-                    sparse_overcommit=_flag(extra, "sparse_overcommit"),
-                    per_rank_dir=_flag(extra, "per_rank_dir"),
-                ),
-                namespace=self.namespace,
-                chunk_bytes=int(page) if page else None,
-                batch=max(1, batch),
-                rank=int(storage_config.tp_rank),
-                log=logger,
-                what="SGLang",
+            self._opts = TierOptions(
+                path=extra.get("path"),
+                socket=extra.get("socket"),
+                capacity=extra.get("capacity", "64G"),
+                dram=extra.get("dram"),
+                wbuf=extra.get("wbuf"),
+                slot_size=extra.get("slot_size", "32M"),
+                backend=extra.get("backend", "auto"),
+                flush_interval=flush or None,
+                staging=extra.get("staging", "1G"),
+                sparse_overcommit=_flag(extra, "sparse_overcommit"),
+                per_rank_dir=_flag(extra, "per_rank_dir"),
             )
+            self._batch = max(1, batch)
+            self._rank = int(storage_config.tp_rank)
+            # an embedded store whose write buffer no page size sized yet: it
+            # is opened now (a second process on the path fails here, Busy)
+            # and reopened once the host pool tells the page (SGLang's
+            # dynamic factory passes none to the constructor)
+            self._size_at_register = not page and not self._opts.socket and not self._opts.wbuf
+            tier = self._open(int(page) if page else None, self._batch)
         self.tier = tier
         self.store = tier.store
+
+    def _open(self, chunk_bytes: int | None, batch: int) -> Tier:
+        return open_tier(
+            self._opts,
+            namespace=self.namespace,
+            chunk_bytes=chunk_bytes,
+            batch=batch,
+            rank=self._rank,
+            log=logger,
+            what="SGLang",
+        )
+
+    def _size_wbuf(self, pool: Any) -> None:
+        """Reopens the embedded store with the write buffer sized for
+        ``batch`` pages of ``pool`` (one backup call), when the page is now
+        known and the device's default is smaller."""
+        if not getattr(self, "_size_at_register", False):
+            return
+        self._size_at_register = False
+        ps = int(getattr(pool, "page_size", 1) or 1)
+        if getattr(pool, "kv_buffer", True) is None:
+            return  # a logical anchor (hybrid models): no KV pages of its own
+        _, sizes = pool.get_page_buffer_meta(_arange(ps))
+        sizes = [int(n) for n in sizes]
+        if not sizes:
+            return
+        if self.zero_copy:  # each part of a page is a block
+            chunk, batch = max(sizes), self._batch * len(sizes)
+        else:  # one flat page per block
+            chunk, batch = sum(sizes), self._batch
+        o = self._opts
+        if default_wbuf(chunk, batch, o.dram, o.slot_size) is None:
+            return  # the device's default already holds it (or DRAM allows no more)
+        old = self.tier
+        old.close()
+        self.tier = self._open(chunk, batch)
+        self.store = self.tier.store
+        logger.info(
+            "chm: write buffer sized for %d pages of %d bytes: %d bytes",
+            self._batch,
+            sum(sizes),
+            self.store.device.config.wbuf_bytes,
+        )
 
     # ---- keys
 
@@ -258,6 +305,7 @@ class ChmHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         self._layout = _pool_layout(mem_pool_host)
         if self.zero_copy and getattr(mem_pool_host, "kv_buffer", True) is not None:
             self._parts[_KV] = self._parts_of(mem_pool_host, _KV)
+        self._size_wbuf(mem_pool_host)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         super().register_mem_host_pool_v2(host_pool, host_pool_name)

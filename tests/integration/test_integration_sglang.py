@@ -440,3 +440,54 @@ def test_two_ranks_share_one_daemon(tmp_path: Path) -> None:
         assert st["entries"] == 2 * 20 * 2 and st["staging_skipped"] == 0, st  # one index
         for b in ranks:
             b.close()
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0])
+def test_write_buffer_sized_from_the_registered_host_pool(
+    tmp_path: Path, interface_v1: int
+) -> None:
+    """SGLang's dynamic factory passes no page size to the constructor: the
+    embedded store opens with the device's default write buffer and is
+    reopened with one sized for ``batch`` pages when SGLang registers its
+    host pool; a backup call of ``batch`` pages then fits it whole (the
+    write buffer refuses none of its blocks), and a block stored before the
+    reopen is still found byte-exact."""
+    batch = 40  # pages of 1 MiB: more than the device's default write buffer
+    b = backend(
+        tmp_path / "kv", wbuf=None, dram="96M", capacity="256M", slot_size="1M",
+        batch=batch, interface_v1=interface_v1,
+    )  # fmt: skip
+    pool = host_pool(page=64, heads=8, head_dim=128, tokens=batch * 64)
+    ps = pool.page_size
+    _, sizes = pool.get_page_buffer_meta(torch.arange(ps))
+    page = sum(int(n) for n in sizes)
+    before = b.store.device.config.wbuf_bytes
+    assert before < batch * page
+    early = pages(1, 9)[0].view(-1).view(torch.uint8)[:page].clone()
+    assert b.batch_set(["e0"], [early])  # stored before the pool is known
+    d0 = b._digest("kv", "e0")  # (its key: registering the pool changes the namespace)
+    b.register_mem_pool_host(pool)
+    assert b.store.device.config.wbuf_bytes >= batch * page
+    fill(pool, 5)
+    keys = [f"{i:064x}" for i in range(batch)]
+    if interface_v1:
+        assert b.batch_set_v1(keys, torch.arange(batch * ps)) == [True] * batch
+    else:
+        flat = [pool.get_data_page(p * ps, flat=True) for p in range(batch)]
+        assert b.batch_set(keys, flat)
+    st = b.stats()
+    assert st["puts_skipped"] == 0 and st["staging_retries"] == 0, st
+    assert st["staging_skipped"] == 0
+    back = torch.zeros_like(early)
+    assert b.store.get([d0], [back]) == [True] and torch.equal(back, early)
+    assert b.batch_exists(keys) == batch
+    b.close()
+
+
+def test_write_buffer_given_or_daemons_is_not_resized(tmp_path: Path) -> None:
+    """An explicit ``wbuf`` is kept when the host pool is registered."""
+    b = backend(tmp_path / "kv", dram="16M", interface_v1=1)  # EXTRA's wbuf: 1M
+    store = b.store
+    b.register_mem_pool_host(host_pool(tokens=64 * 16))
+    assert b.store is store and store.device.config.wbuf_bytes == 1 << 20
+    b.close()
