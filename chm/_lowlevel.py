@@ -453,6 +453,18 @@ def dev_shutdown(dev: CData) -> None:
     lib.chm_dev_shutdown(dev)
 
 
+def dev_lost(dev: CData) -> tuple[int, int]:
+    """chm_dev_lost(), after :func:`dev_shutdown`: the (writes, bytes) that
+    close's final flush could not make durable and dropped. Raises NoSpace
+    (the backing's filesystem was full) or DeviceIOError when any were
+    dropped, naming the target file (also ``.filename``), the bytes and the
+    writes; returns (0, 0) when everything written reached the backing."""
+    writes = ffi.new("uint64_t *")
+    nbytes = ffi.new("uint64_t *")
+    _check(lib.chm_dev_lost(dev, writes, nbytes), "chm_dev_close")
+    return int(writes[0]), int(nbytes[0])
+
+
 def dev_config(dev: CData) -> CData:
     """chm_dev_config(): the effective configuration."""
     out = ffi.new("struct chm_config *")

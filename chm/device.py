@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import numbers
 import operator
 import os
@@ -54,6 +55,8 @@ from chm.errors import (
     error_for,
 )
 from chm.stats import Stats
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -893,11 +896,26 @@ class Device:
         Outstanding prefetches are cancelled and their views end. Raises
         ViewInUse, leaving the device open, while any staged view is still
         exported by something else (e.g. a numpy array).
+
+        Writes not yet flushed are written back first, best effort (failed
+        write-backs are retried for up to 10 s). Those that still fail are
+        dropped, and once the device is fully closed this raises NoSpace
+        (the backing's filesystem is full) or DeviceIOError naming the
+        target file, the bytes lost and that they were written but never
+        flushed. :meth:`flush` first to find out while the data is still
+        held.
         """
+        lost = self._close()
+        if lost is not None:
+            raise lost
+
+    def _close(self) -> ChmError | None:
+        """close(), returning (not raising) the error reporting writes the
+        final flush dropped."""
         with self._lock:
             ptr = self._ptr
             if ptr is None:
-                return
+                return None
             held = [h for h in self._live_handles() if h._view() is not None]
             for h in held:  # all or nothing: refuse before ending any view
                 if h._exported():
@@ -909,10 +927,16 @@ class Device:
         # gets -ECANCELED from the still-valid struct, which the pointer's
         # destructor frees once the last reference is gone.
         _ll.dev_shutdown(ptr)
+        lost: ChmError | None = None
+        try:
+            _ll.dev_lost(ptr)
+        except ChmError as exc:  # raised once everything is closed
+            lost = exc
         del ptr
         _unlock(self._locks)
         if self._cleanup is not None:
             self._cleanup()
+        return lost
 
     def _live_handles(self) -> list[Handle]:
         refs = list(self._handles.values())
@@ -931,8 +955,15 @@ class Device:
     def __enter__(self) -> Device:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        lost = self._close()
+        if lost is None:
+            return
+        if exc is None:
+            raise lost
+        # the exception already propagating is the one to see; the loss
+        # must not pass unreported either
+        _log.error("%s", lost)
 
     def _p(self, what: str) -> Any:
         ptr = self._ptr

@@ -239,6 +239,11 @@ struct chm_dev {
 	 * -errno and target, so a failed flush says what happened */
 	_Atomic int backing_err;
 	_Atomic int backing_err_target;
+	/* what the final flush of chm_dev_shutdown could not make durable and
+	 * dropped (chm_dev_lost); written once, during shutdown */
+	uint64_t lost_writes, lost_bytes;
+	int lost_err; /* -errno of the last failed backing write then */
+	int lost_target;
 
 	pthread_mutex_t lock; /* guards everything below */
 	pthread_cond_t cond;  /* lru and write-buffer waits: a line, a flush */
@@ -296,6 +301,11 @@ static inline bool chm_nodata(const struct chm_dev *dev)
 {
 	return dev->cfg.backend == CHM_BACKEND_GHOST;
 }
+
+/* Counts writes (and their bytes) that the final flush of shutdown could not
+ * make durable and drops, with the last backing error then (chm_dev_lost).
+ * Lock held. */
+void chm_dev_note_lost(struct chm_dev *dev, uint64_t writes, uint64_t bytes);
 
 /* Ghost I/O without a buffer (backend_ghost.c): len bytes in pieces of at
  * most piece bytes, op CHM_IO_READ or CHM_IO_WRITE, with the injected faults

@@ -217,6 +217,49 @@ void chm_dev_close(chm_dev *dev)
 	free(dev);
 }
 
+void chm_dev_note_lost(struct chm_dev *dev, uint64_t writes, uint64_t bytes)
+{
+	dev->lost_writes += writes;
+	dev->lost_bytes += bytes;
+	int e = atomic_load(&dev->backing_err);
+	if (e) {
+		dev->lost_err = e;
+		dev->lost_target = atomic_load(&dev->backing_err_target);
+	}
+}
+
+int chm_dev_lost(chm_dev *dev, uint64_t *writes, uint64_t *bytes)
+{
+	chm_detail_clear();
+	if (!dev || !writes || !bytes)
+		return chm_detail(-EINVAL, "dev_lost: NULL %s",
+		                  !dev      ? "dev"
+		                  : !writes ? "writes"
+		                            : "bytes");
+	pthread_mutex_lock(&dev->lock);
+	uint64_t nw = dev->lost_writes, nb = dev->lost_bytes;
+	int e = dev->lost_err, t = dev->lost_target;
+	pthread_mutex_unlock(&dev->lock);
+	*writes = nw;
+	*bytes = nb;
+	if (!nw)
+		return 0;
+	unsigned n = dev->cfg.n_targets;
+	if (!e || t < 0 || (unsigned)t >= n)
+		t = n == 1 ? 0 : -1; /* no failure recorded: name the target if one */
+	const char *path = t >= 0 ? dev->cfg.targets[t] : "the backing targets";
+	bool full = e == -ENOSPC || e == -EDQUOT;
+	int rc = chm_detail(full ? -ENOSPC : -EIO,
+	                    "close: %llu bytes in %llu writes to %s were written but never flushed "
+	                    "and are lost: %s",
+	                    (unsigned long long)nb, (unsigned long long)nw, path,
+	                    e == -EDQUOT ? "disk quota exceeded"
+	                    : full       ? "no space left on its filesystem"
+	                    : e          ? strerror(-e)
+	                                 : "the backing write failed");
+	return t >= 0 ? chm_detail_path(path, rc) : rc;
+}
+
 int chm_dev_config(chm_dev *dev, struct chm_config *out)
 {
 	chm_detail_clear();

@@ -971,6 +971,10 @@ static void cache_stop(struct chm_dev *dev)
 		if (wb_run(c, n, nios, done))
 			tries++;
 	}
+	/* dirty lines left now are dropped: counted for chm_dev_lost */
+	uint64_t dirty = chm_ctr_get(c->ix.n_dirty);
+	if (dirty)
+		chm_dev_note_lost(dev, dirty, dirty * c->ix.line);
 	pthread_mutex_unlock(&dev->lock);
 }
 

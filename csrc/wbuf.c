@@ -696,6 +696,13 @@ void chm_wbuf_fini(struct chm_dev *dev)
 		pthread_join(w->thread, NULL);
 	/* fills still in flight look at dev->wbuf under the lock */
 	pthread_mutex_lock(&dev->lock);
+	/* whatever is still not durable is dropped here: count it, so that
+	 * close can report the loss (chm_dev_lost) */
+	for (uint32_t i = 0; i < w->count; i++) {
+		struct wb_entry *e = ent(w, i);
+		if (e->state == CHM_WB_ADMITTED || e->state == CHM_WB_FLUSHING)
+			chm_dev_note_lost(dev, 1, e->len);
+	}
 	dev->wbuf = NULL;
 	pthread_mutex_unlock(&dev->lock);
 	pthread_cond_destroy(&w->cond);

@@ -369,7 +369,8 @@ int chm_dev_open_err(const struct chm_config *cfg, chm_dev **out, char *err, siz
 /* Closes a device. Outstanding prefetches are cancelled: blocked waiters
  * return -ECANCELED, in-flight I/O is drained, the write buffer is flushed
  * (best effort: failed batches are retried for up to 10 s; writes that are
- * still not durable then are lost, as on a power cut without chm_flush()).
+ * still not durable then are lost, as on a power cut without chm_flush(),
+ * and counted: chm_dev_shutdown then chm_dev_lost reports them).
  * Blocks until all of that is done and every target is closed (the io_uring
  * ring's registered files included), so a block-device target can be opened
  * exclusively (or detached) as soon as close returns. Accepts NULL. No other
@@ -382,6 +383,16 @@ void chm_dev_close(chm_dev *dev);
  * be about to call it: from then on every call returns -ECANCELED (stats
  * and config still answer). Idempotent. chm_dev_close frees dev. */
 void chm_dev_shutdown(chm_dev *dev);
+
+/* What the final flush of chm_dev_shutdown could not make durable and
+ * dropped: *writes gets the writes (write-buffer objects, or dirty lru
+ * lines) and *bytes their bytes; 0 and 0 before shutdown and when all
+ * written data reached the backing. Call it between chm_dev_shutdown and
+ * chm_dev_close to report a lossy close. Returns 0 when nothing was lost,
+ * else -ENOSPC (the backing's filesystem was full or over quota) or -EIO
+ * (another backing failure), with a detail naming the target, the bytes
+ * and the writes; -EINVAL for a NULL argument. Never waits for I/O. */
+int chm_dev_lost(chm_dev *dev, uint64_t *writes, uint64_t *bytes);
 
 /* Copies the device's effective configuration. Returns 0 or -EINVAL. */
 int chm_dev_config(chm_dev *dev, struct chm_config *out);

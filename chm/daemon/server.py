@@ -431,24 +431,36 @@ class Daemon:
             self.tcp = None
         self._stop_clients()
         self.metrics.close()
+        # A shutdown that cannot write everything back (a full backing
+        # filesystem, a failing disk) reports the loss and still closes
+        # everything, rather than dying with the device half open.
         if self.store is not None:
             st = self.store
             self.store = None
             try:
-                st.flush(timeout=30.0)
-                entries = len(st)
-            finally:
-                st.close()
-            self.log.info(
-                "store flushed and journaled", extra={"event": "flush", "entries": entries}
-            )
+                try:
+                    st.flush(timeout=30.0)
+                    entries = len(st)
+                finally:
+                    st.close()
+            except ChmError as exc:
+                self.log.error(f"closing the KV store: {exc}", extra={"event": "lost"})
+            else:
+                self.log.info(
+                    "store flushed and journaled", extra={"event": "flush", "entries": entries}
+                )
         if self.pool_ro_fd >= 0:
             os.close(self.pool_ro_fd)
             self.pool_ro_fd = -1
         dev = getattr(self, "dev", None)
         if dev is not None and not dev.closed:
-            dev.flush(timeout=30.0)
-            dev.close()
+            try:
+                try:
+                    dev.flush(timeout=30.0)
+                finally:
+                    dev.close()
+            except ChmError as exc:
+                self.log.error(f"closing the device: {exc}", extra={"event": "lost"})
 
     # ---- rights and blocks to drop
 

@@ -330,3 +330,97 @@ def test_a_wait_without_deadline_reads_forever_in_the_message(tiny_fs: Path) -> 
     finally:
         ballast.unlink()
         dev.close()
+
+
+def _lost_bytes(text: str) -> int:
+    """The byte count a lossy close names ("N bytes in W writes to ...")."""
+    head = text.split(" bytes in ", 1)[0]
+    assert head != text, text
+    return int(head.rsplit(" ", 1)[-1])
+
+
+def _fill_past_free(tiny_fs: Path, mode: str) -> tuple[chm.Device, Path, int, int]:
+    """A device on a tmpfs that a ballast has nearly filled, holding more
+    written (never flushed) data than the filesystem has room for. Returns
+    the device, its target, the bytes written and the free bytes before."""
+    (tiny_fs / "ballast").write_bytes(b"\0" * (6 << 20))
+    target = tiny_fs / "t.img"
+    try:
+        dev = chm.Device.open(targets=[target], create=True, mode=mode, **SMALL)
+    except errors.NotSupported:
+        pytest.skip("no O_DIRECT on tmpfs on this kernel")
+    st = os.statvfs(tiny_fs)
+    free = st.f_bavail * st.f_frsize
+    chunk = 1 << 20
+    n = free // chunk + 2
+    for i in range(n):
+        dev.write(i * chunk, bytes([i + 1]) * chunk)
+    return dev, target, n * chunk, free
+
+
+def _assert_reports_loss(err: BaseException, target: Path, written: int, free: int) -> None:
+    assert isinstance(err, errors.NoSpace), repr(err)
+    assert err.errno == errno.ENOSPC
+    assert err.filename == str(target)
+    text = str(err)
+    assert str(target) in text and "written but never flushed" in text, text
+    lost = _lost_bytes(text)
+    # at most what was written, at least what could not fit
+    assert written - free <= lost <= written, (lost, written, free, text)
+
+
+@pytest.mark.parametrize("mode", ["prefetch", "lru"])
+def test_a_close_that_loses_writes_raises_no_space_with_the_bytes(tiny_fs: Path, mode: str) -> None:
+    """More written than the filesystem holds, no flush: close still closes
+    (best effort, as a power cut would) but raises NoSpace afterwards naming
+    the file and the bytes dropped, instead of returning as if all were
+    durable. The device is fully closed then: its target can be reopened."""
+    dev, target, written, free = _fill_past_free(tiny_fs, mode)
+    with pytest.raises(errors.NoSpace) as exc:
+        dev.close()
+    assert dev.closed
+    _assert_reports_loss(exc.value, target, written, free)
+    dev.close()  # idempotent: the loss is reported once
+    (tiny_fs / "ballast").unlink()
+    with chm.Device.open(targets=[target], mode=mode, **SMALL) as again:
+        again.write(0, b"\7" * 4096)
+        again.flush()
+
+
+def test_a_with_block_reports_a_lossy_close(tiny_fs: Path) -> None:
+    """Leaving a with block closes the device and raises the loss too."""
+    dev, target, written, free = _fill_past_free(tiny_fs, "lru")
+    with pytest.raises(errors.NoSpace) as exc, dev:
+        pass
+    assert dev.closed
+    _assert_reports_loss(exc.value, target, written, free)
+
+
+def test_a_lossy_close_under_another_exception_is_logged(
+    tiny_fs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception already leaving the with block stays the one raised;
+    the loss is logged at ERROR instead of being dropped."""
+    dev, target, written, free = _fill_past_free(tiny_fs, "lru")
+    with caplog.at_level("ERROR", logger="chm.device"), pytest.raises(KeyError), dev:
+        raise KeyError("first")
+    assert dev.closed
+    lossy = [r for r in caplog.records if "written but never flushed" in r.getMessage()]
+    assert len(lossy) == 1 and lossy[0].levelname == "ERROR", caplog.records
+    assert str(target) in lossy[0].getMessage()
+    assert written - free <= _lost_bytes(lossy[0].getMessage()) <= written
+
+
+@pytest.mark.parametrize("mode", ["prefetch", "lru"])
+def test_a_close_after_a_flush_reports_nothing(tiny_fs: Path, mode: str) -> None:
+    """The control: what fits and was flushed closes without an error."""
+    target = tiny_fs / "t.img"
+    try:
+        dev = chm.Device.open(targets=[target], create=True, mode=mode, **SMALL)
+    except errors.NotSupported:
+        pytest.skip("no O_DIRECT on tmpfs on this kernel")
+    for i in range(2):
+        dev.write(i << 20, b"\3" * (1 << 20))
+    dev.flush()
+    dev.close()
+    assert dev.closed
