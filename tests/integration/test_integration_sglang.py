@@ -426,7 +426,9 @@ def test_two_ranks_share_one_daemon(tmp_path: Path) -> None:
         keys = [f"{i:064x}" for i in range(20)]  # the same page hashes on both ranks
         for r, (b, pool) in enumerate(zip(ranks, pools, strict=True)):
             assert b.tier.remote
+            store = b.store
             b.register_mem_pool_host(pool)
+            assert b.store is store  # the daemon's write buffer is its own: no reopen
             fill(pool, 10 + r)
             assert b.batch_set_v1(keys, torch.arange(20 * pool.page_size)) == [True] * 20
         for r, (b, pool) in enumerate(zip(ranks, pools, strict=True)):
@@ -484,7 +486,7 @@ def test_write_buffer_sized_from_the_registered_host_pool(
     b.close()
 
 
-def test_write_buffer_given_or_daemons_is_not_resized(tmp_path: Path) -> None:
+def test_an_explicit_write_buffer_is_not_resized(tmp_path: Path) -> None:
     """An explicit ``wbuf`` is kept when the host pool is registered."""
     b = backend(tmp_path / "kv", dram="16M", interface_v1=1)  # EXTRA's wbuf: 1M
     store = b.store

@@ -160,3 +160,35 @@ def test_flusher_makes_puts_durable(tmp_backing: Path) -> None:
     finally:
         q.close()
         st.close()
+
+
+def test_reports_follow_the_counters_and_a_failing_report_stops_nothing(store: Store) -> None:
+    """``report`` gets the counters soon after a skip, again when they change,
+    once more at close; a report that raises never touches the puts."""
+    seen: list[Any] = []
+    fail = [True]
+
+    def report(st: Any) -> None:
+        if fail[0]:
+            fail[0] = False
+            raise ConnectionError("the daemon is gone")
+        seen.append(st)
+
+    q = StagingQueue(store, "32M", report=report, report_every_s=0.1)
+    try:
+        got = q.submit(_keys(300, 3), _blocks(3, 16 * MIB)).wait(60)
+        assert got.count(PutStatus.SKIPPED) == 1  # the third does not fit 32M
+        assert q.put(_keys(310, 1), _blocks(1, MIB)) == [PutStatus.STORED]
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not (seen and seen[-1] == q.stats()):
+            time.sleep(0.02)
+        assert seen and seen[-1] == q.stats()  # the first attempt failed; later ones went
+        assert seen[-1].skipped_full == 1 and seen[-1].stored_blocks == 3
+        n = len(seen)
+        time.sleep(0.3)
+        assert len(seen) == n  # nothing changed: nothing sent
+    finally:
+        q.close()
+    assert seen[-1] == q.stats()
+    with pytest.raises(InvalidArgument, match="report_every_s"):
+        StagingQueue(store, "32M", report=report, report_every_s=0)
