@@ -149,3 +149,28 @@ def test_a_malformed_report_is_a_protocol_error(
         dev._call(Op.KV_STAGING, body)
     with chm.connect(d.socket) as dev:  # others are served on
         assert dev.daemon_stats()["daemon"]["protocol_errors"] == 1
+
+
+def test_a_tcp_client_reports_too(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"0123456789abcdef0123456789abcdef")
+    secret.chmod(0o600)
+    args = [
+        "--target", str(tmp_path / "t0.img"), "--create", "--capacity", "128M",
+        "--dram", "40M", "--slot-size", "1M", "--backend", "pread",
+        "--listen", "127.0.0.1:0", "--secret-file", str(secret),
+    ]  # fmt: skip
+    with DaemonProcess(args, tmp_path / "chm.sock") as d:
+        (start,) = [e for e in d.events() if e.get("event") == "start"]
+        url = "tcp://" + start["listen"]
+        counters = {"capacity_bytes": 4 * MIB, "queued_bytes": MIB, "submitted_blocks": 9,
+                    "stored_blocks": 5, "skipped_full": 3, "skipped_timeout": 1}  # fmt: skip
+        with chm.connect(url, secret_file=str(secret)) as dev:
+            assert dev.kv().report_staging(counters) is True
+            s = dev.daemon_stats()["staging"]
+            assert s["skipped_total"] == 4 and s["queued_bytes"] == MIB and s["clients"] == 1
+        with chm.connect(d.socket) as dev:
+            _until("the TCP client is gone", lambda: dev.daemon_stats()["staging"]["clients"] == 0)
+            s = dev.daemon_stats()["staging"]
+            assert s["skipped_total"] == 4 and s["stored_blocks_total"] == 5
+            assert s["queued_bytes"] == 0
