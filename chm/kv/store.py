@@ -628,24 +628,6 @@ class Store:
         out: np.ndarray[Any, Any] = r[(e["state"][r] != FREE) & (e["segment"][r] == segment)]
         return out
 
-    def _reclaim(self, segment: int) -> None:
-        rows = self._segment_rows(segment)
-        self._journal.append(jn.reclaim_records([segment], [self._epoch]))
-        self._journaled.discard(segment)
-        self._drop_rows(rows, journal=False)
-        self._alloc.reuse(segment)
-        self._counts["evicted_blocks"] += int(rows.size)
-
-    def _allocate(self, length: int, footprint: int = 0) -> tuple[int, int] | None:
-        while True:
-            got = self._alloc.alloc(length, footprint)
-            if got is not None:
-                return got
-            victim = self._alloc.victim()
-            if victim is None:
-                return None
-            self._reclaim(victim)
-
     # ---- queries
 
     def contains(self, keys: Any) -> list[bool]:
@@ -832,48 +814,22 @@ class Store:
                     None, f"source {j}: {b.size} bytes; a block has 1..{self.max_block} bytes"
                 )
             bufs.append(b)
-        out: list[PutStatus] = []
         with self._lock:
-            present = self._index.contains(ks)
-            seen: set[tuple[int, int]] = set()
-            his, los = ks["hi"].tolist(), ks["lo"].tolist()
-            for j, b in enumerate(bufs):
-                k = (his[j], los[j])
-                if touch:  # asked afresh: an earlier put of the batch may have evicted it
-                    row = int(self._index.find(ks[j : j + 1])[0])
-                    if row >= 0:
-                        self._alloc.touch_one(int(self._index.e["segment"][row]))
-                        out.append(PutStatus.EXISTS)
-                        continue
-                elif present[j] or k in seen:
-                    out.append(PutStatus.EXISTS)
-                    continue
-                out.append(self._put_one(ks[j : j + 1], b, metas[j]))
-                if out[-1] == PutStatus.STORED:
-                    seen.add(k)
-            for s in out:
-                self._counts[f"puts_{s.name.lower()}"] += 1
-        return out
+            return self._put_blocks(ks, [int(b.size) for b in bufs], touch, bufs, metas)
 
-    def _put_one(
-        self, key: np.ndarray[Any, Any], b: np.ndarray[Any, Any], meta: bytes = b""
-    ) -> PutStatus:
+    def _encode(
+        self, hi: int, lo: int, b: np.ndarray[Any, Any], addr: int, epoch: int
+    ) -> tuple[int, Any]:
+        """A block's checksum and the bytes of its one device write: the
+        payload, zeros to its sector's end, then (with headers) its header
+        sector (the device writes whole 512-byte sectors)."""
         n = int(b.size)
-        fp = blockhdr.footprint(n) if self.block_headers else n
-        got = self._allocate(n, fp)
-        if got is None:
-            return PutStatus.SKIPPED
-        seg, addr = got
-        epoch = self._epoch
         check = _hash(b.data)
-        # payload, zeros to its sector's end, then the block's header sector:
-        # one device write (the device writes whole 512-byte sectors)
         pad = _ZEROS[: -n % 512]
-        data: Any = b
         if self.block_headers:
             hdr = blockhdr.header_sector(
-                hi=int(key["hi"][0]),
-                lo=int(key["lo"][0]),
+                hi=hi,
+                lo=lo,
                 length=n,
                 checksum=check,
                 epoch=epoch,
@@ -881,33 +837,10 @@ class Store:
                 segment_bytes=self._alloc.segment_bytes,
                 device=self.device_id,
             )
-            data = np.concatenate([b, np.frombuffer(pad + hdr, np.uint8)])
-        elif pad:
-            data = np.concatenate([b, np.frombuffer(pad, np.uint8)])
-        try:
-            admitted = self.device.write(addr, data)
-        except ChmError:
-            self._alloc.unalloc(seg, addr, n, fp)
-            return PutStatus.ERROR
-        if not admitted:
-            self._alloc.unalloc(seg, addr, n, fp)
-            return PutStatus.SKIPPED
-        self._epoch += 1
-        rows = self._index.put(
-            key,
-            addr=addr,
-            length=n,
-            checksum=check,
-            epoch=epoch,
-            segment=seg,
-            device=self.device_id,
-            state=PENDING,
-        )
-        self._pending[int(rows[0])] = epoch
-        self._seg_rows.setdefault(seg, []).append(int(rows[0]))
-        if meta:
-            self._meta[int(rows[0])] = meta
-        return PutStatus.STORED
+            return check, np.concatenate([b, np.frombuffer(pad + hdr, np.uint8)])
+        if pad:
+            return check, np.concatenate([b, np.frombuffer(pad, np.uint8)])
+        return check, b
 
     def put_lengths(self, keys: Any, lengths: Any, *, touch: bool = False) -> list[PutStatus]:
         """Puts blocks that have no bytes (the ghost backend: virtual time).
@@ -940,17 +873,31 @@ class Store:
                 None, f"put_lengths: a block has 1..{self.max_block} bytes, got {lens.tolist()}"
             )
         with self._lock:
-            return self._put_batch(ks, lens.tolist(), touch)
+            return self._put_blocks(ks, lens.tolist(), touch)
 
-    def _put_batch(self, ks: np.ndarray[Any, Any], lens: list[int], touch: bool) -> list[PutStatus]:
-        """put_lengths() under the lock: blocks placed and written in key
-        order; evictions, index inserts and journal records applied at the end."""
+    def _put_blocks(
+        self,
+        ks: np.ndarray[Any, Any],
+        lens: list[int],
+        touch: bool,
+        bufs: list[np.ndarray[Any, Any]] | None = None,
+        metas: list[bytes] | None = None,
+    ) -> list[PutStatus]:
+        """The one put path, for put() (``bufs``: the blocks' bytes) and
+        put_lengths() (no bytes: the device's ``write_length``); lock held.
+
+        In key order: an absent key's block is placed (reclaiming victim
+        segments until it fits) and written; evictions, index inserts and
+        journal records are applied once, at the end. A key whose block an
+        earlier put of the call evicted is absent again (stored anew)."""
         alloc, e = self._alloc, self._index.e
         rows0 = self._index.find(ks)
         rows_l = rows0.tolist()
         segs_l = e["segment"][np.maximum(rows0, 0)].tolist()
         his, los = ks["hi"].tolist(), ks["lo"].tolist()
-        write = self.device.write_length
+        write_length = self.device.write_length
+        write = self.device.write
+        headers = self.block_headers
         touch_one = alloc.touch_one
         stored, exists, skipped, error = (
             PutStatus.STORED,
@@ -958,13 +905,14 @@ class Store:
             PutStatus.SKIPPED,
             PutStatus.ERROR,
         )
-        evicted: set[int] = set()  # index rows reclaimed during the batch
+        evicted: set[int] = set()  # index rows reclaimed during the call
         drop: list[int] = []
         reclaims: list[tuple[int, int]] = []  # (segment, epoch): RECLAIM records
         new_at: dict[tuple[int, int], int] = {}  # key -> its position in the new blocks
         new: list[tuple[int, int, int, int, int]] = []  # (j, addr, segment, length, epoch)
+        checks: list[int] = []  # the new blocks' checksums (with bytes)
         in_seg: dict[int, list[int]] = {}  # segment -> positions of new blocks in it
-        gone: set[int] = set()  # positions of new blocks reclaimed in the same batch
+        gone: set[int] = set()  # positions of new blocks reclaimed in the same call
         out: list[PutStatus] = []
         try:
             for j, n in enumerate(lens):
@@ -981,7 +929,8 @@ class Store:
                         touch_one(new[p][2])
                     out.append(exists)
                     continue
-                got = alloc.alloc(n)
+                fp = blockhdr.footprint(n) if headers else n
+                got = alloc.alloc(n, fp)
                 while got is None:
                     v = alloc.victim()
                     if v is None:
@@ -994,28 +943,35 @@ class Store:
                     reclaims.append((v, self._epoch))
                     alloc.reuse(v)
                     self._counts["evicted_blocks"] += len(rs) + len(mine)
-                    got = alloc.alloc(n)
+                    got = alloc.alloc(n, fp)
                 if got is None:
                     out.append(skipped)
                     continue
                 seg, addr = got
                 try:
-                    admitted = write(addr, -(-n // 512) * 512)
+                    if bufs is None:
+                        admitted = write_length(addr, -(-n // 512) * 512)
+                    else:
+                        check, data = self._encode(k[0], k[1], bufs[j], addr, self._epoch)
+                        admitted = write(addr, data)
                 except ChmError:
-                    alloc.unalloc(seg, addr, n)
+                    alloc.unalloc(seg, addr, n, fp)
                     out.append(error)
                     continue
                 if not admitted:
-                    alloc.unalloc(seg, addr, n)
+                    alloc.unalloc(seg, addr, n, fp)
                     out.append(skipped)
                     continue
                 new_at[k] = len(new)
                 in_seg.setdefault(seg, []).append(len(new))
                 new.append((j, addr, seg, n, self._epoch))
+                if bufs is not None:
+                    checks.append(check)
                 self._epoch += 1
                 out.append(stored)
         finally:
-            self._apply_batch(ks, drop, reclaims, [b for i, b in enumerate(new) if i not in gone])
+            keep = [i for i in range(len(new)) if i not in gone] if gone else None
+            self._apply_puts(ks, drop, reclaims, new, checks, metas, keep)
             c = self._counts
             c["puts_stored"] += out.count(stored)
             c["puts_exists"] += out.count(exists)
@@ -1023,15 +979,20 @@ class Store:
             c["puts_error"] += out.count(error)
         return out
 
-    def _apply_batch(
+    def _apply_puts(
         self,
         ks: np.ndarray[Any, Any],
         drop: list[int],
         reclaims: list[tuple[int, int]],
         new: list[tuple[int, int, int, int, int]],
+        checks: list[int],
+        metas: list[bytes] | None,
+        keep: list[int] | None,
     ) -> None:
-        """The index and journal updates of one _put_batch (lock held). The
-        dropped rows' segments were reused already (their live bytes are 0)."""
+        """The index and journal updates of one _put_blocks (lock held):
+        the reclaimed segments' rows dropped (the segments were reused
+        already: their live bytes are 0), the new blocks indexed (those of
+        ``keep``, all when None), then the RECLAIM records appended."""
         # a segment none of whose blocks was journaled needs no RECLAIM
         # record: replay has no PUT of it to drop
         reclaims = [(sg, ep) for sg, ep in reclaims if sg in self._journaled]
@@ -1042,7 +1003,8 @@ class Store:
                 self._meta.pop(r, None)
             self._index.delete_rows(np.asarray(drop, dtype=np.int64))
         try:
-            self._put_new(ks, new)
+            if new:
+                self._index_new(ks, new, checks, metas, keep)
         finally:
             # after the index is right: a failed append (a full disk) leaves
             # the store consistent, and the segments listed for a later RECLAIM
@@ -1052,24 +1014,40 @@ class Store:
                 )
                 self._journaled.difference_update(sg for sg, _ in reclaims)
 
-    def _put_new(self, ks: np.ndarray[Any, Any], new: list[tuple[int, int, int, int, int]]) -> None:
-        if not new:
-            return
+    def _index_new(
+        self,
+        ks: np.ndarray[Any, Any],
+        new: list[tuple[int, int, int, int, int]],
+        checks: list[int],
+        metas: list[bytes] | None,
+        keep: list[int] | None,
+    ) -> None:
         cols = np.asarray(new, dtype=np.int64)
+        check: Any = np.asarray(checks, dtype=np.uint64) if checks else 0
+        if keep is not None:
+            cols = cols[keep]
+            if checks:
+                check = check[keep]
+            if cols.size == 0:
+                return
         put = self._index.put(
             ks[cols[:, 0]],
             addr=cols[:, 1],
             length=cols[:, 3],
-            checksum=0,
+            checksum=check,
             epoch=cols[:, 4],
             segment=cols[:, 2],
             device=self.device_id,
             state=PENDING,
-            known_absent=True,  # _put_batch found them absent, or dropped them first
+            known_absent=True,  # _put_blocks found them absent, or dropped them first
         )
         for r, sg, ep in zip(put.tolist(), cols[:, 2].tolist(), cols[:, 4].tolist(), strict=True):
             self._pending[r] = ep
             self._seg_rows.setdefault(sg, []).append(r)
+        if metas:
+            for r, j in zip(put.tolist(), cols[:, 0].tolist(), strict=True):
+                if metas[j]:
+                    self._meta[r] = metas[j]
 
     def pin(self, keys: Any) -> list[bool]:
         """Keeps the blocks from eviction until unpin(); per key whether it was there."""

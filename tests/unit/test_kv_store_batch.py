@@ -240,3 +240,51 @@ def test_allocator_heaps_pick_what_the_scans_did(eviction: str) -> None:
                 log.pin([s])
         else:
             assert log.victim() == scan()
+
+
+def test_data_put_stores_again_a_key_evicted_earlier_in_the_call(
+    tmp_path: Path, make_device: Callable[..., chm.Device]
+) -> None:
+    # 3 places, no touch: a key the call's own puts evicted is absent, so
+    # its later put stores it (an EXISTS would leave it out of the store)
+    blocks = {k: np.full(MiB, k, np.uint8) for k in range(1, 5)}
+    with make_device("pread", wbuf="8M") as dev:
+        with _lru_store(dev, tmp_path, 3) as st:
+            # 4 evicts 1, then the repeated 1 evicts 2
+            assert st.put([1, 2, 3, 4, 1], [blocks[k] for k in (1, 2, 3, 4, 1)]) == [S] * 5
+            assert st.contains([1, 2, 3, 4]) == [True, False, True, True]
+            st.flush()
+            # 3 was present when the call began; 5 evicts it, then 3 evicts 4
+            assert st.put([5, 3], [blocks[1], blocks[3]]) == [S, S]
+            assert st.contains([1, 3, 4, 5]) == [True, True, False, True]
+            s = st.stats()
+            assert (s.entries, s.evicted_blocks, s.live_bytes) == (3, 4, 3 * MiB)
+            dst = [np.zeros(MiB, np.uint8) for _ in range(3)]
+            assert st.get([1, 3, 5], dst) == [True] * 3
+            assert [int(d[0]) for d in dst] == [1, 3, 1] and all((d == d[0]).all() for d in dst)
+        with _lru_store(dev, tmp_path, 3) as st2:
+            assert st2.contains([1, 2, 3, 4, 5]) == [True, False, True, False, True]
+
+
+def test_reclaims_journal_only_segments_with_journaled_blocks(
+    tmp_path: Path, make_device: Callable[..., chm.Device]
+) -> None:
+    # evicting blocks never flushed writes no RECLAIM record (replay has no
+    # PUT of them to drop); evicting flushed ones does, and a reopen finds
+    # exactly the blocks that were in the store
+    b = np.ones(MiB, np.uint8)
+    with make_device("pread", wbuf="8M") as dev:
+        with _lru_store(dev, tmp_path, 3) as st:
+            assert st.put(list(range(6)), [b] * 6) == [S] * 6
+            assert st.stats().evicted_blocks == 3
+            assert st.stats().journal_records == 0
+            st.flush()
+            assert st.stats().journal_records == 3  # the PUTs of 3 4 5
+            assert st.put([6, 7], [b, b]) == [S, S]  # evicts 3 and 4: two RECLAIMs
+            assert st.stats().journal_records == 5
+            st.flush()
+            assert st.stats().journal_records == 7
+            st.close(flush=False)
+        with _lru_store(dev, tmp_path, 3) as st2:
+            assert st2.stats().recovered_entries == 3
+            assert st2.contains(list(range(8))) == [False] * 5 + [True] * 3
