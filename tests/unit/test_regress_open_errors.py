@@ -5,7 +5,9 @@ refused at once as InvalidArgument naming the path and what it is (a FIFO
 used to hang the open: locking it opened it for reading); a target behind a
 directory the caller may not search is PermissionDenied naming the path and
 the directory; a full filesystem under the backing file is NoSpace naming
-the file and its free space, not a bare "backing I/O error".
+the file and its free space, not a bare "backing I/O error". A close that
+has to drop writes it could not write back raises NoSpace naming the file
+and the bytes lost, once closed (a daemon's shutdown logs it at ERROR).
 
 All real: a real FIFO, socket and /dev/null, a real unprivileged process
 (root bypasses permission checks, so the open runs in a forked child that
@@ -424,3 +426,32 @@ def test_a_close_after_a_flush_reports_nothing(tiny_fs: Path, mode: str) -> None
     dev.flush()
     dev.close()
     assert dev.closed
+
+
+def test_a_daemon_shutdown_that_loses_writes_logs_it_and_closes(
+    tiny_fs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real daemon (in this process, serving on a real socket) whose
+    device cannot write its data back at shutdown logs the loss at ERROR,
+    naming the file, and still closes everything instead of dying with the
+    device half open."""
+    from chm.daemon import Daemon, ServeOptions
+
+    (tiny_fs / "ballast").write_bytes(b"\0" * (6 << 20))
+    target = tiny_fs / "t.img"
+    device = {"targets": [str(target)], "create": True, "mode": "lru", **SMALL}
+    d = Daemon(ServeOptions(device=device, socket=str(tiny_fs / "chm.sock"), kv=False))
+    try:
+        d.start()
+    except chm.errors.ChmError as exc:
+        pytest.skip(f"no daemon on tmpfs here: {exc}")
+    st = os.statvfs(tiny_fs)
+    n = (st.f_bavail * st.f_frsize) // (1 << 20) + 2
+    for i in range(n):
+        d.dev.write(i << 20, bytes([i + 1]) * (1 << 20))
+    with caplog.at_level("ERROR", logger="chm.serve"):
+        d.close()
+    assert d.dev.closed
+    lost = [r for r in caplog.records if "written but never flushed" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelname == "ERROR", caplog.records
+    assert str(target) in lost[0].getMessage()
