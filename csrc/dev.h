@@ -305,7 +305,16 @@ static inline bool chm_nodata(const struct chm_dev *dev)
 /* Counts writes (and their bytes) that the final flush of shutdown could not
  * make durable and drops, with the last backing error then (chm_dev_lost).
  * Lock held. */
-void chm_dev_note_lost(struct chm_dev *dev, uint64_t writes, uint64_t bytes);
+static inline void chm_dev_note_lost(struct chm_dev *dev, uint64_t writes, uint64_t bytes)
+{
+	dev->lost_writes += writes;
+	dev->lost_bytes += bytes;
+	int e = atomic_load(&dev->backing_err);
+	if (e) {
+		dev->lost_err = e;
+		dev->lost_target = atomic_load(&dev->backing_err_target);
+	}
+}
 
 /* Ghost I/O without a buffer (backend_ghost.c): len bytes in pieces of at
  * most piece bytes, op CHM_IO_READ or CHM_IO_WRITE, with the injected faults

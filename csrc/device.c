@@ -217,17 +217,6 @@ void chm_dev_close(chm_dev *dev)
 	free(dev);
 }
 
-void chm_dev_note_lost(struct chm_dev *dev, uint64_t writes, uint64_t bytes)
-{
-	dev->lost_writes += writes;
-	dev->lost_bytes += bytes;
-	int e = atomic_load(&dev->backing_err);
-	if (e) {
-		dev->lost_err = e;
-		dev->lost_target = atomic_load(&dev->backing_err_target);
-	}
-}
-
 int chm_dev_lost(chm_dev *dev, uint64_t *writes, uint64_t *bytes)
 {
 	chm_detail_clear();
