@@ -17,6 +17,18 @@ def _name_of(table: dict[str, int], value: int) -> str:
     return str(value) if name is None else name
 
 
+def enum_names(counters: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a :meth:`Stats.to_dict` mapping with ``backend``, ``mode`` and
+    ``pool_kind`` spelled by name (the C core's names), for people to read."""
+    tables = {"backend": _ll.BACKENDS, "mode": _ll.MODES, "pool_kind": _ll.POOL_KINDS}
+    out = dict(counters)
+    for field, table in tables.items():
+        v = out.get(field)
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[field] = _name_of(table, v)
+    return out
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class Stats:
     """Every field of ``struct chm_stats`` (but its reserved ones) plus derived rates.

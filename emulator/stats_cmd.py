@@ -17,6 +17,7 @@ from rich.table import Table
 import chm
 import chm.remote
 from chm.errors import ChmError
+from chm.stats import enum_names
 
 from .serve_cmd import DEFAULT_SOCKET
 
@@ -32,7 +33,10 @@ def _table(s: dict[str, Any]) -> Table:
     t.add_column("counter")
     t.add_column("value", justify="right")
     for group in ("daemon", "held", "device", "kv", "staging"):
-        for k, v in (s.get(group) or {}).items():
+        counters = s.get(group) or {}
+        if group == "device":
+            counters = enum_names(counters)  # backend, mode, pool kind by name
+        for k, v in counters.items():
             if isinstance(v, (int, float, str)) and not isinstance(v, bool):
                 t.add_row(group, k, str(v))
     return t

@@ -157,3 +157,30 @@ def test_metrics_port_out_of_range_is_a_usage_error(tmp_path: Path, listen: str)
     assert "--metrics" in p.stderr and "0..65535" in p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_table_names_the_mode_and_backend(daemon: DaemonProcess) -> None:
+    """The table spells the device's enums (mode, backend, pool kind) by name,
+    as --json keeps the numbers a program reads."""
+    out = subprocess.run(
+        [sys.executable, "-m", "chm_emu.cli", "stats", "--socket", daemon.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {
+        tuple(c.strip() for c in line.strip("│ ").split("│")[1:3])
+        for line in out.stdout.splitlines()
+        if line.count("│") >= 3
+    }
+    assert ("mode", "prefetch") in rows and ("backend", "pread") in rows, out.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "chm_emu.cli", "stats", "--socket", daemon.socket, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    device = json.loads(as_json.stdout)["device"]
+    assert isinstance(device["mode"], int) and isinstance(device["backend"], int)
