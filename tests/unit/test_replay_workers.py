@@ -167,4 +167,10 @@ class _NoAdvance:
 @pytest.mark.parametrize("loop", ["open_loop", "closed_loop"])
 def test_a_loop_needs_a_device_whose_clock_advances(loop: str) -> None:
     with _dev() as dev, pytest.raises(ValueError, match="clock advances"):
-        CxlhmReplay(_NoAdvance(dev), "cxlhm-prefetch", PREFILL, **{loop: True})
+        CxlhmReplay(
+            _NoAdvance(dev),
+            "cxlhm-prefetch",
+            PREFILL,
+            open_loop=loop == "open_loop",
+            closed_loop=loop == "closed_loop",
+        )

@@ -94,6 +94,14 @@ def _run(
             )
     for label, pts in fig.sweeps.items():
         console.print(f"  {label}: " + ", ".join(f"{x:g}: {y:.3f}" for x, y in pts))
+    for key in (
+        "hymcache_queued_ttft_mean_s",
+        "hymcache_pd_transfer_mean_s",
+        "hymcache_decode_queue_mean_s",
+        "hymcache_decode_step_mean_s",
+    ):
+        if key in fig.summary:
+            console.print(f"  {key} = {fig.summary[key]:.4f} s")
     console.print(f"replayed in {wall:.1f} s wall, {cpu:.1f} s CPU")
     out.mkdir(parents=True, exist_ok=True)
     doc = {

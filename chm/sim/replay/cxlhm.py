@@ -68,6 +68,21 @@ the device clock runs in device time, ``1 / scale`` of it (see
 ``device_block_bytes``), and arrivals, think and compute times are divided
 by the scale on the way to it.
 
+Decode instances (``decode``, a :class:`~chm.sim.replay.decode.DecodeModel`
+with ``workers > 0``; open or closed loop only) are timelines of the same
+event queue: when a request's prefill ends its KV crosses the PD path (its
+prefill worker's PD link, then the decode node's one NIC, FIFO; see
+:mod:`chm.sim.replay.decode`), an event at its arrival queues it on its
+decode worker (``session % decode workers``), and an event at the end of its
+``tokens`` decode steps frees that worker for the next. The waits are the
+request's ``pd_transfer_s`` (prefill end to KV on the decode node, the
+link's queues included) and ``decode_queue_s`` (KV there to its decode
+start); its first token is then the end of its first decode step:
+``first_token_s`` = prefill end + ``pd_transfer_s`` + ``decode_queue_s`` +
+``decode_step_s``, which the TTFT counts and a closed loop's next turn
+follows. The saves to the tier still go at the prefill's end, over the
+storage path. With no decode workers (the default) nothing of this runs.
+
 ``tier_bytes`` (0: the whole device) bounds the address range the tier
 places blocks in, so one workload can be replayed unchanged on devices of
 different sizes.
@@ -88,6 +103,7 @@ load time.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import itertools
 import tempfile
@@ -103,6 +119,7 @@ import numpy as np
 from chm.kv.protocol import DeviceLike
 from chm.kv.store import PutStatus, Store
 from chm.kv.window import WINDOW_BYTES
+from chm.sim.replay.decode import DecodeModel
 from chm.sim.replay.lru import LruBlocks
 from chm.sim.replay.prefill import PrefillModel
 from chm.sim.replay.results import RequestResult
@@ -171,13 +188,27 @@ class CxlhmRequest:
     queue_s: float = 0.0  # model s from arrival to the start on its worker
     device_wait_s: float = 0.0  # model s its load waited for the device
     save_wait_s: float = 0.0  # model s its saves waited for the device
-    first_token_s: float = 0.0  # model s: start + device wait + load + compute
+    first_token_s: float = 0.0  # model s: start + device wait + load + compute (+ decode)
+    decode_worker: int = -1  # its decode worker (-1: decode not modeled)
+    pd_transfer_s: float = 0.0  # model s from prefill end to its KV on the decode node
+    decode_queue_s: float = 0.0  # model s from there to its start on the decode worker
+    decode_step_s: float = 0.0  # model s of one decode step (the first token's)
+    decode_end_s: float = 0.0  # model s: the end of its last decode step
 
     @property
     def ttft_s(self) -> float:
-        """Time to first token including the waits: queue + device wait + load + compute."""
+        """Time to first token including the waits: queue + device wait + load +
+        compute (+ PD transfer + decode queue + first decode step, when modeled)."""
         r = self.result
-        return self.queue_s + self.device_wait_s + r.load_s + r.compute_s
+        return (
+            self.queue_s
+            + self.device_wait_s
+            + r.load_s
+            + r.compute_s
+            + self.pd_transfer_s
+            + self.decode_queue_s
+            + self.decode_step_s
+        )
 
     @property
     def load_bw_Bps(self) -> float:
@@ -202,6 +233,14 @@ class CxlhmRequest:
             first_token_s=self.first_token_s,
             ttft_queued_s=self.ttft_s,
         )
+        if self.decode_worker >= 0:
+            d.update(
+                decode_worker=self.decode_worker,
+                pd_transfer_s=self.pd_transfer_s,
+                decode_queue_s=self.decode_queue_s,
+                decode_step_s=self.decode_step_s,
+                decode_end_s=self.decode_end_s,
+            )
         return d
 
 
@@ -251,6 +290,7 @@ class CxlhmReplay:
         closed_loop: bool = False,
         pinned_prefix: int = 0,
         tier_bytes: int = 0,
+        decode: DecodeModel | None = None,
     ) -> None:
         if system not in CXLHM_SYSTEMS:
             raise ValueError(
@@ -292,6 +332,9 @@ class CxlhmReplay:
         self.tier_bytes = tier_bytes or int(dev.capacity)
         self.open_loop = open_loop
         self.closed_loop = closed_loop
+        self.decode = decode if decode is not None and decode.workers > 0 else None
+        if self.decode is not None and not (open_loop or closed_loop):
+            raise ValueError("decode workers need open_loop or closed_loop (the event queue)")
         self.pinned = HostPrefixCache(pinned_prefix)
         self._moves_data = dev.config.backend != "ghost"
         # a chm.Device reads its clock without a stats snapshot; other devices
@@ -576,13 +619,47 @@ class CxlhmReplay:
             return round(model_s / sc * 1e9)
 
         # (device ns, kind, sequence, payload); at one time saves run before
-        # arrivals and arrivals before starts, each kind in push order
-        save_k, arrive_k, start_k = 0, 1, 2
+        # arrivals and arrivals before starts, each kind in push order; then
+        # decode ends, then KV arriving at a decode worker
+        save_k, arrive_k, start_k, dec_end_k, kv_k = 0, 1, 2, 3, 4
         heap: list[tuple[int, int, int, Any]] = []
         seq = itertools.count()
 
         def push(t: int, kind: int, item: Any) -> None:
             heapq.heappush(heap, (t, kind, next(seq), item))
+
+        dec = self.decode
+        nd = dec.workers if dec is not None else 0
+        pd_free = [0] * self.workers  # device ns: each prefill worker's PD link
+        nic_free = 0  # and the decode node's NIC
+        # per decode worker: (result position, prefill end, KV arrival) waiting
+        dq: list[collections.deque[tuple[int, int, int]]] = [collections.deque() for _ in range(nd)]
+        dbusy = [False] * nd
+        kv_per_token = self.prefill.model.kv_bytes_per_token
+
+        def decode_start(d: int, t: int) -> None:
+            assert dec is not None
+            pos, ready, kv_at = dq[d].popleft()
+            out = self.results[pos]
+            res = out.result
+            step = dec.step_time_s(self.prefill, res.input_tokens)
+            step_ns = dev_ns(step)
+            pd_s = (kv_at - ready) / 1e9 * sc
+            wait_s = (t - kv_at) / 1e9 * sc
+            end = t + dec.tokens * step_ns
+            out = self.results[pos] = dataclasses.replace(
+                out,
+                decode_worker=d,
+                pd_transfer_s=pd_s,
+                decode_queue_s=wait_s,
+                decode_step_s=step,
+                decode_end_s=end / 1e9 * sc,
+                first_token_s=out.first_token_s + pd_s + wait_s + step,
+            )
+            push(end, dec_end_k, d)
+            following = nxt.get(res.index)
+            if following is not None:
+                push(dev_ns(out.first_token_s + following.think_s), arrive_k, following)
 
         nxt: dict[int, Request] = {}  # closed loop: a turn -> its session's next
         if self.closed_loop:
@@ -620,7 +697,7 @@ class CxlhmReplay:
                 advance(t)
                 st = self._begin(r, item, arrival_s.pop(r.index), arrived, t)
                 push(int(st.t1_s * 1e9) + dev_ns(st.compute_s), save_k, st)
-            else:
+            elif kind == save_k:
                 advance(t)
                 out = self._finish(item, t)
                 w = item.worker
@@ -629,11 +706,31 @@ class CxlhmReplay:
                     push(end, start_k, w)
                 else:
                     busy[w] = False
-                following = nxt.get(item.r.index)
-                if following is not None:
-                    push(dev_ns(out.first_token_s + following.think_s), arrive_k, following)
+                if dec is not None:
+                    # the KV leaves for the decode node at the prefill's end (t)
+                    kv = item.r.input_tokens * kv_per_token
+                    go = max(t, pd_free[w])
+                    nic_start = max(go, nic_free)
+                    nic_free = nic_start + dev_ns(kv / dec.decode_nic_Bps)
+                    pd_free[w] = max(nic_free, go + dev_ns(kv / dec.pd_link_Bps))
+                    push(pd_free[w], kv_k, (len(self.results) - 1, t, pd_free[w]))
+                else:
+                    following = nxt.get(item.r.index)
+                    if following is not None:
+                        push(dev_ns(out.first_token_s + following.think_s), arrive_k, following)
                 if progress is not None:
                     progress(1)
+            elif kind == kv_k:
+                res = self.results[item[0]].result
+                d = (res.session if res.session is not None else res.index) % nd
+                dq[d].append(item)
+                if not dbusy[d]:
+                    dbusy[d] = True
+                    decode_start(d, t)
+            elif dq[item]:  # a decode ended: the next in its queue starts
+                decode_start(item, t)
+            else:
+                dbusy[item] = False
         return self.results
 
 

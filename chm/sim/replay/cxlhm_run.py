@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import chm
 from chm.sim.replay.cxlhm import CXLHM_SYSTEMS, CxlhmReplay, CxlhmRequest, replay_cxlhm
+from chm.sim.replay.decode import DecodeModel
 from chm.sim.replay.params import param
 from chm.sim.replay.prefill import PrefillModel
 from chm.sim.workloads.records import Request
@@ -89,6 +90,7 @@ def replay_virtual(
     pinned_prefix: int = 0,
     gpu_cache: bool = True,
     window_bytes: int = 0,
+    decode: DecodeModel | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[CxlhmRequest]:
     """Replays ``requests`` through ``system`` (cxlhm-lru / cxlhm-prefetch) on ghost.
@@ -96,7 +98,8 @@ def replay_virtual(
     ``hbm_kv_bytes`` is G1's size per worker (0: from the GPU preset);
     ``open_loop``, ``closed_loop`` (concurrent workers in simulated time),
     ``pinned_prefix`` and ``gpu_cache`` as in :class:`CxlhmReplay`;
-    ``window_bytes`` the prefetch window in the model's bytes (0: the default).
+    ``window_bytes`` the prefetch window in the model's bytes (0: the default);
+    ``decode`` the decode instances (None: not modeled).
     """
     if not requests:
         raise ValueError("replay_virtual needs at least one request")
@@ -121,6 +124,7 @@ def replay_virtual(
             closed_loop=closed_loop,
             pinned_prefix=pinned_prefix,
             gpu_cache=gpu_cache,
+            decode=decode,
             **({"window_bytes": window_bytes} if window_bytes else {}),
         )
         return replay_cxlhm(requests, rp, progress=progress)

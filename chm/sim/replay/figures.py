@@ -14,10 +14,13 @@ on the device clock. TTFTs compared across systems are compute + load (the
 baselines have no queues); the CXL-HM rows also carry their queued TTFT.
 
 - **Fig. 8** (:func:`fig8_pd`): PD-disaggregated 4P-1D-1S, Qwen2.5-32B (32
-  MiB blocks): four prefill workers share the storage tier; the decode
-  instance produces one token (the paper's max decode tokens = 1), so it is
-  not modeled. GPU prefix caching, LMCache (64 GB per worker), Mooncake's
-  1 TB distributed DRAM pool and HyMCache (2 TB device, 64 GB DRAM).
+  MiB blocks): four prefill workers share the storage tier; HyMCache's
+  rows also model the decode instance (:mod:`chm.sim.replay.decode`): each
+  request's KV crosses its prefill worker's 100 Gbps PD link and the decode
+  node's shared 200 Gbps NIC, then queues for one decode step (the paper's
+  max decode tokens = 1), whose end is its queued first token. GPU prefix
+  caching, LMCache (64 GB per worker), Mooncake's 1 TB distributed DRAM
+  pool and HyMCache (2 TB device, 64 GB DRAM).
   Paper: HyMCache ~10 points higher hit rate than Mooncake at turn 7,
   Mooncake ~30 % lower TTFT, 16x less DRAM.
 - **Fig. 9** (:func:`fig9_nvmeof`): NVMe-oF as a raw block device (~23
@@ -47,6 +50,7 @@ from chm.sim.replay.baselines import BaselineReplay, SystemSpec, simulate
 from chm.sim.replay.configure import configure
 from chm.sim.replay.cxlhm import CxlhmRequest
 from chm.sim.replay.cxlhm_run import GhostSetup, replay_virtual
+from chm.sim.replay.decode import DecodeModel
 from chm.sim.replay.params import param
 from chm.sim.replay.prefill import PrefillModel
 from chm.sim.replay.results import RequestResult, TurnSummary, per_turn
@@ -163,6 +167,7 @@ def _hymcache(
     progress: Progress,
     window_bytes: int = 0,
     name: str = "hymcache",
+    decode: DecodeModel | None = None,
 ) -> list[CxlhmRequest]:
     rs = replay_virtual(
         requests,
@@ -172,6 +177,7 @@ def _hymcache(
         workers=workers,
         open_loop=True,
         window_bytes=window_bytes,
+        decode=decode,
         progress=progress,
     )
     return [
@@ -211,7 +217,11 @@ class PdParams:
     )
     think_time_s: float = param(5.0, "s", "pause between a turn's answer and the next turn")
     prefill_workers: int = param(4, "", "prefill instances (4P)")
-    decode_workers: int = param(1, "", "decode instances (1D; one output token: not modeled)")
+    decode_workers: int = param(1, "", "Fig. 8 HyMCache: decode instances (1D; 0: not modeled)")
+    decode_tokens: int = param(1, "tokens", "Fig. 8: decode steps a request (paper: 1)")
+    decode_step_s: float = param(-1.0, "s", "Fig. 8: a decode step (<0: prefill model's 1 token)")
+    pd_link_Bps: float = param(12.5e9, "B/s", "Fig. 8: each prefill worker's PD link (100 Gbps)")
+    decode_nic_Bps: float = param(25e9, "B/s", "Fig. 8: the decode node's NIC, shared (200 Gbps)")
     local_dram_bytes: int = param(64 << 30, "bytes", "LMCache host DRAM per prefill worker")
     pool_bytes: int = param(1 << 40, "bytes", "Mooncake distributed DRAM pool (1S)")
     device_bytes: int = param(2 << 40, "bytes", "CXL-HM capacity (1S)")
@@ -228,6 +238,17 @@ class PdParams:
             raise ValueError(f"PdParams: late_turn must be in 1..{self.turns}")
         if not 0 < self.user_tokens_min <= self.user_tokens_max:
             raise ValueError("PdParams: need 0 < user_tokens_min <= user_tokens_max")
+        self.decode_model()  # its own checks
+
+    def decode_model(self) -> DecodeModel:
+        """The decode instances HyMCache's Fig. 8 replay models."""
+        return DecodeModel(
+            workers=self.decode_workers,
+            tokens=self.decode_tokens,
+            step_s=self.decode_step_s,
+            pd_link_Bps=self.pd_link_Bps,
+            decode_nic_Bps=self.decode_nic_Bps,
+        )
 
 
 def _pd_systems(p: PdParams, overrides: Sequence[str]) -> tuple[PrefillModel, list[SystemSpec]]:
@@ -276,7 +297,7 @@ def fig8_pd(
     results: list[RequestResult] = []
     for s in systems:
         results += simulate(reqs, s, pm, workers=p.prefill_workers, progress=progress)
-    hy = _hymcache(reqs, pm, p, p.prefill_workers, progress)
+    hy = _hymcache(reqs, pm, p, p.prefill_workers, progress, decode=p.decode_model())
     results += [r.result for r in hy]
     late = p.late_turn - 1
     moon = turn_stats(results, "remote-dram-pool", late)
@@ -301,6 +322,9 @@ def fig8_pd(
         "ttft_hymcache_over_mooncake": ttft_ratio,
         "dram_mooncake_over_hymcache": dram_ratio,
         "hymcache_queued_ttft_mean_s": sum(r.ttft_s for r in hy) / len(hy),
+        "hymcache_pd_transfer_mean_s": sum(r.pd_transfer_s for r in hy) / len(hy),
+        "hymcache_decode_queue_mean_s": sum(r.decode_queue_s for r in hy) / len(hy),
+        "hymcache_decode_step_mean_s": sum(r.decode_step_s for r in hy) / len(hy),
         "hymcache_writes_skipped": sum(r.writes_skipped for r in hy),
         "hymcache_writes_offered": sum(r.writes_offered for r in hy),
         "hit_gain_points_by_session_rate": [{"rate_per_s": r, "points": g} for r, g in by_rate],
