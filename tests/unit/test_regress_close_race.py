@@ -32,7 +32,7 @@ def test_wait_that_returns_while_close_runs_gives_no_view_over_freed_pool() -> N
     # frees the pool; the waiter then registers and returns a view of it.
     code = _code(
         """
-        import chm.device as d
+        import chm.handle as d
         h = dev.prefetch(0, 1 << 20)
         real = d._wait_buffer
         returned = threading.Event()
