@@ -65,6 +65,22 @@ class StoreMachine(RuleBasedStateMachine):
                 event("a put evicted blocks")
                 del self.model[k]
 
+    def _evicted_in_call(self, k: int, r: PutStatus, new: bytes) -> None:
+        """A key there when a put began (or stored earlier in it) and not answered
+        EXISTS: the call's own earlier blocks evicted it, and the store either
+        saved this call's bytes (STORED) or had no write-buffer room for them
+        (SKIPPED), rather than claim EXISTS for a key it no longer holds. Only an
+        unpinned key may be evicted."""
+        assert r in (PutStatus.STORED, PutStatus.SKIPPED), r
+        assert self.pins.get(k, 0) == 0, f"pinned key {k} was evicted by a put"
+        note(f"{k} evicted earlier in the call, then {r.name}")
+        if r == PutStatus.STORED:
+            event("a put stored again a key its own blocks evicted")
+            self.model[k] = new
+        else:
+            event("a put could not store again a key its own blocks evicted")
+            self.model.pop(k, None)
+
     @rule(keys=st.lists(KEYS, min_size=1, max_size=6), sizes=st.data())
     def put(self, keys: list[int], sizes: st.DataObject) -> None:
         self.salt += 1
@@ -78,7 +94,9 @@ class StoreMachine(RuleBasedStateMachine):
         seen: set[int] = set()
         for k, b, r in zip(keys, blocks, res, strict=True):
             assert r != PutStatus.ERROR
-            if k in self.model or k in seen:
+            if (k in self.model or k in seen) and r != PutStatus.EXISTS:
+                self._evicted_in_call(k, r, b)
+            elif k in self.model or k in seen:
                 assert r == PutStatus.EXISTS
             elif r == PutStatus.STORED:
                 self.model[k] = b
@@ -95,7 +113,9 @@ class StoreMachine(RuleBasedStateMachine):
         res = self.store.put(keys, [data_for(k, 64 * KiB, self.salt) for k in keys])
         note(f"fill {keys} -> {[r.name for r in res]}")
         for k, r in zip(keys, res, strict=True):
-            if k in self.model:
+            if k in self.model and r != PutStatus.EXISTS:
+                self._evicted_in_call(k, r, data_for(k, 64 * KiB, self.salt))
+            elif k in self.model:
                 assert r == PutStatus.EXISTS
             elif r == PutStatus.STORED:
                 self.model[k] = data_for(k, 64 * KiB, self.salt)
