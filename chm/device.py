@@ -6,20 +6,9 @@
             arr = h.array("f2")      # read-only numpy array over the same bytes
             ...                      # drop views before the block ends
 
-Views are zero-copy windows into the device's DRAM pool, read-only all the
-way down: the memoryview's ``.obj`` (and the ``.base`` chain of every array)
-is a :class:`chm._robuf.ReadOnlyBuffer`, which refuses writable exports. They
-are valid only until their handle is released (or the device closed): a
-released ``memoryview`` raises ``ValueError`` on use, and so does a new export
-of a released ``.obj``. Releasing a handle while something still views its
-memory (a numpy array from ``h.array()``, a slice of the view, ...) raises
-:class:`chm.errors.ViewInUse` and keeps the slot held, so memory that is
-still viewed is never reused.
-
-One Handle per slot: a view keeps its Handle alive, ``Device.adopt(token)``
-of a token that has a live Handle returns that Handle, and a Handle that is
-garbage-collected without ``release()`` gives its slot back then, with a
-ResourceWarning (as an unclosed file does). Timeouts are seconds (float);
+Views are zero-copy, read-only windows into the device's DRAM pool, valid
+until their handle is released; :mod:`chm.handle` says how they are kept
+safe. Timeouts are seconds (float);
 ``None`` waits forever. Integer arguments refuse bools (InvalidArgument).
 
 ``Handle`` and ``HandleBatch`` are defined in :mod:`chm.handle`, ``Session``
