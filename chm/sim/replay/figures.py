@@ -370,8 +370,9 @@ def fig8_pd(
 
 
 @dataclass(frozen=True)
-class NvmeofParams:
-    """Fig. 9: NVMe-oF raw block device vs XFS, with the timeout fallback."""
+class _ChatNodeParams:
+    """What Figs. 9 and 12 share: the multi-turn chat workload on one serving
+    node, and the CXL-HM device it is measured on."""
 
     model: str = param("llama-3.1-8b", "", "model preset (16 MiB per 128-token block)")
     gpu: str = param("a100-80g", "", "GPU preset")
@@ -386,8 +387,6 @@ class NvmeofParams:
     )
     think_time_s: float = param(5.0, "s", "pause between a turn's answer and the next turn")
     workers: int = param(4, "", "serving workers of the node")
-    ssd_bytes: int = param(2 << 40, "bytes", "NVMe-oF capacity (the CXL-HM device's)")
-    load_timeout_s: float = param(0.5, "s", "the connector's load timeout (assumed)")
     device_bytes: int = param(2 << 40, "bytes", "CXL-HM capacity")
     device_dram_bytes: int = param(64 << 30, "bytes", "CXL-HM DRAM")
     wbuf_bytes: int = param(1 << 30, "bytes", "CXL-HM write buffer")
@@ -396,7 +395,18 @@ class NvmeofParams:
 
     def __post_init__(self) -> None:
         if self.users < 1 or self.turns < 1 or self.workers < 1:
-            raise ValueError("NvmeofParams: users, turns and workers must be >= 1")
+            raise ValueError(f"{type(self).__name__}: users, turns and workers must be >= 1")
+
+
+@dataclass(frozen=True)
+class NvmeofParams(_ChatNodeParams):
+    """Fig. 9: NVMe-oF raw block device vs XFS, with the timeout fallback."""
+
+    ssd_bytes: int = param(2 << 40, "bytes", "NVMe-oF capacity (the CXL-HM device's)")
+    load_timeout_s: float = param(0.5, "s", "the connector's load timeout (assumed)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.load_timeout_s < 0:
             raise ValueError("NvmeofParams: load_timeout_s must be >= 0")
 
@@ -585,34 +595,15 @@ def fig10_transfer_buffer(
 
 
 @dataclass(frozen=True)
-class RedisParams:
+class RedisParams(_ChatNodeParams):
     """Fig. 12: Redis-backed LMCache against HyMCache, single node."""
 
-    model: str = param("llama-3.1-8b", "", "model preset")
-    gpu: str = param("a100-80g", "", "GPU preset")
-    users: int = param(128, "", "conversations (128 x 8 turns: ~1.1 TB, past G1's 4 x 56 GB)")
-    turns: int = param(8, "", "turns per conversation")
-    system_prompt_tokens: int = param(2048, "tokens", "shared system prompt")
-    user_tokens_min: int = param(4000, "tokens", "new tokens per turn, least")
-    user_tokens_max: int = param(12000, "tokens", "new tokens per turn, most")
-    seed: int = param(0, "", "workload seed")
-    session_rate_per_s: float = param(
-        100.0, "1/s", "conversations start at this Poisson rate (100: all at once, interleaved)"
-    )
-    think_time_s: float = param(5.0, "s", "pause between a turn's answer and the next turn")
-    workers: int = param(4, "", "serving workers of the node")
     redis_bytes: int = param(64 << 30, "bytes", "Redis maxmemory (noeviction: stores fail)")
     local_dram_bytes: int = param(64 << 30, "bytes", "LMCache local DRAM per worker")
-    device_bytes: int = param(2 << 40, "bytes", "CXL-HM capacity")
-    device_dram_bytes: int = param(64 << 30, "bytes", "CXL-HM DRAM")
-    wbuf_bytes: int = param(1 << 30, "bytes", "CXL-HM write buffer")
-    timing: str = param("fpga-cxlhm", "", "CXL-HM timing preset")
-    scale: int = param(1, "", "divides the CXL-HM sizes and its device blocks")
     late_turn: int = param(6, "", "the turn the paper compares distributions at (1-based)")
 
     def __post_init__(self) -> None:
-        if self.users < 1 or self.turns < 1 or self.workers < 1:
-            raise ValueError("RedisParams: users, turns and workers must be >= 1")
+        super().__post_init__()
         if not 1 <= self.late_turn <= self.turns:
             raise ValueError(f"RedisParams: late_turn must be in 1..{self.turns}")
 
