@@ -66,6 +66,7 @@ from chm.kv.buffers import as_dst, as_src
 from chm.kv.keys import KEY_DTYPE
 from chm.kv.store import PutStatus, Store
 from chm.remote.master import Entry, Lease, RedisMaster, key_bytes
+from chm.remote.protocol import read_secret
 from chm.remote.transfer import OK, TIMEOUT, Engine, RegisteredBuffer
 
 __all__ = ["NodeGone", "NodeServer", "RemoteTier", "read_secret"]
@@ -85,20 +86,6 @@ def _done(n: int) -> concurrent.futures.Future[int]:
     f: concurrent.futures.Future[int] = concurrent.futures.Future()
     f.set_result(n)
     return f
-
-
-def read_secret(path: str | os.PathLike[str]) -> bytes:
-    """The shared secret from a file (refused when others may read it or it is empty)."""
-    st = os.stat(path)
-    if st.st_mode & 0o077:
-        raise InvalidArgument(
-            None, f"secret file {os.fspath(path)!r}: mode must be 0600 or stricter"
-        )
-    with open(path, "rb") as f:
-        secret = f.read().strip()
-    if not secret:
-        raise InvalidArgument(None, f"secret file {os.fspath(path)!r} is empty")
-    return secret
 
 
 def _digests(keys: Sequence[bytes]) -> np.ndarray[Any, Any]:

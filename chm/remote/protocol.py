@@ -19,11 +19,14 @@ import array
 import enum
 import hashlib
 import hmac
+import os
 import socket
 import struct
 from typing import Any
 
 import msgpack
+
+from chm.errors import InvalidArgument
 
 __all__ = [
     "MAX_BATCH",
@@ -138,13 +141,22 @@ def auth_digest(secret: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, b"chm-hello\0" + nonce, hashlib.sha256).digest()
 
 
-def read_secret(path: str) -> bytes:
-    """The shared secret of a TCP daemon: the file's bytes, surrounding
-    whitespace stripped; at least 16 bytes."""
+def read_secret(path: str | os.PathLike[str]) -> bytes:
+    """The shared secret of a TCP daemon or a remote node: the file's bytes,
+    surrounding whitespace stripped. Refused (InvalidArgument) when others
+    may read the file (mode must be 0600 or stricter), when it is empty, or
+    when it holds fewer than 16 bytes."""
+    name = os.fspath(path)
+    if os.stat(path).st_mode & 0o077:
+        raise InvalidArgument(None, f"secret file {name!r}: mode must be 0600 or stricter")
     with open(path, "rb") as f:
         secret = f.read().strip()
+    if not secret:
+        raise InvalidArgument(None, f"secret file {name!r} is empty")
     if len(secret) < 16:
-        raise ValueError(f"{path}: a secret of at least 16 bytes is needed, not {len(secret)}")
+        raise InvalidArgument(
+            None, f"secret file {name!r}: at least 16 bytes are needed, not {len(secret)}"
+        )
     return secret
 
 

@@ -98,6 +98,7 @@ def test_wrong_or_no_secret_is_refused_before_any_request(
     d, url = daemon
     wrong = tmp_path / "wrong"
     wrong.write_bytes(os.urandom(24).hex().encode())
+    wrong.chmod(0o600)
     with pytest.raises(DaemonGone) as ei:
         chm.connect(url, secret_file=str(wrong))
     assert ei.value.errno == errno.EACCES and "authentication failed" in str(ei.value)

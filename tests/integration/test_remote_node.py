@@ -289,7 +289,10 @@ def test_secret_file_must_be_private(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="0600"):
         read_secret(p)
     os.chmod(p, 0o600)
-    assert read_secret(p) == b"abc"
+    with pytest.raises(InvalidArgument, match="at least 16 bytes"):
+        read_secret(p)
+    p.write_bytes(b"abc" * 6)
+    assert read_secret(p) == b"abc" * 6
     p.write_bytes(b"")
     with pytest.raises(InvalidArgument, match="empty"):
         read_secret(p)
