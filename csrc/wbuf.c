@@ -682,10 +682,19 @@ void chm_wbuf_fini(struct chm_dev *dev)
 	for (int tries = 0; w->vt && tries < 8; tries++) /* simulated retries */
 		if (!flush_failed(chm_wbuf_flush(dev, UINT64_MAX)))
 			break;
+	/* between real-time tries, back off (1 ms doubling to 250 ms): a full
+	 * disk fails each flush at once, and asking again without a pause
+	 * would spin a core for the whole budget */
+	uint64_t pause = 1000000ull;
 	for (; !w->vt;) {
 		uint64_t spent = chm_mono_ns() - start;
 		if (spent >= budget || !flush_failed(chm_wbuf_flush(dev, budget - spent)))
 			break;
+		spent = chm_mono_ns() - start;
+		if (spent >= budget)
+			break;
+		chm_sleep_ns(pause < budget - spent ? pause : budget - spent);
+		pause = pause * 2 < 250000000ull ? pause * 2 : 250000000ull;
 	}
 	pthread_mutex_lock(&dev->lock);
 	dev->clock_hook = NULL; /* the virtual flusher goes with the buffer */
