@@ -4,12 +4,16 @@
 (``chm.Device``, ``chm.kv.Store``) and the daemon's client
 (``chm.remote.RemoteDevice``, ``chm.remote.RemoteStore``) share. Each test
 here runs twice through a parametrized fixture: on a device of this process,
-and through ``chm.connect()`` to a real ``chm-emu serve`` process. The
-functions at the top are checked by mypy: each class satisfies its protocol.
+and through ``chm.connect()`` to a real ``chm-emu serve`` process; the store
+suite runs a third time on remote nodes (``chm.remote.tierstore.NodesStore``:
+a real ``redis-server`` as the Master and a real node process, read over
+Mooncake Transfer Engine). The functions at the top are checked by mypy:
+each class satisfies its protocol.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,10 @@ import chm
 from chm.errors import InvalidArgument, StaleHandle
 from chm.kv import DeviceLike, PutStatus, Store, StoreLike
 from chm.remote import RemoteDevice, RemoteStore
+from chm.remote.tierstore import NodesStore
 from chm.testing.daemon_proc import DaemonProcess
+from chm.testing.redisd import RedisServer, redis_server_path
+from chm.testing.remote import NodeProcess, write_secret
 
 BLOCK = 64 << 10
 GEOMETRY = ["--capacity", "256M", "--dram", "48M", "--slot-size", "1M", "--backend", "pread"]
@@ -41,6 +48,21 @@ def embedded_store(store: Store) -> StoreLike:
 
 def remote_store(store: RemoteStore) -> StoreLike:
     return store
+
+
+def nodes_store(store: NodesStore) -> StoreLike:
+    return store
+
+
+_NODES = pytest.param(
+    "nodes",
+    marks=pytest.mark.skipif(
+        redis_server_path() is None
+        or importlib.util.find_spec("redis") is None
+        or importlib.util.find_spec("mooncake") is None,
+        reason="redis-server or the 'remote' extra (redis, mooncake) is not installed",
+    ),
+)
 
 
 def _block(i: int, n: int = BLOCK) -> np.ndarray[Any, Any]:
@@ -73,8 +95,25 @@ def device(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DeviceLik
         yield remote_device(rdev)
 
 
-@pytest.fixture(params=["embedded", "daemon"])
+@pytest.fixture(params=["embedded", "daemon", _NODES])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreLike]:
+    if request.param == "nodes":
+        write_secret(tmp_path / "secret")
+        node_opts = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
+        with (
+            RedisServer() as srv,
+            NodeProcess(srv.url, "n1", tmp_path / "n1", tmp_path / "secret", options=node_opts),
+            NodesStore.open(
+                srv.url,
+                tmp_path / "secret",
+                namespace=chm.kv.Namespace(model="protocol-suite"),
+                host="127.0.0.1",
+                buffer=8 << 20,
+                timeout=5.0,
+            ) as ns,
+        ):
+            yield nodes_store(ns)
+        return
     if request.param == "embedded":
         with _open(tmp_path, "kv.img") as dev:
             s = Store(dev)

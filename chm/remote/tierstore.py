@@ -1,0 +1,430 @@
+"""A KV store over remote nodes: :class:`chm.kv.StoreLike` on a :class:`RemoteTier`.
+
+    store = NodesStore.open("redis://10.0.0.1:6379/0", "/etc/chm/secret",
+                            namespace=Namespace(model="m"), nodes=["node-a"])
+    store.put(keys, blocks, meta)      # skip-not-stall, on one node per call
+    store.load_prefix(keys, dsts, timeout=10)
+    store.close()
+
+What the serving adapters use of a store, for a worker fleet that shares one
+tier (``chm.integrations._tier.open_tier`` with ``master``):
+
+- **keys** are hashed in the store's :class:`~chm.kv.Namespace` (the
+  engine's model and KV layout, as for the embedded store), so two models
+  on one tier never share a block;
+- **lookups** (``contains``, ``prefix_len``, ``entries``) ask the Master:
+  a key is present while its node's lease holds the entry's epoch, so the
+  blocks of a dead or restarted node are misses;
+- **puts** go to one node per call: round-robin over the live nodes the
+  configuration names (``nodes``; all live nodes the Master lists when it
+  names none). Keys the Master already holds are EXISTS without a transfer;
+  a full node write buffer (or this worker's transfer buffer, busy with a
+  load) is SKIPPED, never waited for; a node that fails is ERROR;
+- **metadata** (``put(..., meta)``) is a small block of its own, under a
+  key derived from the block's key, saved in the same call (so on the same
+  node); a key whose metadata cannot be read answers None (a miss);
+- **loads** are :meth:`RemoteTier.load`: the leading hits, byte-exact
+  (XXH3-64 checked), a node that dies or stops answering turns its blocks
+  into misses within the timeout;
+- ``remove`` drops the Master's entries (the node keeps the bytes until it
+  evicts them); ``flush`` has nothing to do: every node flushes its own
+  store (``python -m chm.remote.node`` every 0.2 s).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import xxhash
+
+from chm.errors import ChmError, InvalidArgument, NoSpace, NotFound
+from chm.kv.buffers import as_dst
+from chm.kv.keys import Namespace
+from chm.kv.store import PutStatus, check_meta
+from chm.remote.master import Entry, MasterUnreachable, RedisMaster, key_bytes
+from chm.remote.node import NodeGone, RemoteTier
+from chm.remote.protocol import read_secret
+from chm.remote.transfer import Engine
+
+__all__ = ["NodesStore", "check_master_url", "local_address", "open_secret"]
+
+_META_TAG = b"chm-meta\0"
+_SCHEMES = ("redis", "rediss", "unix")
+_PLACE_EVERY = 1.0  # seconds a placement's view of the live nodes is reused
+
+
+def check_master_url(url: object, option: str = "master") -> str:
+    """``url`` when it is a Redis URL (``redis://HOST:PORT/DB``,
+    ``rediss://``, ``unix://``), else InvalidArgument naming ``option``."""
+    if not isinstance(url, str) or not url:
+        raise InvalidArgument(None, f"{option}={url!r}: expected a URL such as redis://HOST:6379/0")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        raise InvalidArgument(None, f"{option}={url!r}: {exc}") from None
+    if parts.scheme not in _SCHEMES:
+        raise InvalidArgument(
+            None, f"{option}={url!r}: expected a redis:// (or rediss://, unix://) URL"
+        )
+    if parts.scheme != "unix" and not parts.hostname:
+        raise InvalidArgument(None, f"{option}={url!r}: no host")
+    return url
+
+
+def open_secret(path: object, option: str = "secret_file") -> bytes:
+    """The shared secret in ``path`` (:func:`chm.remote.protocol.read_secret`):
+    NotFound when there is no such file, InvalidArgument when it is readable
+    by others, empty or shorter than 16 bytes."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise InvalidArgument(
+            None, f"{option}={path!r}: the file with the nodes' shared secret is required"
+        )
+    try:
+        return read_secret(path)
+    except FileNotFoundError:
+        raise NotFound(None, f"{option}: no such file: {os.fspath(path)!r}") from None
+    except PermissionError as exc:
+        raise InvalidArgument(None, f"{option}: {os.fspath(path)!r}: {exc.strerror}") from None
+
+
+def local_address(url: str) -> str:
+    """This host's address on the route to the Master (what the nodes reach
+    this worker's Transfer Engine at); 127.0.0.1 for a local or Unix Master."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    if not host or parts.scheme == "unix":
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, parts.port or 6379))  # no packet: picks the route
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def _meta_key(key: bytes) -> bytes:
+    return xxhash.xxh3_128_digest(_META_TAG + key)
+
+
+class NodesStore:
+    """A :class:`chm.kv.StoreLike` over remote nodes and their Master (module doc).
+
+    ``tier`` is the worker's :class:`RemoteTier`; ``nodes`` the node names
+    puts may go to (None: every live node); ``timeout`` bounds each load
+    and save. Thread-safe: the staging queue's puts run beside loads.
+    """
+
+    def __init__(
+        self,
+        tier: RemoteTier,
+        master: RedisMaster,
+        namespace: Namespace,
+        *,
+        nodes: Sequence[str] | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self.tier = tier
+        self.master = master
+        self.namespace = namespace
+        self.nodes = list(nodes) if nodes is not None else None
+        self.timeout = float(timeout)
+        self.max_block = int(tier.buf.nbytes) // 2
+        self._lock = threading.Lock()
+        self._rr = 0
+        self._live: tuple[float, list[int]] = (-1e18, [])
+        self._closed = False
+        self._c = dict.fromkeys(
+            ("puts", "put_blocks", "exists_blocks", "skipped_blocks", "error_blocks", "no_node"),
+            0,
+        )
+
+    @classmethod
+    def open(
+        cls,
+        url: str,
+        secret_file: str | os.PathLike[str],
+        *,
+        namespace: Namespace,
+        nodes: Sequence[str] | None = None,
+        host: str | None = None,
+        buffer: int = 64 << 20,
+        timeout: float = 10.0,
+        master_timeout: float = 0.5,
+    ) -> NodesStore:
+        """Connects to the Master at ``url`` with the secret in ``secret_file``.
+
+        Clear errors at start: InvalidArgument for a bad URL or an insecure
+        secret file, NotFound for a missing one, MasterUnreachable (naming
+        the URL) when Redis does not answer, NotFound when the Master lists
+        no live node (or not every node of ``nodes``). ``host`` is this
+        worker's address for the Transfer Engine (default: the local
+        address on the route to the Master)."""
+        check_master_url(url)
+        secret = open_secret(secret_file)
+        if nodes is not None:
+            if isinstance(nodes, str):
+                nodes = [n for n in nodes.split(",") if n]
+            nodes = [str(n) for n in nodes]
+            if not nodes:
+                raise InvalidArgument(None, "nodes: an empty list (leave it out to use every node)")
+        master = RedisMaster(url, timeout=master_timeout)
+        try:
+            known = {n.name: n for n in master.nodes()}
+            if nodes is not None:
+                gone = [n for n in nodes if n not in known]
+                if gone:
+                    raise NotFound(
+                        None,
+                        f"node(s) {gone} are not registered with the Master at {url} "
+                        f"(registered: {sorted(known)})",
+                    )
+                dead = [n for n in nodes if not known[n].live]
+                if len(dead) == len(nodes):
+                    raise NotFound(None, f"none of the nodes {nodes} is live at the Master {url}")
+            elif not any(n.live for n in known.values()):
+                raise NotFound(
+                    None,
+                    f"no live node is registered with the Master at {url} "
+                    "(start one: python -m chm.remote.node --master ...)",
+                )
+            engine = Engine.get(host or local_address(url))
+            tier = RemoteTier(master, engine, secret, buffer=int(buffer), timeout=timeout)
+        except MasterUnreachable as exc:
+            master.close()
+            raise MasterUnreachable(
+                None, f"the Master's Redis at {url} does not answer: {exc.strerror}"
+            ) from None
+        except BaseException:
+            master.close()
+            raise
+        return cls(tier, master, namespace, nodes=nodes, timeout=timeout)
+
+    # ---- keys
+
+    def _keys(self, keys: Any) -> list[bytes]:
+        if isinstance(keys, np.ndarray):
+            return key_bytes(keys)  # KEY_DTYPE: digests already
+        return key_bytes(self.namespace.keys(list(keys)))
+
+    # ---- lookups
+
+    def _entries(self, ks: list[bytes]) -> list[Entry | None]:
+        return self.master.get(ks) if ks else []
+
+    def contains(self, keys: Any) -> list[bool]:
+        return [e is not None for e in self._entries(self._keys(keys))]
+
+    def prefix_len(self, keys: Any) -> int:
+        ks = self._keys(keys)
+        return self.master.prefix_len(ks) if ks else 0
+
+    def entries(self, keys: Any) -> list[dict[str, Any] | None]:
+        return [
+            None
+            if e is None
+            else {
+                "node": e.node,
+                "addr": e.addr,
+                "length": e.length,
+                "checksum": e.checksum,
+                "epoch": e.epoch,
+            }
+            for e in self._entries(self._keys(keys))
+        ]
+
+    def info(self, key: Any) -> dict[str, Any] | None:
+        return self.entries([key])[0]
+
+    def pin(self, keys: Any) -> list[bool]:
+        """Presence only: a node pins a block for as long as a load reads it."""
+        return self.contains(keys)
+
+    def unpin(self, keys: Any) -> None:
+        return None
+
+    def meta(self, keys: Any) -> list[bytes | None]:
+        """Per key its metadata (b"": put without), None when absent or unreadable."""
+        ks = self._keys(keys)
+        if not ks:
+            return []
+        mks = [_meta_key(k) for k in ks]
+        ents = self._entries(ks + mks)
+        data, metas = ents[: len(ks)], ents[len(ks) :]
+        out: list[bytes | None] = [None if d is None else b"" for d in data]
+        want = [j for j, (d, m) in enumerate(zip(data, metas, strict=True)) if d and m]
+        if want:
+            bufs = [np.empty(int(metas[j].length), np.uint8) for j in want]  # type: ignore[union-attr]
+            got = self._get([mks[j] for j in want], bufs, self.timeout)
+            for j, ok, b in zip(want, got, bufs, strict=True):
+                out[j] = b.tobytes() if ok else None
+        return out
+
+    # ---- loads
+
+    def load_prefix(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> int:
+        ks = self._keys(keys)
+        if len(dsts) < len(ks):
+            raise InvalidArgument(None, f"load_prefix: {len(ks)} keys but {len(dsts)} buffers")
+        if not ks:
+            return 0
+        return int(
+            self.tier.load(ks, dsts[: len(ks)], self.timeout if timeout is None else timeout)
+        )
+
+    def get(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> list[bool]:
+        """Per key whether it was loaded (no prefix semantics)."""
+        ks = self._keys(keys)
+        if len(dsts) != len(ks):
+            raise InvalidArgument(None, f"get: {len(ks)} keys but {len(dsts)} buffers")
+        return self._get(ks, dsts, self.timeout if timeout is None else timeout)
+
+    def _get(self, ks: list[bytes], dsts: Sequence[Any], timeout: float) -> list[bool]:
+        out = [False] * len(ks)
+        outs = [as_dst(d, f"buffer {j}") for j, d in enumerate(dsts)]
+        todo = [j for j, e in enumerate(self._entries(ks)) if e is not None]
+        deadline = time.monotonic() + timeout
+        while todo:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            n = int(self.tier.load([ks[j] for j in todo], [outs[j] for j in todo], left))
+            for j in todo[:n]:
+                out[j] = True
+            todo = todo[n + 1 :]  # the one that ended the run is a miss; the rest go on
+        return out
+
+    # ---- puts
+
+    def _place(self) -> int | None:
+        """The node for the next put call: round-robin over the live nodes
+        (of ``nodes``), None when there is none."""
+        now = time.monotonic()
+        with self._lock:
+            at, live = self._live
+        if now - at > _PLACE_EVERY or not live:
+            try:
+                infos = self.master.nodes()
+            except MasterUnreachable:
+                infos = []
+            live = [
+                n.node for n in infos if n.live and (self.nodes is None or n.name in self.nodes)
+            ]
+            with self._lock:
+                self._live = (now, live)
+        if not live:
+            return None
+        with self._lock:
+            self._rr += 1
+            return live[self._rr % len(live)]
+
+    def put(
+        self, keys: Any, srcs: Sequence[Any], meta: Sequence[bytes | None] | None = None
+    ) -> list[PutStatus]:
+        """Stores blocks (and their metadata) on one node: per key STORED,
+        EXISTS, SKIPPED (no room now: offer it again) or ERROR (no live node,
+        or the node failed)."""
+        ks = self._keys(keys)
+        if len(srcs) != len(ks):
+            raise InvalidArgument(None, f"put: {len(ks)} keys but {len(srcs)} buffers")
+        metas = check_meta(meta, len(ks))
+        mks = [_meta_key(k) for k in ks]
+        ents = self._entries(ks + mks)
+        have, mhave = ents[: len(ks)], ents[len(ks) :]
+        out = [PutStatus.EXISTS] * len(ks)
+        items: list[tuple[int, bytes, Any]] = []  # (index, key, bytes), each block then its meta
+        for j in range(len(ks)):
+            if have[j] is None:
+                items.append((j, ks[j], srcs[j]))
+            if metas[j] and mhave[j] is None:
+                items.append((j, mks[j], np.frombuffer(metas[j], np.uint8)))
+        self._count("puts")
+        if items:
+            node = self._place()
+            if node is None:
+                self._count("no_node")
+                st = [PutStatus.ERROR] * len(items)
+            else:
+                try:
+                    st = self.tier.save(
+                        None, [k for _, k, _ in items], [b for _, _, b in items], node=node
+                    )
+                except NoSpace:  # the transfer buffer is busy with loads: not now
+                    st = [PutStatus.SKIPPED] * len(items)
+                except (NodeGone, ChmError):
+                    st = [PutStatus.ERROR] * len(items)
+            rank = {PutStatus.EXISTS: 0, PutStatus.STORED: 1, PutStatus.SKIPPED: 2}
+            for (j, _, _), s in zip(items, st, strict=True):
+                s = PutStatus(s)
+                if rank.get(s, 3) > rank.get(out[j], 3):
+                    out[j] = s  # a key is as bad as the worse of its block and its meta
+        for s in out:
+            self._count(
+                {
+                    PutStatus.STORED: "put_blocks",
+                    PutStatus.EXISTS: "exists_blocks",
+                    PutStatus.SKIPPED: "skipped_blocks",
+                }.get(s, "error_blocks")
+            )
+        return out
+
+    def remove(self, keys: Any) -> list[bool]:
+        """Drops the Master's entries of ``keys`` (and their metadata): per key
+        whether it was present. The nodes keep the bytes until they evict them."""
+        ks = self._keys(keys)
+        if not ks:
+            return []
+        present = [e is not None for e in self._entries(ks)]
+        if not self.master.remove(ks + [_meta_key(k) for k in ks]):
+            raise MasterUnreachable(None, f"remove: the Master's Redis at {self.master.url}")
+        return present
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing to do here: each node flushes its own store."""
+        return None
+
+    # ---- stats and lifecycle
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._c[name] += n
+
+    def stats(self) -> dict[str, Any]:
+        """This store's counters, the worker's (``remote_*``: loads, hits,
+        node errors, timeouts, checksum failures) and the Master client's
+        (``master_*``)."""
+        with self._lock:
+            out: dict[str, Any] = dict(self._c)
+        out.update({f"remote_{k}": v for k, v in dict(self.tier.stats).items()})
+        out.update({f"master_{k}": v for k, v in dict(self.master.stats).items()})
+        return out
+
+    @property
+    def reports_staging(self) -> bool:
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, *, flush: bool = True) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.tier.close()
+        finally:
+            self.master.close()
+
+    def __enter__(self) -> NodesStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
