@@ -53,6 +53,17 @@ _log = logging.getLogger(__name__)
 __all__ = ["Device", "Handle", "HandleBatch", "Session", "timeout_ns"]
 
 
+def _close_collected(ptr: Any, where: str) -> None:
+    """Closes a device that was collected (or left open at exit) without
+    ``close()``: its buffered writes are flushed as close would, and the
+    bytes it still had to drop are logged at ERROR."""
+    _ll.dev_shutdown(ptr)
+    try:
+        _ll.dev_lost(ptr)
+    except ChmError as exc:
+        _log.error("a chm.Device on %s was never closed; closing it: %s", where or "-", exc)
+
+
 class Device:
     """An embedded chm device (the C core, in this process).
 
@@ -110,6 +121,11 @@ class Device:
             raise
         self._config = Config._from_cdata(_ll.dev_config(self._ptr))
         self._capacity = self._config.capacity
+        # collected (or left open at exit) without close(): closed then, and
+        # writes the final flush had to drop are logged, not lost unsaid
+        self._collected = weakref.finalize(
+            self, _close_collected, self._ptr, ", ".join(self._config.to_dict()["targets"])
+        )
 
     @classmethod
     def open(
@@ -177,6 +193,7 @@ class Device:
             for h in held:
                 h._end_view()
             self._ptr = None
+            self._collected.detach()
         # Shut down, don't free: a thread that read the pointer just before
         # gets -ECANCELED from the still-valid struct, which the pointer's
         # destructor frees once the last reference is gone.

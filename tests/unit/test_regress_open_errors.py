@@ -18,6 +18,7 @@ write-back.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import shutil
 import socket
@@ -461,3 +462,30 @@ def test_a_daemon_shutdown_that_loses_writes_logs_it_and_closes(
     lost = [r for r in caplog.records if "written but never flushed" in r.getMessage()]
     assert len(lost) == 1 and lost[0].levelname == "ERROR", caplog.records
     assert str(target) in lost[0].getMessage()
+
+
+def test_a_device_collected_without_close_reports_its_lost_writes(
+    tiny_fs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Device dropped without close() is closed when collected, and the
+    writes its final flush could not keep are logged at ERROR naming the
+    file (they were dropped without a word before)."""
+    dev, target, written, free = _fill_past_free(tiny_fs, "lru")
+    with caplog.at_level("ERROR", logger="chm.device"):
+        del dev
+        gc.collect()
+    lossy = [r for r in caplog.records if "never closed" in r.getMessage()]
+    assert len(lossy) == 1 and lossy[0].levelname == "ERROR", caplog.records
+    assert str(target) in lossy[0].getMessage()
+    assert written - free <= _lost_bytes(lossy[0].getMessage()) <= written
+
+
+def test_a_device_collected_without_close_keeps_its_writes(tmp_path: Path) -> None:
+    """Collected without close(): what was written is flushed, as close does."""
+    target = tmp_path / "t.img"
+    dev = chm.Device.open(targets=[target], create=True, mode="prefetch", **SMALL)
+    assert dev.write(0, b"\x07" * (1 << 20))
+    del dev
+    gc.collect()
+    with chm.Device.open(targets=[target], **SMALL) as again:
+        assert bytes(again.read(0, 1 << 20)) == b"\x07" * (1 << 20)
