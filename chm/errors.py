@@ -106,7 +106,7 @@ class WouldBlock(ChmError, BlockingIOError):
 
 
 class NoSpace(ChmError):
-    """ENOSPC: no capacity: a backing target too small for its share, or
+    """ENOSPC: no space left: a backing target too small for its share, or
     the filesystem under a backing file full at a write-back or flush (the
     message names the file and its free space; the data stays buffered)."""
 

@@ -33,7 +33,7 @@ const char *chm_strerror(int err)
 	case EINVAL: return "invalid argument";
 	case ENOENT: return "no such object or option";
 	case EAGAIN: return "queue full";
-	case ENOSPC: return "no capacity";
+	case ENOSPC: return "no space left (backing filesystem, target size or handles)";
 	case EBUSY: return "in use";
 	case ETIMEDOUT: return "timed out";
 	case EIO: return "backing I/O error";

@@ -11,7 +11,7 @@
  *   - Every fallible call returns int: >= 0 on success, -errno on failure.
  *     errno is never used to pass errors back.
  *   - Error vocabulary: -EINVAL bad argument, -ENOENT no such object/option,
- *     -EAGAIN queue full, -ENOSPC no capacity, -EBUSY in use, -ETIMEDOUT,
+ *     -EAGAIN queue full, -ENOSPC no space left, -EBUSY in use, -ETIMEDOUT,
  *     -EIO backing I/O, -ESTALE stale handle, -ECANCELED device closing,
  *     -ENOMEM host memory, -EOPNOTSUPP feature missing on this host.
  *   - Thread safety: every call on a chm_dev is thread-safe, except that no
