@@ -11,8 +11,12 @@
 What it decides, so that no adapter decides it differently:
 
 - where: ``socket`` (a ``chm-emu serve`` daemon, through ``chm.connect``:
-  every rank and replica of the node shares one tier and one index) or
-  ``path`` (an embedded store, this process only). With ``per_rank_dir``
+  every rank and replica of the node shares one tier and one index),
+  ``master`` (remote storage nodes and their Master on Redis, a
+  ``redis://`` URL, through :class:`chm.remote.tierstore.NodesStore`: every
+  worker of a fleet shares one tier; ``nodes`` names the nodes puts go to,
+  else every live node the Master lists; ``secret_file`` holds the nodes'
+  shared secret) or ``path`` (an embedded store, this process only). With ``per_rank_dir``
   the store is ``path/rank<N>`` (each rank its own tier). An embedded path
   another process holds raises Busy. Every failure to open is logged at
   ERROR as ``chm: tier not in use: ...`` before it is raised, so an engine
@@ -67,6 +71,13 @@ class TierOptions:
     staging: str | int = DEFAULT_STAGING
     sparse_overcommit: bool = False
     per_rank_dir: bool = False
+    # remote nodes (master): chm.remote.tierstore.NodesStore
+    master: str | None = None
+    nodes: str | list[str] | None = None
+    secret_file: str | None = None
+    host: str | None = None  # this worker's Transfer Engine address
+    remote_buffer: str | int | None = None  # default: two store calls, at least 64 MiB
+    remote_timeout: float = 10.0  # each load and save on the nodes (seconds)
 
 
 def default_wbuf(
@@ -178,6 +189,13 @@ class Tier:
     def remote(self) -> bool:
         return isinstance(self.store, RemoteTierStore)
 
+    @property
+    def nodes(self) -> bool:
+        """True when the tier is remote storage nodes (``master``)."""
+        from chm.remote.tierstore import NodesStore
+
+        return isinstance(self.store, NodesStore)
+
     def stats(self) -> dict[str, Any]:
         st = self.store.stats()
         out: dict[str, Any] = dict(st if isinstance(st, dict) else st.to_dict())
@@ -212,7 +230,7 @@ def open_tier(
     try:
         return _open_tier(opts, namespace, chunk_bytes, batch, rank, log, what, key_prefix)
     except BaseException as exc:
-        where = opts.socket or opts.path
+        where = opts.master or opts.socket or opts.path
         hint = ""
         if isinstance(exc, Busy):
             hint = (
@@ -235,15 +253,24 @@ def _open_tier(
     what: str,
     key_prefix: str,
 ) -> Tier:
-    if bool(opts.path) == bool(opts.socket):
+    if sum(bool(x) for x in (opts.path, opts.socket, opts.master)) != 1:
         raise InvalidArgument(
             None,
             f"{what}: give exactly one of '{key_prefix}path' (an embedded store, this "
-            f"process only) and '{key_prefix}socket' (a chm-emu serve daemon, shared by "
-            "every rank)",
+            f"process only), '{key_prefix}socket' (a chm-emu serve daemon, shared by "
+            f"every rank) and '{key_prefix}master' (remote nodes' Master, redis://HOST:PORT/DB, "
+            "shared by every worker)",
         )
     if opts.flush_interval is not None and opts.flush_interval <= 0:
         opts.flush_interval = None  # 0: no periodic flush
+    if opts.master:
+        return _open_nodes(opts, namespace, chunk_bytes, batch, log, what, key_prefix)
+    for name in ("nodes", "secret_file", "host"):
+        if getattr(opts, name):
+            raise InvalidArgument(
+                None,
+                f"{what}: '{key_prefix}{name}' is a setting of remote nodes ({key_prefix}master)",
+            )
     if opts.socket:
         for name in ("dram", "wbuf"):
             if getattr(opts, name) is not None:
@@ -302,6 +329,70 @@ def _open_tier(
         store.close()
         raise
     return Tier(store, staging, os.fspath(directory))
+
+
+def _open_nodes(
+    opts: TierOptions,
+    namespace: Namespace,
+    chunk_bytes: int | None,
+    batch: int,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+    what: str,
+    key_prefix: str,
+) -> Tier:
+    """The tier on remote storage nodes (``opts.master``). The worker's
+    transfer buffer (``remote_buffer``) defaults to two store calls of
+    ``batch`` chunks, at least 64 MiB."""
+    from chm.remote.tierstore import NodesStore, check_master_url
+
+    assert opts.master is not None
+    check_master_url(opts.master, f"{key_prefix}master")
+    if not opts.secret_file:
+        raise InvalidArgument(
+            None,
+            f"{what}: '{key_prefix}secret_file' (the nodes' shared secret, mode 0600) is "
+            f"required with '{key_prefix}master'",
+        )
+    for name in ("dram", "wbuf"):
+        if getattr(opts, name) is not None:
+            raise InvalidArgument(
+                None,
+                f"{what}: '{key_prefix}{name}' is the nodes' setting "
+                f"(python -m chm.remote.node --{name}), not the worker's",
+            )
+    if not opts.remote_timeout > 0:
+        raise InvalidArgument(
+            None, f"{what}: the remote nodes' timeout {opts.remote_timeout!r} s: expected > 0"
+        )
+    if opts.remote_buffer is not None:
+        buffer = parse_size(opts.remote_buffer)
+    else:
+        buffer = max(64 * _MIB, -(-2 * (chunk_bytes or 0) * max(1, batch) // _MIB) * _MIB)
+    nodes = opts.nodes
+    if isinstance(nodes, str):
+        nodes = [n.strip() for n in nodes.split(",") if n.strip()]
+    store = NodesStore.open(
+        opts.master,
+        opts.secret_file,
+        namespace=namespace,
+        nodes=nodes,
+        host=opts.host,
+        buffer=buffer,
+        timeout=float(opts.remote_timeout),
+    )
+    try:
+        # the nodes flush their own stores: no flusher here
+        staging = StagingQueue(store, opts.staging, name=f"chm[{what}]", logger=log)
+    except BaseException:
+        store.close()
+        raise
+    log.info(
+        "chm: %s tier on remote nodes %s of the Master %s",
+        what,
+        ",".join(nodes) if nodes else "(every live node)",
+        opts.master,
+    )
+    return Tier(store, staging, opts.master)
 
 
 def chunk_nbytes(shape: Any, itemsize: int) -> int:

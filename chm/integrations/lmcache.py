@@ -1,7 +1,7 @@
 """chm as an LMCache storage plugin (tested against ``lmcache==0.5.6``).
 
-Configuration (LMCache's YAML; ``chm.path`` or ``chm.socket`` is required,
-every other ``chm.*`` key is optional)::
+Configuration (LMCache's YAML; one of ``chm.path``, ``chm.socket`` and
+``chm.master`` is required, every other ``chm.*`` key is optional)::
 
     chunk_size: 256
     local_cpu: false
@@ -12,7 +12,12 @@ every other ``chm.*`` key is optional)::
       storage_plugin.chm.module_path: chm.integrations.lmcache
       storage_plugin.chm.class_name: ChmStorageBackend
       chm.path: /var/lib/chm/kv    # an embedded store (kv.img + journal), or
-      # chm.socket: /run/chm/chm.sock   # a chm-emu serve daemon every rank shares
+      # chm.socket: /run/chm/chm.sock   # a chm-emu serve daemon every rank shares, or
+      # chm.master: redis://10.0.0.1:6379/0   # remote nodes every worker shares, with
+      # chm.secret_file: /etc/chm/secret      # the nodes' shared secret (mode 0600)
+      # chm.nodes: node-a,node-b              # where puts go (default: every live node)
+      # chm.host: 10.0.0.3                    # this worker's Transfer Engine address
+      # chm.remote_buffer: 64M                # its registered transfer buffer
       chm.capacity: 64G            # refused if the filesystem has less free space,
       chm.sparse_overcommit: false # unless this is true
       chm.dram: 320M
@@ -122,6 +127,11 @@ _OPTIONS: dict[str, tuple[type, Any]] = {
     "mode": (str, "prefetch"),
     "get_timeout_s": (float, 10.0),
     "flush_interval_s": (float, 1.0),
+    "master": (str, None),
+    "nodes": (str, None),
+    "secret_file": (str, None),
+    "host": (str, None),
+    "remote_buffer": (str, None),
 }
 _DEFAULT_SLOT = 32 << 20
 
@@ -152,6 +162,8 @@ def options(extra: dict[str, Any] | None, *, need_path: bool = True) -> dict[str
         value = extra.get("chm." + name, default)
         if value is None:
             continue
+        if name == "nodes" and isinstance(value, (list, tuple)):  # a YAML list
+            value = ",".join(str(v) for v in value)
         if typ is bool:
             out[name] = _bool(name, value)
             continue
@@ -161,11 +173,12 @@ def options(extra: dict[str, Any] | None, *, need_path: bool = True) -> dict[str
             raise InvalidArgument(
                 None, f"LMCache extra_config: chm.{name}={value!r} is not a {typ.__name__}"
             ) from None
-    if need_path and ("path" in out) == ("socket" in out):
+    if need_path and sum(k in out for k in ("path", "socket", "master")) != 1:
         raise InvalidArgument(
             None,
-            "LMCache extra_config: chm.path (an embedded store's directory) or chm.socket "
-            "(a chm-emu serve daemon's socket) is required, not both",
+            "LMCache extra_config: one of chm.path (an embedded store's directory), "
+            "chm.socket (a chm-emu serve daemon's socket) and chm.master (remote nodes' "
+            "Master, redis://HOST:PORT/DB) is required",
         )
     for name in ("get_timeout_s", "flush_interval_s"):
         if out[name] < 0:
@@ -355,6 +368,12 @@ class ChmStorageBackend(StoragePluginInterface):  # type: ignore[misc]
                     staging=opts["staging"],
                     sparse_overcommit=opts["sparse_overcommit"],
                     per_rank_dir=opts["per_rank_dir"],
+                    master=opts.get("master"),
+                    nodes=opts.get("nodes"),
+                    secret_file=opts.get("secret_file"),
+                    host=opts.get("host"),
+                    remote_buffer=opts.get("remote_buffer"),
+                    remote_timeout=self.get_timeout or 10.0,
                 ),
                 namespace=namespace_of(metadata),
                 chunk_bytes=self.chunk_bytes,

@@ -11,8 +11,11 @@ SGLang's ``dynamic`` backend (no fork, no patch):
         "path": "/var/lib/chm/sglang", "capacity": "1T", "interface_v1": 1}'
 
 Extra-config keys besides those SGLang reads: ``path`` (an embedded store,
-this process only) or ``socket`` (a ``chm-emu serve`` daemon every rank and
-replica of the node shares), ``capacity`` (refused when the filesystem has
+this process only), ``socket`` (a ``chm-emu serve`` daemon every rank and
+replica of the node shares) or ``master`` (remote storage nodes' Master,
+``redis://HOST:PORT/DB``, every worker of a fleet shares; with
+``secret_file``, ``nodes``, ``host`` and ``remote_buffer`` as in
+:mod:`chm.integrations._tier`), ``capacity`` (refused when the filesystem has
 less free space, unless ``sparse_overcommit`` is true), ``dram``, ``wbuf``
 (default: ``batch`` pages of the host pool SGLang registers; SGLang's
 ``dynamic`` factory passes no page size to the constructor, so an embedded
@@ -96,6 +99,11 @@ _KEYS = (
     "backend",
     "get_timeout_s",
     "flush_interval_s",
+    "master",
+    "nodes",
+    "secret_file",
+    "host",
+    "remote_buffer",
 )
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")
 _KV = "kv"
@@ -188,11 +196,12 @@ class ChmHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         flush = _seconds(extra, "flush_interval_s", 1.0)
         self.namespace = namespace_of(storage_config)
         if tier is None:
-            if bool(extra.get("path")) == bool(extra.get("socket")):
+            if sum(bool(extra.get(k)) for k in ("path", "socket", "master")) != 1:
                 raise InvalidArgument(
                     None,
-                    "ChmHiCacheStorage: extra-config 'path' (an embedded store's directory) "
-                    "or 'socket' (a chm-emu serve daemon's socket) is required, not both",
+                    "ChmHiCacheStorage: one of extra-config 'path' (an embedded store's "
+                    "directory), 'socket' (a chm-emu serve daemon's socket) and 'master' "
+                    "(remote nodes' Master, redis://HOST:PORT/DB) is required",
                 )
             try:
                 batch = int(extra.get("batch", 64))
@@ -213,6 +222,12 @@ class ChmHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 staging=extra.get("staging", "1G"),
                 sparse_overcommit=_flag(extra, "sparse_overcommit"),
                 per_rank_dir=_flag(extra, "per_rank_dir"),
+                master=extra.get("master"),
+                nodes=extra.get("nodes"),
+                secret_file=extra.get("secret_file"),
+                host=extra.get("host"),
+                remote_buffer=extra.get("remote_buffer"),
+                remote_timeout=self.get_timeout or 10.0,
             )
             self._batch = max(1, batch)
             self._rank = int(storage_config.tp_rank)
@@ -220,7 +235,9 @@ class ChmHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             # is opened now (a second process on the path fails here, Busy)
             # and reopened once the host pool tells the page (SGLang's
             # dynamic factory passes none to the constructor)
-            self._size_at_register = not page and not self._opts.socket and not self._opts.wbuf
+            self._size_at_register = (
+                not page and not self._opts.socket and not self._opts.master and not self._opts.wbuf
+            )
             tier = self._open(int(page) if page else None, self._batch)
         self.tier = tier
         self.store = tier.store

@@ -14,9 +14,13 @@ of tree (no fork, no patch) from ``kv_connector_extra_config``::
 
 The parameters after ``module_path`` are this class's keywords:
 
-- where: ``path`` (an embedded store, this engine only) or ``socket`` (a
+- where: ``path`` (an embedded store, this engine only), ``socket`` (a
   ``chm-emu serve`` daemon: every replica and rank of the node shares one
-  tier and one index); ``per_rank_dir`` puts an embedded store in
+  tier and one index) or ``master`` (remote storage nodes' Master,
+  ``redis://HOST:PORT/DB``: every worker of a fleet shares one tier; with
+  ``secret_file``, the nodes' shared secret, and optionally ``nodes``,
+  the node names stores go to, ``host``, this worker's Transfer Engine
+  address, and ``remote_buffer``, its transfer buffer); ``per_rank_dir`` puts an embedded store in
   ``path/rank<N>`` (N: the engine's data-parallel index). A ``path``
   another process holds fails vLLM's start-up with ``Busy`` after an ERROR
   line starting ``chm: tier not in use``;
@@ -249,6 +253,11 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         load_timeout_s: float = 10.0,
         flush_interval_s: float = 1.0,
         locality: str | None = None,
+        master: str | None = None,
+        nodes: str | list[str] | None = None,
+        secret_file: str | None = None,
+        host: str | None = None,
+        remote_buffer: str | int | None = None,
         tier: Tier | None = None,
     ) -> None:
         super().__init__(
@@ -285,6 +294,12 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
                 staging=staging,
                 sparse_overcommit=sparse_overcommit,
                 per_rank_dir=per_rank_dir,
+                master=master,
+                nodes=nodes,
+                secret_file=secret_file,
+                host=host,
+                remote_buffer=remote_buffer,
+                remote_timeout=float(load_timeout_s),
             )
             par = offloading_spec.config.parallel
             tier = open_tier(

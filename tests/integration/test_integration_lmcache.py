@@ -357,10 +357,15 @@ def test_history_larger_than_lmcache_cpu_pool_is_partial_not_a_hang(
 
 
 def test_bad_options_are_refused_with_their_name(tmp_path: Path) -> None:
-    with pytest.raises(InvalidArgument, match=r"chm\.path .* or chm\.socket .* is required"):
+    required = r"one of chm\.path .*, chm\.socket .* and chm\.master .* is required"
+    with pytest.raises(InvalidArgument, match=required):
         options({"chm.capacity": "1G"})
-    with pytest.raises(InvalidArgument, match=r"is required, not both"):
+    with pytest.raises(InvalidArgument, match=required):
         options({"chm.path": "/x", "chm.socket": "/y"})
+    with pytest.raises(InvalidArgument, match=required):
+        options({"chm.socket": "/y", "chm.master": "redis://h:6379/0"})
+    o = options({"chm.master": "redis://h:6379/0", "chm.nodes": ["a", "b"]})
+    assert o["master"] == "redis://h:6379/0" and o["nodes"] == "a,b"  # a YAML list
     with pytest.raises(InvalidArgument, match=r"unknown chm option\(s\) \['chm.capasity'\]"):
         options({"chm.path": "/x", "chm.capasity": "1G"})
     with pytest.raises(InvalidArgument, match=r"chm.get_timeout_s='soon' is not a float"):
@@ -481,6 +486,92 @@ def test_two_ranks_share_one_daemon(tmp_path: Path, engines: list[str]) -> None:
             LMCacheEngineBuilder.destroy(n)
             engines.remove(n)
         assert daemon.proc is not None and daemon.proc.poll() is None
+
+
+# ---- remote nodes: a Master on Redis and a node process
+
+
+_NODE_OPTS = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+    """A real redis-server, one node process (``python -m chm.remote.node``)
+    and the ``chm.*`` keys that put an engine on them."""
+    import importlib.util
+
+    from chm.testing.redisd import RedisServer, redis_server_path
+    from chm.testing.remote import NodeProcess, write_secret
+
+    if redis_server_path() is None or importlib.util.find_spec("mooncake") is None:
+        pytest.skip("redis-server or the 'remote' extra (mooncake) is not installed")
+    write_secret(tmp_path / "secret")
+    with (
+        RedisServer() as srv,
+        NodeProcess(
+            srv.url,
+            "node-a",
+            tmp_path / "node-a",
+            tmp_path / "secret",
+            options=[*_NODE_OPTS, "--lease", "1.0"],
+        ) as node,
+    ):
+        kw: dict[str, Any] = {
+            "chm.master": srv.url,
+            "chm.secret_file": str(tmp_path / "secret"),
+            "chm.nodes": "node-a",
+            "chm.host": "127.0.0.1",
+            "chm.get_timeout_s": 3.0,
+            "chm.dram": None,
+            "chm.wbuf": None,
+        }
+        yield srv, node, kw
+
+
+def test_two_workers_share_one_tier_on_a_remote_node(
+    engines: list[str], fleet: tuple[Any, Any, dict[str, Any]]
+) -> None:
+    """Two LMCache engines (two workers of one model) on one remote node:
+    what one stores the other retrieves, byte-exact, out of the node."""
+    _srv, _node, kw = fleet
+    eng_a, b_a, name_a = engine(None, **kw)
+    eng_b, b_b, name_b = engine(None, **kw)
+    engines += [name_a, name_b]
+    assert b_a.tier.nodes and b_b.tier.nodes
+    for user in range(USERS):
+        for turn in range(1, TURNS + 1):
+            store_turn(eng_a, b_a, user, turn)
+    for user in range(USERS):
+        assert retrieve(eng_b, user, TURNS) == (TURNS * GROWTH * CHUNK, True), user
+    st_a, st_b = b_a.stats(), b_b.stats()
+    assert st_a["staging_stored_blocks"] == USERS * TURNS * GROWTH, st_a
+    assert st_a["staging_skipped"] == 0 and st_a["error_blocks"] == 0, st_a
+    # worker B read every chunk from the node (its metadata too), none from A
+    assert st_b["remote_loaded"] >= USERS * TURNS * GROWTH, st_b
+    assert st_b["remote_bad_checksums"] == 0, st_b
+    # another model on the same tier misses
+    eng_c, _, name_c = engine(None, model="test/other", **kw)
+    engines.append(name_c)
+    assert retrieve(eng_c, 0, TURNS)[0] == 0
+
+
+def test_a_killed_node_is_a_miss_not_a_hang(
+    engines: list[str], fleet: tuple[Any, Any, dict[str, Any]]
+) -> None:
+    _srv, node, kw = fleet
+    eng, b, name = engine(None, **kw)
+    engines.append(name)
+    store_turn(eng, b, 0, 1)
+    assert retrieve(eng, 0, 1) == (GROWTH * CHUNK, True)
+    node.kill()
+    t0 = time.monotonic()
+    assert retrieve(eng, 0, 1)[0] == 0  # a miss: LMCache recomputes
+    store_turn(eng, b, 1, 1)  # puts end (as errors), they do not wait for the node
+    took = time.monotonic() - t0
+    assert took < 2 * kw["chm.get_timeout_s"], took
+    st = b.stats()
+    assert st["remote_node_errors"] + st["no_node"] > 0, st
+    assert st["staging_error_blocks"] == GROWTH, st
 
 
 # ---- processes: restart and SIGKILL
