@@ -16,6 +16,10 @@ A TOML file has the serve settings at the top level and the device options
     idle_reclaim = 60          # when full, a client idle this long gives way (0: never)
     listen = "10.0.0.5:7464"   # TCP clients too (optional; needs secret_file)
     secret_file = "/etc/chm/secret"
+    master = "redis://10.0.0.1:6379/0"  # a remote storage node (needs listen, node_name)
+    node_name = "node-a"
+    data_host = "10.0.0.5"     # the Transfer Engine's address (default: listen's host)
+    lease = 3.0                # seconds the node's Master lease lasts unless renewed
 
     [device]
     targets = ["/dev/nvme1n1"]
@@ -69,6 +73,10 @@ _TOP = {
     "idle_reclaim",
     "listen",
     "secret_file",
+    "master",
+    "node_name",
+    "data_host",
+    "lease",
     "log_level",
     "device",
 }
@@ -196,6 +204,22 @@ def _count(value: Any, what: str) -> int:
     help="File holding the shared secret TCP clients must prove (at least 16 bytes).",
 )
 @click.option(
+    "--master",
+    help="Be a remote storage node: register with the Master at redis://HOST:PORT/N and "
+    "publish every stored block there (needs --listen and --node-name).",
+)
+@click.option("--node-name", help="The node's name in the Master (stable across restarts).")
+@click.option(
+    "--data-host",
+    help="Address the Transfer Engine listens on for workers' reads and writes "
+    "[default: --listen's host].",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds the node's lease in the Master lasts unless renewed [default: 3].",
+)
+@click.option(
     "--max-clients", type=click.IntRange(1, 65536), help="Clients at once [default: 256]."
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), help="Log level.")
@@ -238,6 +262,10 @@ def serve(config_file: str | None, **flags: Any) -> None:
             raise click.BadParameter(str(exc), param_hint="'--listen'") from None
         if not secret_file:
             raise click.UsageError("--listen needs --secret-file: TCP clients must authenticate")
+    master = flags["master"] or data.get("master")
+    node_name = flags["node_name"] or data.get("node_name")
+    if master and not (listen and node_name):
+        raise click.UsageError("--master needs --listen and --node-name: workers dial the node")
     writers = list(flags["kv_writers"]) or data.get("kv_writers")
     if writers is not None and (
         not isinstance(writers, list) or not all(isinstance(w, str) and w for w in writers)
@@ -265,6 +293,10 @@ def serve(config_file: str | None, **flags: Any) -> None:
         kv_writers=writers,
         listen=listen,
         secret_file=secret_file,
+        master=master,
+        node_name=node_name,
+        data_host=flags["data_host"] or data.get("data_host"),
+        lease=_seconds(_first(flags["lease"], data.get("lease"), 3.0), "lease", 0),
         hello_timeout=_seconds(
             _first(flags["hello_timeout"], data.get("hello_timeout"), 2.0), "hello_timeout", 0
         ),

@@ -27,6 +27,7 @@ from chm.kv import KEY_DTYPE, MAX_META
 from chm.remote.protocol import (
     MAX_BATCH,
     MAX_FRAME,
+    QUIET,
     STAGING_COUNTERS,
     VERSION,
     VERSIONS,
@@ -78,6 +79,14 @@ def _int(v: Any, what: str, lo: int = 0, hi: int = 2**64 - 1) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
         raise ProtocolError(f"{what}: expected an integer in [{lo}, {hi}], got {v!r}")
     return v
+
+
+def _tokens(v: Any, what: str) -> list[int]:
+    """A list of at most MAX_BATCH tokens (unsigned 64-bit integers)."""
+    toks = _list(v, what)
+    if all(type(t) is int for t in toks) and (not toks or (min(toks) >= 0 and max(toks) < 2**64)):
+        return toks
+    return [_int(t, "token") for t in toks]  # says which is wrong
 
 
 def _list(v: Any, what: str, width: int | None = None) -> list[Any]:
@@ -150,6 +159,10 @@ class Client:
                     raise ProtocolError(f"out-of-order seq {seq} (expected {self.seq + 1})")
                 self.seq = seq
                 t0 = time.perf_counter()
+                if op in QUIET:  # no answer: the client does not wait for one
+                    self._quiet(op, body)
+                    self.d.metrics.observe(op.name, time.perf_counter() - t0)
+                    continue
                 try:
                     reply = self._dispatch(op, body)
                 except ChmError as exc:  # the request failed: this client's answer
@@ -200,6 +213,20 @@ class Client:
                     "released_pins": pins,
                     "pid": self.pid,
                 },
+            )
+
+    def _quiet(self, op: Op, body: Any) -> None:
+        """A request without an answer (RELEASE_QUIET, KV_DONE_QUIET): a
+        failure as a whole is logged (the client learns of nothing, as it
+        asked); a malformed one is a protocol error as any."""
+        if self.version < 4:
+            raise ProtocolError(f"{op.name} is a version 4 request")
+        try:
+            self._dispatch(op, body)
+        except ChmError as exc:
+            self.d.log.warning(
+                "unanswered request failed",
+                extra={"client": self.cid, "op": op.name, "errno": exc.errno},
             )
 
     def _fail(self, op: Op, err: int, message: str) -> None:
@@ -307,6 +334,11 @@ class Client:
                 f"versions {', '.join(map(str, VERSIONS))}"
             )
         self.version = int(body["version"])
+        top = body.get("max_version", self.version)
+        if type(top) is not int or top < self.version:
+            raise ProtocolError(f"HELLO max_version {top!r}: an integer >= version is expected")
+        if self.version >= 3:  # the highest version both speak
+            self.version = min(top, VERSION)
         d = self.d
         try:
             self.area_fd = os.memfd_create(
@@ -321,7 +353,7 @@ class Client:
             raise _Gone(why) from None
         self.area_np = np.frombuffer(self.area, dtype=np.uint8)
         welcome = {
-            "version": VERSION,
+            "version": max(self.version, 3),  # what this connection speaks (3 before 4)
             "session": self.scope.sid,
             "daemon_pid": os.getpid(),
             "instance": d.instance,
@@ -373,13 +405,44 @@ class Client:
             return -errno.EACCES
         return self.d.raw_base + addr
 
-    def _prefetch(self, body: Any) -> Any:
+    def _prefetch(self, body: Any, what: str = "PREFETCH") -> list[list[int]]:
         out: list[list[int]] = []
-        for e in _list(body, "PREFETCH", 3):
+        todo: list[tuple[int, int, int]] = []
+        where: list[int] = []
+        for e in _list(body, what, 3):
             addr, n = _int(e[0], "addr"), _int(e[1], "len")
             flags = _int(e[2], "flags", 0, 2**32 - 1)
             at = self._raw(addr, n)
-            out.append([at, 0] if at < 0 else list(self.scope.prefetch(at, n, flags)))
+            if at < 0:
+                out.append([at, 0])
+            else:
+                where.append(len(out))
+                out.append([0, 0])
+                todo.append((at, n, flags))
+        for j, (rc, tok) in zip(where, self.scope.prefetch_many(todo), strict=True):
+            out[j] = [rc, tok]
+        return out
+
+    def _deadline(self, tns: Any, what: str) -> int | None:
+        t = _int(tns, f"{what} timeout_ns")
+        return None if t >= _FOREVER else time.monotonic_ns() + t
+
+    def _stage(self, body: Any) -> Any:
+        """PREFETCH and WAIT in one request (version 4): one deadline for
+        the batch; an object not staged by it keeps its token (rc
+        -ETIMEDOUT), which the client waits for or releases."""
+        if self.version < 4:
+            raise ProtocolError("STAGE is a version 4 request")
+        if not isinstance(body, list) or len(body) != 2:
+            raise ProtocolError("STAGE body is [timeout_ns, [[addr, len, flags], ...]]")
+        deadline = self._deadline(body[0], "STAGE")
+        out: list[list[int]] = []
+        for rc, tok in self._prefetch(body[1], "STAGE"):
+            if rc:
+                out.append([rc, 0, 0, 0, 0])
+                continue
+            wrc, off, n, addr = self._wait_one(tok, deadline)
+            out.append([wrc, tok, off, n, addr])
         return out
 
     def _wait_one(self, token: int, deadline: int | None) -> list[int]:
@@ -402,12 +465,12 @@ class Client:
         if not isinstance(body, list) or len(body) != 2:
             raise ProtocolError("WAIT body is [timeout_ns, [token, ...]]")
         tns = _int(body[0], "timeout_ns")
-        toks = [_int(t, "token") for t in _list(body[1], "WAIT tokens")]
+        toks = _tokens(body[1], "WAIT tokens")
         deadline = None if tns >= _FOREVER else time.monotonic_ns() + tns
         return [self._wait_one(t, deadline) for t in toks]
 
     def _release(self, body: Any) -> Any:
-        return [self.scope.release(_int(t, "token")) for t in _list(body, "RELEASE")]
+        return self.scope.release_many(_tokens(body, "RELEASE"))
 
     def _read(self, body: Any) -> Any:
         if not isinstance(body, list) or len(body) != 3:
@@ -490,9 +553,12 @@ class Client:
         srcs = [self._area(e[2], e[3], "KV_PUT") for e in items]
         meta = [e[4] if len(e) == 5 else None for e in items]
         try:
-            return [int(s) for s in st.put(ks, srcs, meta)]
+            status = st.put(ks, srcs, meta)
         except ChmError as exc:
             return -(exc.errno or errno.EIO)
+        if self.d.node is not None:  # a storage node: the Master learns of them
+            self.d.node.stored(ks, status)
+        return [int(s) for s in status]
 
     def _kv_entries(self, body: Any) -> Any:
         if self.version < 2:
@@ -542,6 +608,24 @@ class Client:
         self.d.count("kv_lookup_hits", hits)
         return out
 
+    def _kv_load(self, body: Any) -> Any:
+        """KV_LOOKUP and WAIT in one request (version 4): a hit not staged
+        by the deadline keeps its token and pin (its rc says why), which
+        the client waits for or hands back with KV_DONE."""
+        if self.version < 4:
+            raise ProtocolError("KV_LOAD is a version 4 request")
+        if not isinstance(body, list) or len(body) != 3:
+            raise ProtocolError("KV_LOAD body is [timeout_ns, [[hi, lo], ...], prefix]")
+        deadline = self._deadline(body[0], "KV_LOAD")
+        out: list[list[int]] = []
+        for rc, tok, n, csum in self._kv_lookup([body[1], body[2]]):
+            if rc:
+                out.append([rc, 0, 0, 0, 0])
+                continue
+            wrc, off, _n, _addr = self._wait_one(tok, deadline)
+            out.append([wrc, tok, n, csum, off])
+        return out
+
     def _kv_done(self, body: Any) -> Any:
         self._store()
         items = _list(body, "KV_DONE", 4)
@@ -574,7 +658,11 @@ class Client:
         return self._store().prefix_len(_keys(_list(body, "KV_PREFIX_LEN", 2), "key"))
 
     def _kv_remove(self, body: Any) -> Any:
-        return self._writable("KV_REMOVE").remove(_keys(_list(body, "KV_REMOVE", 2), "key"))
+        ks = _keys(_list(body, "KV_REMOVE", 2), "key")
+        gone = self._writable("KV_REMOVE").remove(ks)
+        if self.d.node is not None:  # a storage node: no longer a hit in the Master
+            self.d.node.removed(ks, gone)
+        return gone
 
     def _kv_staging(self, body: Any) -> Any:
         if not isinstance(body, dict) or set(body) != set(STAGING_COUNTERS):
@@ -607,4 +695,8 @@ _HANDLERS = {
     Op.KV_FLUSH: Client._kv_flush,
     Op.KV_ENTRIES: Client._kv_entries,
     Op.KV_STAGING: Client._kv_staging,
+    Op.STAGE: Client._stage,
+    Op.KV_LOAD: Client._kv_load,
+    Op.RELEASE_QUIET: Client._release,
+    Op.KV_DONE_QUIET: Client._kv_done,
 }

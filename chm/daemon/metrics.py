@@ -2,7 +2,9 @@
 
 Exports the device counters, the KV store counters, what clients hold, the
 clients' staging queues (``chm_kv_staging_*``: what they skipped and hold,
-from their KV_STAGING reports), and a latency histogram of the daemon's requests by op.
+from their KV_STAGING reports), a remote storage node's health
+(``chm_node_*``: Master reachable, epoch, lease left, entries published,
+TCP clients), and a latency histogram of the daemon's requests by op.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self.stats()
-        for group in ("device", "kv", "held", "daemon", "staging"):
+        for group in ("device", "kv", "held", "daemon", "staging", "node"):
             prefix = _PREFIX.get(group, group)
             for k, v in (s.get(group) or {}).items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):

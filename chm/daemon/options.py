@@ -19,6 +19,7 @@ import chm
 from chm.kv import Store
 
 from .metrics import Metrics
+from .node import DaemonNode
 from .sessions import Scopes
 
 __all__ = ["Host", "ServeError", "ServeOptions"]
@@ -53,6 +54,13 @@ class ServeOptions:
     kv_writers: list[str] | None = None
     listen: str | None = None  # HOST:PORT of a TCP listener (needs secret_file)
     secret_file: str | None = None  # the shared secret TCP clients authenticate with
+    # a remote storage node (chm.daemon.node): the Master's redis://HOST:PORT/N,
+    # the node's stable name, the address its Transfer Engine listens on
+    # (default: --listen's host), and the lease in seconds
+    master: str | None = None
+    node_name: str | None = None
+    data_host: str | None = None
+    lease: float = 3.0
     hello_timeout: float = 2.0  # seconds a new connection has to send HELLO
     idle_timeout: float = 0.0  # seconds a client may send nothing (0: forever)
     # at max_clients, the client idle longest gives way to a new one if it
@@ -81,6 +89,7 @@ class Host(Protocol):
     raw_base: int
     raw_bytes: int
     staging_lock: threading.Lock  # guards each client's KV_STAGING report
+    node: DaemonNode | None  # set when the daemon is a remote storage node
 
     def adopt(self, conn: socket.socket, peer: str) -> bool:
         """Serve an authenticated TCP client's inner socket (False: full)."""

@@ -39,6 +39,7 @@ from chm.remote.protocol import MAX_FRAME, Op, config_options, encode, read_secr
 from .connection import Client
 from .devices import check_target, reason_key
 from .metrics import Metrics
+from .node import DaemonNode
 from .options import ServeError, ServeOptions
 from .sessions import Scopes, default_quota
 from .tcp import TcpFront
@@ -120,6 +121,7 @@ class Daemon:
             "idle_timeouts": 0,
             "idle_reclaimed": 0,
             "handshakes_dropped": 0,
+            "tcp_bytes_staged": 0,
         }
         self._condemned: set[tuple[int, int]] = set()
         # clients' staging-queue reports (KV_STAGING): the live ones are read
@@ -137,6 +139,7 @@ class Daemon:
         self.pool_ro_fd = -1
         self._listener: socket.socket | None = None
         self.tcp: TcpFront | None = None
+        self.node: DaemonNode | None = None
         self.metrics = Metrics(self.stats)
         self.started = time.time()
 
@@ -198,6 +201,8 @@ class Daemon:
             self._listen()
             if o.listen:
                 self._listen_tcp()
+            if o.master:
+                self._become_node()
             if o.metrics:
                 try:
                     self.metrics.serve(o.metrics)
@@ -223,6 +228,9 @@ class Daemon:
                 "raw_bytes": self.raw_bytes,
                 "listen": _hostport(self.tcp.address) if self.tcp is not None else None,
                 "kv_writers": o.kv_writers,
+                "node": None
+                if self.node is None
+                else {"name": self.node.name, "id": self.node.node, "epoch": self.node.epoch},
                 "recovered_entries": st.recovered_entries if st else 0,
                 "journal": st.journal_path if st else None,
             },
@@ -287,6 +295,34 @@ class Daemon:
         except (OSError, ValueError) as exc:
             raise ServeError(f"--listen {o.listen}: {exc}") from None
         self.tcp.start()
+
+    def _become_node(self) -> None:
+        """Registers with the Master as a remote storage node (chm.daemon.node)."""
+        o = self.opts
+        assert o.master is not None
+        if self.tcp is None or not o.node_name:
+            raise ServeError("--master needs --listen and --node-name: workers dial the node")
+        if self.store is None:
+            raise ServeError("--master needs the KV store (prefetch mode, no --no-kv)")
+        host = str(self.tcp.address[0])
+        data = o.data_host or host
+        if data in ("0.0.0.0", "::", ""):
+            raise ServeError(
+                f"--listen {o.listen} listens on every address: name the one workers "
+                "reach with --data-host"
+            )
+        ctl = data if host in ("0.0.0.0", "::", "") else host
+        try:
+            self.node = DaemonNode(
+                self,
+                o.master,
+                o.node_name,
+                data_host=data,
+                control=_hostport((ctl, self.tcp.address[1])),
+                lease=o.lease,
+            )
+        except (ChmError, OSError) as exc:
+            raise ServeError(f"--master {o.master}: {exc}") from None
 
     def serve_forever(self) -> None:
         assert self._listener is not None
@@ -426,6 +462,9 @@ class Daemon:
             self._listener = None
             with contextlib.suppress(OSError):
                 os.unlink(self.opts.socket)
+        if self.node is not None:  # first: workers stop finding this node's blocks
+            with contextlib.suppress(ChmError):
+                self.node.close()
         if self.tcp is not None:
             self.tcp.close()
             self.tcp = None
@@ -509,7 +548,9 @@ class Daemon:
             ks = np.zeros(1, dtype=KEY_DTYPE)
             ks[0] = p
             try:
-                st.remove(ks)
+                gone = st.remove(ks)
+                if self.node is not None:
+                    self.node.removed(ks, gone)
             except Busy:  # another client still loads it: later
                 continue
             except ChmError as exc:
@@ -566,6 +607,7 @@ class Daemon:
             "kv": self.store.stats().to_dict() if self.store is not None else None,
             "held": self.scopes.held(),
             "staging": self.staging_stats(),
+            "node": self.node.health() if self.node is not None else None,
             "daemon": {
                 **counts,
                 "pid": os.getpid(),

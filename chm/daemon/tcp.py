@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from chm.remote.protocol import (
     MAX_FRAME,
+    QUIET,
     Framed,
     Op,
     ProtocolError,
@@ -40,6 +41,8 @@ from chm.remote.protocol import (
     decode,
     encode,
     recv_fds,
+    released_by,
+    staged_by,
 )
 
 if TYPE_CHECKING:
@@ -122,6 +125,7 @@ class _Relay:
         self.skip = 0  # requests answered here: the Client's seq lags by this
         self.staged: dict[int, tuple[int, int]] = {}  # token -> (pool offset, len)
         self.last: tuple[Op, Any] | None = None  # the request forwarded, unanswered
+        self.area_addr: int | None = None  # the area's address, registered with the engine
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):
@@ -155,6 +159,9 @@ class _Relay:
         except Exception:  # a bug here: logged; the other clients are served on
             self.front.d.log.exception("tcp front end failed", extra={"peer": self.peer})
         finally:
+            node = self.front.d.node
+            if self.area_addr is not None and node is not None:
+                node.detach(self.area_addr)  # before the area is unmapped
             for m in (self.area, self.pool):
                 if m is not None:
                     with contextlib.suppress(BufferError):
@@ -208,6 +215,10 @@ class _Relay:
                 )
                 self.area = mmap.mmap(fds[1], welcome["area_bytes"], mmap.MAP_SHARED)
                 welcome = {**welcome, "transport": "tcp"}
+                node = self.front.d.node
+                if node is not None:  # the engine moves its bytes: chm.daemon.node
+                    self.area_addr, extra = node.attach(self.area)
+                    welcome.update(extra)
                 data = encode(Op.HELLO, 0, welcome)
         finally:
             for fd in fds:
@@ -237,6 +248,11 @@ class _Relay:
                 net.send(encode(op, seq, self._data(op, body)))
                 self.skip += 1
                 continue
+            if op in QUIET:  # unanswered: what it hands back is no longer served here
+                for tok in released_by(op, body):
+                    self.staged.pop(int(tok), None)
+                inner.send(encode(op, seq - self.skip, body))
+                continue
             self.last = (op, body)
             inner.send(encode(op, seq - self.skip, body))
 
@@ -250,15 +266,22 @@ class _Relay:
     def _track(self, op: Op, req: Any, ans: list[Any]) -> None:
         """The pool ranges of the tokens this client holds, for POOL_GET."""
         if op == Op.WAIT:
+            staged = 0
             for tok, (rc, off, n, _addr) in zip(req[1], ans, strict=False):
                 if rc == 0:
                     self.staged[int(tok)] = (int(off), int(n))
+                    staged += int(n)
+            if staged:
+                self.front.d.count("tcp_bytes_staged", staged)
         elif op == Op.RELEASE:
             for tok in req:
                 self.staged.pop(int(tok), None)
         elif op == Op.KV_DONE:
             for e in req:
                 self.staged.pop(int(e[2]), None)
+        elif op in (Op.STAGE, Op.KV_LOAD):  # version 4: prefetch or lookup, and wait
+            for tok, off, n in staged_by(op, req, ans):
+                self.staged[tok] = (off, n)
 
     def _data(self, op: Op, body: Any) -> Any:
         """AREA_PUT / AREA_GET / POOL_GET: an answer, or a negative errno."""

@@ -117,6 +117,22 @@ end
 return out
 """
 
+# KEYS[1] = entries hash; ARGV = node id (4 bytes), node epoch (8 bytes, or
+# empty: any), then 16-byte keys. Deletes each key's entry only while it
+# still names that node (and epoch); returns how many it deleted.
+_DROP = """
+local n = 0
+for i = 3, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v and string.sub(v, 57, 60) == ARGV[1]
+      and (ARGV[2] == '' or string.sub(v, 41, 48) == ARGV[2]) then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
 # KEYS[1] = lease key, KEYS[2] = epoch counter; ARGV = epoch (8 bytes), ttl ms.
 _RENEW = """
 local cur = redis.call('GET', KEYS[2])
@@ -240,6 +256,7 @@ class RedisMaster:
         self._lookup = self._r.register_script(_LOOKUP)
         self._contains = self._r.register_script(_CONTAINS)
         self._renew = self._r.register_script(_RENEW)
+        self._drop = self._r.register_script(_DROP)
         self._lock = threading.Lock()
         self.stats: dict[str, int] = {
             "lookups": 0,
@@ -383,6 +400,21 @@ class RedisMaster:
             self._count("errors")
             return False
         return True
+
+    def drop(self, keys: Any, node: int, epoch: int | None = None) -> int:
+        """Deletes the entries of ``keys`` that still name ``node`` (and
+        ``epoch``, if given), in one round trip: a block a node removed or
+        evicted stops being a hit without touching an entry another node (or
+        a later epoch) published since. Returns how many; 0 when Redis is down."""
+        ks = key_bytes(keys)
+        if not ks:
+            return 0
+        args = [struct.pack("<I", node), b"" if epoch is None else struct.pack("<Q", epoch), *ks]
+        try:
+            return int(self._drop(keys=[self._k("e")], args=args))
+        except self._errors_cls:
+            self._count("errors")
+            return 0
 
     def lookup(
         self,
