@@ -120,6 +120,7 @@ from chm._lowlevel.session import (
     session_release_one,
     session_wait,
     session_wait_buffer,
+    session_wait_status,
 )
 from chm._robuf import ReadOnlyBuffer
 from chm.errors import ChmError
@@ -203,6 +204,7 @@ __all__ = [
     "session_release_one",
     "session_wait",
     "session_wait_buffer",
+    "session_wait_status",
     "state_name",
     "stats",
     "stats_into",

@@ -97,6 +97,19 @@ def session_wait(dev: CData, sess: int, h: int, timeout_ns: int) -> ViewInfo:
     return ViewInfo(_view_buffer(vp.data, n, dev), n, int(vp.dev_addr), int(vp.pool_offset))
 
 
+def session_wait_status(
+    dev: CData, sess: int, h: int, timeout_ns: int
+) -> tuple[int, int, int, int]:
+    """chm_session_wait() as a status: ``(0, pool_offset, len, dev_addr)``
+    or ``(-errno, 0, 0, 0)``; no view is made and nothing is raised (for a
+    server that answers statuses, e.g. the daemon's WAIT)."""
+    vp = _new("struct chm_view *")
+    rc = _sess_wait_c(dev, sess, h, timeout_ns, vp)
+    if rc < 0:
+        return rc, 0, 0, 0
+    return 0, int(vp.pool_offset), int(vp.len), int(vp.dev_addr)
+
+
 def session_release_one(dev: CData, sess: int, h: int) -> None:
     """One chm_session_release() element; raises its status."""
     call = "chm_session_release"

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from chm import _lowlevel as _ll
 from chm.device import Device, Handle, Session
 from chm.errors import ChmError, NotSupported
 from chm.kv import KEY_DTYPE, Store
@@ -91,6 +92,39 @@ class Scope:
             self.tokens[h.token] = h
         return 0, h.token
 
+    def prefetch_many(self, items: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+        """:meth:`prefetch` of each ``(addr, length, flags)``, in one device
+        call per run of elements with the same flags; the same answers."""
+        out: list[tuple[int, int]] = []
+        i = 0
+        while i < len(items):
+            flags = items[i][2]
+            j = i + 1
+            while j < len(items) and items[j][2] == flags:
+                j += 1
+            run = items[i:j]
+            i = j
+            if flags & ~(NOQUEUE | RETAIN) or len(run) == 1:
+                out += [self.prefetch(a, n, f) for a, n, f in run]
+                continue
+            kw = {"noqueue": bool(flags & NOQUEUE), "retain": bool(flags & RETAIN)}
+            addrs, lens = [e[0] for e in run], [e[1] for e in run]
+            sess = self._sess
+            try:
+                if sess is None:
+                    got = self._dev.prefetch_many(addrs, lens, **kw)
+                else:
+                    got = sess.prefetch_many(addrs, lens, **kw)
+            except ChmError:  # refused as a whole: each element says why
+                out += [self.prefetch(a, n, f) for a, n, f in run]
+                continue
+            with self._lock:
+                for h in got:
+                    if isinstance(h, Handle):
+                        self.tokens[h.token] = h
+            out += [(_rc(h), 0) if isinstance(h, ChmError) else (0, h.token) for h in got]
+        return out
+
     def _held(self, token: int) -> Handle | None:
         with self._lock:
             return self.tokens.get(token)
@@ -121,12 +155,13 @@ class Scope:
         h = self._held(token)
         if h is None:
             return self._unheld(token), 0, 0, 0
-        timeout = None if timeout_ns >= _FOREVER else timeout_ns / 1e9
-        try:
-            addr, n, off = self._dev.view_info(h, timeout)
+        sess = self._sess
+        try:  # a status, no view made: the daemon never takes a view of it
+            ptr = self._dev._p("chm_session_wait") if sess is None else sess._p("chm_session_wait")
         except ChmError as exc:
             return _rc(exc), 0, 0, 0
-        return 0, off, n, addr
+        sid = _ll.SESSION_DEFAULT if sess is None else sess._sid
+        return _ll.session_wait_status(ptr, sid, token, min(timeout_ns, _FOREVER))
 
     def release(self, token: int) -> int:
         """0, or -errno (a token this scope does not hold: :meth:`_unheld`)."""
@@ -139,6 +174,32 @@ class Scope:
         except ChmError as exc:
             return _rc(exc)
         return 0
+
+    def release_many(self, tokens: list[int]) -> list[int]:
+        """:meth:`release` of each token, the held ones in one device call."""
+        out = [0] * len(tokens)
+        held: list[Handle] = []
+        where: list[int] = []
+        with self._lock:
+            for j, t in enumerate(tokens):
+                h = self.tokens.pop(t, None)
+                if h is None:
+                    out[j] = 1  # not held here: answered below
+                else:
+                    held.append(h)
+                    where.append(j)
+        for j, t in enumerate(tokens):
+            if out[j] == 1:
+                out[j] = self._unheld(t)
+        if held:
+            sess = self._sess
+            try:
+                res = self._dev.release_many(held) if sess is None else sess.release_many(held)
+            except ChmError as exc:
+                res = [exc] * len(held)
+            for j, r in zip(where, res, strict=True):
+                out[j] = 0 if r is None else _rc(r)
+        return out
 
     def pin(self, keys: np.ndarray[Any, Any]) -> list[bool]:
         assert self._store is not None

@@ -23,6 +23,7 @@ import mmap
 import operator
 import os
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -41,6 +42,7 @@ from chm.kv.buffers import as_dst, as_src
 from chm.kv.keys import Namespace
 from chm.kv.store import MAX_META, PutStatus, check_meta
 from chm.remote.protocol import (
+    HELLO_VERSION,
     MAX_BATCH,
     MAX_FRAME,
     STAGING_COUNTERS,
@@ -106,11 +108,26 @@ class RemoteHandle:
     # refused); _mv: a weak reference to the memoryview of it that wait()
     # hands out (weak, as chm.Handle's: an array made from that memoryview
     # once it is dropped counts as an export of _buf).
-    __slots__ = ("__weakref__", "_buf", "_dev", "_mv", "place", "released", "token")
+    # _own: issued by this connection's PREFETCH or STAGE (not adopt()ed),
+    # so its release needs no answer; _ready: (pool_offset, len, dev_addr)
+    # when a STAGE answered it staged, so wait() needs no round trip.
+    __slots__ = (
+        "__weakref__",
+        "_buf",
+        "_dev",
+        "_mv",
+        "_own",
+        "_ready",
+        "place",
+        "released",
+        "token",
+    )
 
-    def __init__(self, dev: RemoteDevice, token: int) -> None:
+    def __init__(self, dev: RemoteDevice, token: int, own: bool = False) -> None:
         self._dev = dev
         self.token = token
+        self._own = own
+        self._ready: tuple[int, int, int] | None = None
         self._buf: ReadOnlyBuffer | None = None
         self._mv: weakref.ref[memoryview] | None = None
         self.place: tuple[int, int, int] | None = None  # (dev_addr, length, pool_offset)
@@ -227,7 +244,15 @@ class RemoteDevice:
         self._vlock = threading.Lock()
         self._ending = False
         self.tcp = path.startswith("tcp://")
-        hello: dict[str, Any] = {"version": VERSION, "pid": os.getpid()}
+        # version 3 with max_version: a version 3 daemon ignores the latter
+        hello: dict[str, Any] = {
+            "version": HELLO_VERSION,
+            "max_version": VERSION,
+            "pid": os.getpid(),
+        }
+        self.round_trips = 0  # requests sent that waited for an answer
+        self.quiet_sent = 0  # requests sent that have no answer (RELEASE_QUIET, KV_DONE_QUIET)
+        self._armed: float | None = None  # the receive timeout set on the socket
         s: Any
         if self.tcp:
             s, hello["auth"] = _dial_tcp(path, timeout, secret_file)
@@ -313,7 +338,8 @@ class RemoteDevice:
             limit = wait + self.request_timeout
             done = False
             try:
-                self._sock.settimeout(limit)
+                self._arm(limit)
+                self.round_trips += 1
                 try:
                     self._sock.send(packet)
                 except OSError as exc:
@@ -328,7 +354,7 @@ class RemoteDevice:
                 else:
                     data = self._sock.recv(MAX_FRAME + 1)
                 done = True
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO ends a blocking recv so
                 self._break(
                     f"no answer to {op.name} within {limit:g} s: the daemon is stopped or "
                     "hung; the connection is closed"
@@ -361,10 +387,59 @@ class RemoteDevice:
                 raise ProtocolError(self._broken)
             return rbody
 
+    def _arm(self, limit: float) -> None:
+        """The socket's deadline for one request: a Unix socket stays
+        blocking with SO_RCVTIMEO/SO_SNDTIMEO, set only when the limit
+        changes (a Python socket timeout costs a poll per send and recv);
+        a TCP one keeps Python's timeout, also set only on a change."""
+        if limit == self._armed:
+            return
+        if self.tcp:
+            self._sock.settimeout(limit)
+        else:
+            if self._sock.gettimeout() is not None:
+                self._sock.settimeout(None)
+            sec = int(limit)
+            tv = struct.pack("@ll", sec, int((limit - sec) * 1e6))
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        self._armed = limit
+
+    def _tell(self, op: Op, body: Any) -> None:
+        """A request without an answer (version 4: RELEASE_QUIET,
+        KV_DONE_QUIET): one packet, no round trip. The daemon applies it
+        before it reads this connection's next request."""
+        with self._lock:
+            if self._closed:
+                raise Cancelled(None, f"{op.name}: connection is closed")
+            if self._broken:
+                raise DaemonGone(None, f"{op.name}: {self._broken}")
+            seq = self._seq + 1
+            packet = encode(op, seq, body)
+            self._seq = seq
+            done = False
+            try:
+                self._arm(self.request_timeout)
+                self.quiet_sent += 1
+                self._sock.send(packet)
+                done = True
+            except (TimeoutError, BlockingIOError):
+                self._break(f"{op.name} not taken within {self.request_timeout:g} s")
+                raise DaemonGone(None, f"{op.name}: {self._broken}") from None
+            except OSError as exc:
+                if isinstance(exc, DaemonGone):
+                    raise
+                self._break(f"{_LOST.get(exc.errno or 0, 'the connection failed')}")
+                raise DaemonGone(None, f"{op.name}: {self._broken} ({_oserr(exc)})") from None
+            finally:
+                if not done and not self._broken:  # interrupted (KeyboardInterrupt, ...)
+                    self._break(f"{op.name} was interrupted")
+
     def _said_before_closing(self) -> bytes:
         """After a send failed on a closed connection: the daemon's last
         packet (its ERROR saying why), or b"" if it left none."""
         try:
+            self._armed = None
             self._sock.settimeout(0.05)
             return bytes(self._sock.recv(MAX_FRAME + 1))
         except (OSError, ProtocolError):
@@ -437,6 +512,8 @@ class RemoteDevice:
         *,
         noqueue: bool = False,
         retain: bool = False,
+        wait: bool = False,
+        timeout: float | None = None,
     ) -> list[RemoteHandle | ChmError]:
         """Issues one prefetch per ``(addrs[i], lengths[i])``, as
         ``chm.Device.prefetch_many``: never blocks; returns, in order, a
@@ -446,6 +523,13 @@ class RemoteDevice:
         call as a whole (lengths of the sequences differ, more than
         CHM_BATCH_MAX elements, a bool or negative value), TypeError (not an
         integer), Cancelled (closed). One round trip per MAX_BATCH elements.
+
+        ``wait=True`` also waits, in the same round trip (a version 4
+        daemon's STAGE), up to ``timeout`` seconds (None: up to 1 s in this
+        call) for the issued objects to be staged: then :meth:`wait_many`
+        of those staged needs no round trip of its own. An object not staged
+        by then is returned issued as without ``wait`` (no wait error is
+        raised here: :meth:`wait_many` says it).
         """
         call = "chm_prefetch_objects"
         n = len(addrs)
@@ -453,17 +537,32 @@ class RemoteDevice:
         a = _u64s(call, "addrs", addrs)
         ln = _u64s(call, "lens", lengths)
         flags = (_ll.PF_NOQUEUE if noqueue else 0) | (_ll.PF_RETAIN if retain else 0)
+        end = None if timeout is None else time.monotonic_ns() + timeout_ns(timeout)
         if self._closed:
             raise Cancelled(None, f"{call}: connection is closed", call=call)
+        stage = wait and self.version >= 4
         out: list[RemoteHandle | ChmError] = []
         for i in range(0, n, MAX_BATCH):
             part = zip(a[i : i + MAX_BATCH], ln[i : i + MAX_BATCH], strict=True)
             body = [[x, y, flags] for x, y in part]
-            for j, (rc, tok) in enumerate(self._call(Op.PREFETCH, body), i):
-                if rc == 0:
-                    out.append(RemoteHandle(self, tok))
-                else:
+            if not stage:
+                for j, (rc, tok) in enumerate(self._call(Op.PREFETCH, body), i):
+                    if rc == 0:
+                        out.append(RemoteHandle(self, tok, own=True))
+                    else:
+                        out.append(self._raw_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
+                continue
+            left = _WAIT_CHUNK if end is None else max(0, end - time.monotonic_ns())
+            chunk = min(left, _WAIT_CHUNK)
+            res = self._call(Op.STAGE, [chunk, body], wait=chunk / 1e9)
+            for j, (rc, tok, off, size, addr) in enumerate(res, i):
+                if tok == 0:  # refused: nothing issued
                     out.append(self._raw_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
+                    continue
+                h = RemoteHandle(self, tok, own=True)
+                if rc == 0:
+                    h._ready = (off, size, addr)
+                out.append(h)
         return out
 
     def prefetch(
@@ -478,7 +577,7 @@ class RemoteDevice:
         ((rc, tok),) = self._call(Op.PREFETCH, [[a, n, flags]])
         if rc:
             raise self._raw_error(rc, call, args)
-        return RemoteHandle(self, tok)
+        return RemoteHandle(self, tok, own=True)
 
     def wait_many(
         self, handles: Sequence[RemoteHandle], timeout: float | None = None
@@ -500,23 +599,39 @@ class RemoteDevice:
                 raise _err(-errno.ESTALE, "chm_prefetch_wait", f"handle={h.token:#x} released")
             else:
                 todo.append(j)
+        ready = [j for j in todo if handles[j]._ready is not None]  # STAGE said where
+        if ready:
+            todo = [j for j in todo if handles[j]._ready is None]
+            places = [handles[j]._ready or (0, 0, 0) for j in ready]
+            self._publish(handles, ready, [[0, *p] for p in places], out)
         for i in range(0, len(todo), MAX_BATCH):
             part = todo[i : i + MAX_BATCH]
             got = self._wait_tokens([handles[j].token for j in part], end)
-            with self._vlock:  # a view is either ended by close() or never handed out
-                if self._ending:
-                    raise Cancelled(None, "chm_prefetch_wait: connection is closed")
-                for j, (rc, off, n, addr) in zip(part, got, strict=True):
-                    if rc:
-                        raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
-                    h = handles[j]
-                    h._buf = ReadOnlyBuffer(self._staged(h.token, off, n), h)
-                    mv = memoryview(h._buf)
-                    h._mv = weakref.ref(mv)
-                    h.place = (addr, n, off)
-                    self._viewed.add(h)
-                    out[j] = mv
+            self._publish(handles, part, got, out)
         return out
+
+    def _publish(
+        self,
+        handles: Sequence[RemoteHandle],
+        part: list[int],
+        got: list[list[int]],
+        out: list[memoryview],
+    ) -> None:
+        """Hands out the views of staged handles (WAIT answers ``[rc,
+        pool_offset, len, dev_addr]``); raises the first failure."""
+        with self._vlock:  # a view is either ended by close() or never handed out
+            if self._ending:
+                raise Cancelled(None, "chm_prefetch_wait: connection is closed")
+            for j, (rc, off, n, addr) in zip(part, got, strict=True):
+                if rc:
+                    raise _err(rc, "chm_prefetch_wait", f"handle={handles[j].token:#x}")
+                h = handles[j]
+                h._buf = ReadOnlyBuffer(self._staged(h.token, off, n), h)
+                mv = memoryview(h._buf)
+                h._mv = weakref.ref(mv)
+                h.place = (addr, n, off)
+                self._viewed.add(h)
+                out[j] = mv
 
     def _wait_tokens(self, tokens: list[int], end: int | None) -> list[list[int]]:
         """WAIT answers for the tokens by ``end`` (monotonic ns; None:
@@ -545,7 +660,10 @@ class RemoteDevice:
         otherwise: ViewInUse (the slot is kept) while its view is still
         exported, InvalidArgument for a handle of another connection, or
         what the daemon answers (StaleHandle, ...). One round trip per
-        MAX_BATCH handles."""
+        MAX_BATCH handles; none with a version 4 daemon for the handles this
+        connection issued (their release is sent unanswered: the daemon
+        holds them for this connection alone, so it has nothing to refuse,
+        and applies it before it reads the next request)."""
         out: list[ChmError | None] = [None] * len(handles)
         live: list[int] = []
         for i, h in enumerate(handles):
@@ -561,6 +679,11 @@ class RemoteDevice:
             live.append(i)
         if self._closed:
             return out  # the daemon released everything of this connection
+        if self.version >= 4:
+            own = [i for i in live if handles[i]._own]
+            for k in range(0, len(own), MAX_BATCH):
+                self._tell(Op.RELEASE_QUIET, [handles[i].token for i in own[k : k + MAX_BATCH]])
+            live = [i for i in live if not handles[i]._own]  # adopt()ed: the daemon says
         for k in range(0, len(live), MAX_BATCH):
             part = live[k : k + MAX_BATCH]
             rcs = self._call(Op.RELEASE, [handles[i].token for i in part])
@@ -1007,17 +1130,29 @@ class RemoteStore:
         ok = [False] * ks.size
         end = None if timeout is None else time.monotonic_ns() + timeout_ns(timeout)
         failed = False
+        quiet = dev.version >= 4
+        done_op = Op.KV_DONE_QUIET if quiet else Op.KV_DONE
         for i in range(0, ks.size, MAX_BATCH):
             part = ks[i : i + MAX_BATCH]
             pairs = _pairs(part)
-            ents = dev._call(Op.KV_LOOKUP, [pairs, prefix])
-            pend = [(j, e) for j, e in enumerate(ents) if e[0] == 0]
+            res: list[list[int]] | None = None
+            if quiet:  # lookup and the first wait slice in one round trip
+                left = _WAIT_SLICE if end is None else max(0, end - time.monotonic_ns())
+                step = min(left, _WAIT_SLICE)
+                got = dev._call(Op.KV_LOAD, [step, pairs, prefix], wait=step / 1e9)
+                ents = [[rc, tok, n, csum] for rc, tok, n, csum, _off in got]
+                res = [[rc, off, n, 0] for rc, tok, n, _csum, off in got if tok]
+            else:
+                ents = dev._call(Op.KV_LOOKUP, [pairs, prefix])
+            pend = [(j, e) for j, e in enumerate(ents) if e[1] != 0 or e[0] == 0]
             tail_miss = prefix and len(pend) < part.size  # the prefix ends in this batch
             try:
                 while pend:
                     left = _WAIT_SLICE if end is None else max(0, end - time.monotonic_ns())
                     step = min(left, _WAIT_SLICE)
-                    res = dev._call(Op.WAIT, [step, [e[1] for _, e in pend]], wait=step / 1e9)
+                    if res is None:
+                        toks = [e[1] for _, e in pend]
+                        res = dev._call(Op.WAIT, [step, toks], wait=step / 1e9)
                     done, rest = [], []
                     for (j, e), (rc, off, _n, _a) in zip(pend, res, strict=True):
                         if rc == -errno.ETIMEDOUT and left > 0:
@@ -1037,12 +1172,13 @@ class RemoteStore:
                                 view.release()
                         failed = failed or (prefix and not ok[i + j])
                         done.append([*pairs[j], e[1], bad])
+                    res = None
                     if done:
-                        dev._call(Op.KV_DONE, done)
+                        self._done(done_op, done)
                     pend = rest
             finally:
                 if pend:
-                    dev._call(Op.KV_DONE, [[*pairs[j], e[1], 0] for j, e in pend])
+                    self._done(done_op, [[*pairs[j], e[1], 0] for j, e in pend])
             if prefix and (failed or tail_miss):
                 break
         if prefix:
@@ -1051,6 +1187,13 @@ class RemoteStore:
                 n += 1
             ok[n:] = [False] * (len(ok) - n)
         return ok
+
+    def _done(self, op: Op, items: list[list[int]]) -> None:
+        """Hands loaded blocks back: KV_DONE, or unanswered (version 4)."""
+        if op == Op.KV_DONE_QUIET:
+            self.device._tell(op, items)
+        else:
+            self.device._call(op, items)
 
     def get(self, keys: Any, dsts: Sequence[Any], timeout: float | None = None) -> list[bool]:
         ks = self._ks(keys)

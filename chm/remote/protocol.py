@@ -29,8 +29,10 @@ import msgpack
 from chm.errors import InvalidArgument
 
 __all__ = [
+    "HELLO_VERSION",
     "MAX_BATCH",
     "MAX_FRAME",
+    "QUIET",
     "STAGING_COUNTERS",
     "VERSION",
     "VERSIONS",
@@ -43,11 +45,20 @@ __all__ = [
     "encode",
     "read_secret",
     "recv_fds",
+    "released_by",
     "send_fds",
+    "staged_by",
 ]
 
-VERSION = 3  # 2: KV_PUT metadata, KV_ENTRIES; 3: non-fatal ERROR answers, BYE
-VERSIONS = (1, 2, 3)  # what a daemon accepts in HELLO (a version 1 client sends neither)
+# 2: KV_PUT metadata, KV_ENTRIES; 3: non-fatal ERROR answers, BYE; 4: STAGE,
+# KV_LOAD (prefetch or lookup and wait in one request), RELEASE_QUIET and
+# KV_DONE_QUIET (no answer: no round trip of their own)
+VERSION = 4
+VERSIONS = (1, 2, 3, 4)  # what a daemon accepts in HELLO (a version 1 client sends neither)
+# A client sends HELLO version 3 with "max_version": 4, which a version 3
+# daemon ignores (it answers WELCOME version 3); a version 4 daemon answers
+# the highest version both speak.
+HELLO_VERSION = 3
 MAX_FRAME = 64 * 1024  # bytes in one packet, either way
 MAX_BATCH = 256  # elements in one batched request
 
@@ -77,6 +88,47 @@ class Op(enum.IntEnum):
     AREA_GET = 20  # [area_offset, len] -> bytes
     POOL_GET = 21  # [token, offset, len] -> bytes of that token's staged object
     KV_STAGING = 22  # {counter: int, ...} -> 0: the client's staging-queue counters
+    # version 4:
+    STAGE = 23  # [timeout_ns, [[addr, len, flags], ...]] -> [[rc, token, off, len, addr], ...]
+    KV_LOAD = 24  # [timeout_ns, [[hi, lo], ...], prefix] -> [[rc, token, len, xxh3, off], ...]
+    RELEASE_QUIET = 25  # [token, ...]; no answer
+    KV_DONE_QUIET = 26  # [[hi, lo, token, bad], ...]; no answer
+
+
+# requests the daemon does not answer (nothing to wait for; BYE ends the connection)
+QUIET = frozenset({Op.RELEASE_QUIET, Op.KV_DONE_QUIET})
+
+
+def staged_by(op: Op, req: Any, ans: Any) -> list[tuple[int, int, int]]:
+    """``(token, pool_offset, len)`` of each object an answer says is staged
+    for the client (WAIT, STAGE, KV_LOAD); for a relay that serves its bytes."""
+    out: list[tuple[int, int, int]] = []
+    if not isinstance(ans, list):
+        return out
+    if op == Op.WAIT and isinstance(req, list) and len(req) == 2:
+        for tok, e in zip(req[1], ans, strict=False):
+            if isinstance(e, list) and len(e) == 4 and e[0] == 0:
+                out.append((int(tok), int(e[1]), int(e[2])))
+    elif op == Op.STAGE:
+        out += [(int(e[1]), int(e[2]), int(e[3])) for e in ans if _ok(e, 5)]
+    elif op == Op.KV_LOAD:
+        out += [(int(e[1]), int(e[4]), int(e[2])) for e in ans if _ok(e, 5)]
+    return out
+
+
+def released_by(op: Op, req: Any) -> list[int]:
+    """The tokens a request hands back (RELEASE, KV_DONE and their quiet forms)."""
+    if not isinstance(req, list):
+        return []
+    if op in (Op.RELEASE, Op.RELEASE_QUIET):
+        return [t for t in req if isinstance(t, int)]
+    if op in (Op.KV_DONE, Op.KV_DONE_QUIET):
+        return [e[2] for e in req if isinstance(e, list) and len(e) == 4 and isinstance(e[2], int)]
+    return []
+
+
+def _ok(e: Any, width: int) -> bool:
+    return isinstance(e, list) and len(e) == width and e[0] == 0
 
 
 # the counters a KV_STAGING report carries (chm.kv.StagingStats field names)
