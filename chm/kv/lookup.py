@@ -99,6 +99,11 @@ class BlockSource(Protocol):
         """Adds ``n`` to the store's counter ``name``."""
         ...
 
+    def read_into(self, addr: int, dst: Any) -> int:
+        """The device's ``read_into`` (the direct path), one at a time with
+        the store's other data calls where the device needs it."""
+        ...
+
 
 class Lookup:
     """Pinned hits of one request with their prefetches issued.
@@ -226,7 +231,7 @@ class Lookup:
                     break
                 dst = outs[j][:n]
                 try:
-                    st.device.read_into(addr, dst)
+                    st.read_into(addr, dst)
                 except ChmError:
                     st.count("io_errors")
                     if prefix:

@@ -186,6 +186,18 @@ def _local_backing(dev: DeviceLike) -> str | None:
         return None
 
 
+def _thread_safe_io(dev: DeviceLike) -> bool:
+    """Whether the device's data calls may run from several threads at
+    once: an embedded chm.Device, whose C core reserves a write's space
+    under its lock and copies with it dropped. A daemon client
+    (chm.remote.RemoteDevice) moves the bytes of a write or a direct read
+    through one shared area per connection, so two at once would overwrite
+    each other's bytes there."""
+    from chm.device import Device
+
+    return isinstance(dev, Device)
+
+
 def _default_journal(dev: DeviceLike) -> str:
     targets = dev.config.targets
     if targets:
@@ -243,6 +255,13 @@ class _Blocks:
 
     def count(self, name: str, n: int = 1) -> None:
         self._st._count(name, n)
+
+    def read_into(self, addr: int, dst: Any) -> int:
+        io = self._st._io_lock
+        if io is None:
+            return self._st.device.read_into(addr, dst)
+        with io:
+            return self._st.device.read_into(addr, dst)
 
 
 class Store:
@@ -366,6 +385,19 @@ class Store:
         self._compact_lock = threading.Lock()  # one compaction at a time
         self._compact_ratio = compact_ratio
         self._closed = False
+        self._closing = False  # close() began: new puts are refused
+        self._putting = 0  # put calls under way (close waits for them)
+        self._idle = threading.Condition(self._lock)  # _putting fell to 0
+        # The device writes of a put run with the store unlocked, unless they
+        # can neither copy nor sleep (the ghost backend on the virtual clock:
+        # a replay), where the whole put keeps the lock and its index and
+        # journal updates are applied once per call.
+        self._write_unlocked = self.has_bytes or cfg.get("clock") != "virtual"
+        # An embedded chm.Device takes concurrent writes (each reserves its
+        # space under the device's lock and copies unlocked); another device
+        # (the daemon client, whose data goes through one shared area per
+        # connection) gets the store's data calls one at a time.
+        self._io_lock = None if _thread_safe_io(device) else threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         if flush_interval is not None and (
             isinstance(flush_interval, bool)
@@ -814,8 +846,7 @@ class Store:
                     None, f"source {j}: {b.size} bytes; a block has 1..{self.max_block} bytes"
                 )
             bufs.append(b)
-        with self._lock:
-            return self._put_blocks(ks, [int(b.size) for b in bufs], touch, bufs, metas)
+        return self._put_blocks(ks, [int(b.size) for b in bufs], touch, bufs, metas)
 
     def _encode(
         self, hi: int, lo: int, b: np.ndarray[Any, Any], addr: int, epoch: int
@@ -872,8 +903,7 @@ class Store:
             raise InvalidArgument(
                 None, f"put_lengths: a block has 1..{self.max_block} bytes, got {lens.tolist()}"
             )
-        with self._lock:
-            return self._put_blocks(ks, lens.tolist(), touch)
+        return self._put_blocks(ks, lens.tolist(), touch)
 
     def _put_blocks(
         self,
@@ -884,16 +914,53 @@ class Store:
         metas: list[bytes] | None = None,
     ) -> list[PutStatus]:
         """The one put path, for put() (``bufs``: the blocks' bytes) and
-        put_lengths() (no bytes: the device's ``write_length``); lock held.
+        put_lengths() (no bytes: the device's ``write_length``); takes the
+        store lock (the caller must not hold it).
 
-        In key order: an absent key's block is placed (reclaiming victim
-        segments until it fits) and written; evictions, index inserts and
-        journal records are applied once, at the end. A key whose block an
-        earlier put of the call evicted is absent again (stored anew)."""
-        alloc, e = self._alloc, self._index.e
-        rows0 = self._index.find(ks)
+        In key order, under the lock: a key in the store is EXISTS; an
+        absent key's block is placed (reclaiming victim segments until it
+        fits) and becomes WRITING: its address taken, its segment pinned so
+        no eviction reuses it, and not in the index, so no lookup finds it.
+        Its device write runs with the lock dropped (``_write_unlocked``) or
+        held (the ghost backend on the virtual clock, where a write neither
+        copies nor sleeps). Back under the lock the segment is unpinned and
+        the block published (PENDING in the index, readable; the next
+        flush() journals it) or rolled back, its space given back: SKIPPED
+        (the device did not admit it), ERROR (the device failed it), or
+        EXISTS when another put of the same key published first. Evictions,
+        index inserts and RECLAIM records are applied before the lock is
+        dropped (so a reclaimed segment's rows and its RECLAIM record precede
+        any byte written into it), or once at the end when it never is. A
+        key whose block an earlier put of the call evicted is absent again
+        (stored anew)."""
+        lock = self._lock
+        unlocked = self._write_unlocked
+        with lock:
+            if self._closing or self._closed:
+                raise Cancelled(None, "Store.put: the store is closed", call="Store.put")
+            self._putting += 1
+            try:
+                return self._put_run(ks, lens, touch, bufs, metas, unlocked)
+            finally:
+                self._putting -= 1
+                if self._putting == 0:  # a close() may be waiting
+                    self._idle.notify_all()
+
+    def _put_run(
+        self,
+        ks: np.ndarray[Any, Any],
+        lens: list[int],
+        touch: bool,
+        bufs: list[np.ndarray[Any, Any]] | None,
+        metas: list[bytes] | None,
+        unlocked: bool,
+    ) -> list[PutStatus]:
+        """_put_blocks' loop (lock held on entry and on return)."""
+        lock, alloc, idx = self._lock, self._alloc, self._index
+        rows0 = idx.find(ks)
         rows_l = rows0.tolist()
-        segs_l = e["segment"][np.maximum(rows0, 0)].tolist()
+        segs_l = idx.e["segment"][np.maximum(rows0, 0)].tolist()
+        stale = False  # the lock was dropped since rows_l was found
         his, los = ks["hi"].tolist(), ks["lo"].tolist()
         write_length = self.device.write_length
         write = self.device.write
@@ -916,12 +983,20 @@ class Store:
         out: list[PutStatus] = []
         try:
             for j, n in enumerate(lens):
-                r = rows_l[j]
-                if r >= 0 and (not evicted or r not in evicted):
-                    if touch:
-                        touch_one(segs_l[j])
-                    out.append(exists)
-                    continue
+                if stale:  # the index may have changed meanwhile: ask it again
+                    r = int(idx.find(ks[j : j + 1])[0])
+                    if r >= 0:
+                        if touch:
+                            touch_one(int(idx.e["segment"][r]))
+                        out.append(exists)
+                        continue
+                else:
+                    r = rows_l[j]
+                    if r >= 0 and (not evicted or r not in evicted):
+                        if touch:
+                            touch_one(segs_l[j])
+                        out.append(exists)
+                        continue
                 k = (his[j], los[j])
                 p = new_at.get(k)
                 if p is not None and p not in gone:
@@ -948,26 +1023,75 @@ class Store:
                     out.append(skipped)
                     continue
                 seg, addr = got
-                try:
-                    if bufs is None:
-                        admitted = write_length(addr, -(-n // 512) * 512)
-                    else:
-                        check, data = self._encode(k[0], k[1], bufs[j], addr, self._epoch)
-                        admitted = write(addr, data)
-                except ChmError:
-                    alloc.unalloc(seg, addr, n, fp)
-                    out.append(error)
+                if not unlocked:
+                    try:
+                        if bufs is None:
+                            admitted = write_length(addr, -(-n // 512) * 512)
+                        else:
+                            check, data = self._encode(k[0], k[1], bufs[j], addr, self._epoch)
+                            admitted = write(addr, data)
+                    except ChmError:
+                        alloc.unalloc(seg, addr, n, fp)
+                        out.append(error)
+                        continue
+                    if not admitted:
+                        alloc.unalloc(seg, addr, n, fp)
+                        out.append(skipped)
+                        continue
+                    new_at[k] = len(new)
+                    in_seg.setdefault(seg, []).append(len(new))
+                    new.append((j, addr, seg, n, self._epoch))
+                    if bufs is not None:
+                        checks.append(check)
+                    self._epoch += 1
+                    out.append(stored)
                     continue
-                if not admitted:
+                # the block is WRITING: first the call's decisions so far go
+                # into the index and the journal, so what is left unlocked
+                # is consistent (a reclaimed segment's rows gone, its RECLAIM
+                # record appended before the new bytes land in it)
+                try:
+                    keep = [i for i in range(len(new)) if i not in gone] if gone else None
+                    batch = (drop, reclaims, new, checks)
+                    drop, reclaims, new, checks = [], [], [], []
+                    evicted.clear()
+                    new_at.clear()
+                    in_seg.clear()
+                    gone.clear()
+                    self._apply_puts(ks, *batch, metas, keep)
+                except BaseException:
                     alloc.unalloc(seg, addr, n, fp)
-                    out.append(skipped)
+                    raise
+                epoch = self._epoch
+                self._epoch += 1
+                alloc.pin([seg])
+                stale = True
+                lock.release()
+                try:
+                    res, check = self._write_block(k, bufs, j, n, addr, epoch)
+                except BaseException:
+                    lock.acquire()
+                    alloc.pin([seg], -1)
+                    alloc.unalloc(seg, addr, n, fp)
+                    raise
+                lock.acquire()
+                alloc.pin([seg], -1)
+                if not res:
+                    alloc.unalloc(seg, addr, n, fp)
+                    out.append(error if res is None else skipped)
+                    continue
+                r = int(idx.find(ks[j : j + 1])[0])
+                if r >= 0:  # another put of the key published first: it is there
+                    alloc.unalloc(seg, addr, n, fp)
+                    if touch:
+                        touch_one(int(idx.e["segment"][r]))
+                    out.append(exists)
                     continue
                 new_at[k] = len(new)
                 in_seg.setdefault(seg, []).append(len(new))
-                new.append((j, addr, seg, n, self._epoch))
+                new.append((j, addr, seg, n, epoch))
                 if bufs is not None:
                     checks.append(check)
-                self._epoch += 1
                 out.append(stored)
         finally:
             keep = [i for i in range(len(new)) if i not in gone] if gone else None
@@ -978,6 +1102,33 @@ class Store:
             c["puts_skipped"] += out.count(skipped)
             c["puts_error"] += out.count(error)
         return out
+
+    def _write_block(
+        self,
+        k: tuple[int, int],
+        bufs: list[np.ndarray[Any, Any]] | None,
+        j: int,
+        n: int,
+        addr: int,
+        epoch: int,
+    ) -> tuple[bool | None, int]:
+        """One block's device write, with the store unlocked: (True if
+        admitted, False if skipped, None if the device failed it; the
+        block's checksum). The encoding (checksum, header) runs here too."""
+        io = self._io_lock
+        try:
+            if bufs is None:
+                if io is None:
+                    return self.device.write_length(addr, -(-n // 512) * 512), 0
+                with io:
+                    return self.device.write_length(addr, -(-n // 512) * 512), 0
+            check, data = self._encode(k[0], k[1], bufs[j], addr, epoch)
+            if io is None:
+                return self.device.write(addr, data), check
+            with io:
+                return self.device.write(addr, data), check
+        except ChmError:
+            return None, 0
 
     def _apply_puts(
         self,
@@ -1308,6 +1459,10 @@ class Store:
                 self._flusher.join()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
+            with self._lock:  # new puts are refused; those under way finish (and
+                self._closing = True  # are flushed below) before the journal and device close
+                while self._putting:
+                    self._idle.wait()
             if flush:
                 self.flush()
                 self._compact()
