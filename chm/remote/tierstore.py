@@ -33,6 +33,7 @@ tier (``chm.integrations._tier.open_tier`` with ``master``):
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import socket
 import threading
@@ -141,6 +142,7 @@ class NodesStore:
         self._rr = 0
         self._live: tuple[float, list[int]] = (-1e18, [])
         self._closed = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="chm-nodes-get")
         self._c = dict.fromkeys(
             ("puts", "put_blocks", "exists_blocks", "skipped_blocks", "error_blocks", "no_node"),
             0,
@@ -287,18 +289,35 @@ class NodesStore:
         return self._get(ks, dsts, self.timeout if timeout is None else timeout)
 
     def _get(self, ks: list[bytes], dsts: Sequence[Any], timeout: float) -> list[bool]:
+        """Loads each hit; the keys of each node in order, the nodes side by
+        side (a stopped node costs its own keys the timeout, not the others')."""
         out = [False] * len(ks)
         outs = [as_dst(d, f"buffer {j}") for j, d in enumerate(dsts)]
-        todo = [j for j, e in enumerate(self._entries(ks)) if e is not None]
+        by_node: dict[int, list[int]] = {}
+        for j, e in enumerate(self._entries(ks)):
+            if e is not None:
+                by_node.setdefault(e.node, []).append(j)
         deadline = time.monotonic() + timeout
-        while todo:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            n = int(self.tier.load([ks[j] for j in todo], [outs[j] for j in todo], left))
-            for j in todo[:n]:
-                out[j] = True
-            todo = todo[n + 1 :]  # the one that ended the run is a miss; the rest go on
+
+        def one(node: int, todo: list[int]) -> None:
+            while todo:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                n = int(
+                    self.tier.load([ks[j] for j in todo], [outs[j] for j in todo], left, node=node)
+                )
+                for j in todo[:n]:
+                    out[j] = True
+                todo = todo[n + 1 :]  # the one that ended the run is a miss; the rest go on
+
+        groups = list(by_node.items())
+        if len(groups) == 1:
+            one(*groups[0])
+        elif groups:
+            futs = [self._pool.submit(one, node, todo) for node, todo in groups]
+            for f in futs:
+                f.result()
         return out
 
     # ---- puts
@@ -418,6 +437,7 @@ class NodesStore:
         if self._closed:
             return
         self._closed = True
+        self._pool.shutdown(wait=True)
         try:
             self.tier.close()
         finally:

@@ -1,0 +1,196 @@
+"""The adapters' tier on remote nodes (``open_tier`` with ``master``), against
+the real parts: a ``redis-server`` as the Master (started and killed here)
+and ``python -m chm.remote.node`` processes, read over Mooncake Transfer
+Engine (TCP on loopback).
+
+Clear errors at start, each naming what is wrong: a bad URL, a missing or
+insecure secret file, Redis unreachable, no node registered, an unknown
+node name, settings that belong to the nodes. Running: a node stopped with
+SIGSTOP (it neither answers nor closes its connections) turns its blocks
+into misses within the timeout, and puts go on to the nodes still live.
+The engines' own entry points on remote nodes are in
+``test_integration_lmcache.py`` and ``test_integration_vllm_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chm.errors import InvalidArgument, NotFound
+from chm.integrations._tier import TierOptions, open_tier
+from chm.kv import Namespace, PutStatus
+from chm.remote.master import MasterUnreachable
+from chm.remote.tierstore import NodesStore
+from chm.testing.redisd import RedisServer, free_port, redis_server_path
+from chm.testing.remote import NodeProcess, write_secret
+
+pytestmark = [
+    pytest.mark.skipif(redis_server_path() is None, reason="redis-server is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("redis") is None or importlib.util.find_spec("mooncake") is None,
+        reason="the 'remote' extra (redis, mooncake-transfer-engine-non-cuda) is not installed",
+    ),
+]
+
+NODE_OPTS = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
+NS = Namespace(model="remote-config")
+BLOCK = 128 << 10
+
+
+@pytest.fixture
+def redis_srv() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    p = tmp_path / "secret"
+    write_secret(p)
+    return p
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def _open(log: logging.Logger | None = None, **kw: Any) -> Any:
+    opts = TierOptions(host="127.0.0.1", remote_timeout=2.0, **kw)
+    return open_tier(opts, namespace=NS, log=log, what="test", key_prefix="chm.")
+
+
+def test_bad_configurations_are_clear_errors_at_start(
+    redis_srv: RedisServer, secret_file: Path, tmp_path: Path
+) -> None:
+    log = logging.getLogger("chm.test.remote-config")
+    h = Lines()
+    log.addHandler(h)
+    try:
+        sf = str(secret_file)
+        with pytest.raises(InvalidArgument, match=r"chm\.master='http://h:1/0': expected a redis"):
+            _open(log, master="http://h:1/0", secret_file=sf)
+        with pytest.raises(InvalidArgument, match=r"chm\.master='redis://h:port/0'"):
+            _open(log, master="redis://h:port/0", secret_file=sf)
+        with pytest.raises(InvalidArgument, match=r"no host"):
+            _open(log, master="redis:///0", secret_file=sf)
+        with pytest.raises(InvalidArgument, match=r"chm\.secret_file' .* is required"):
+            _open(log, master=redis_srv.url)
+        with pytest.raises(NotFound, match=r"no such file"):
+            _open(log, master=redis_srv.url, secret_file=str(tmp_path / "none"))
+        os.chmod(secret_file, 0o644)
+        with pytest.raises(InvalidArgument, match=r"mode must be 0600"):
+            _open(log, master=redis_srv.url, secret_file=sf)
+        os.chmod(secret_file, 0o600)
+        short = tmp_path / "short"
+        short.write_bytes(b"abc")
+        short.chmod(0o600)
+        with pytest.raises(InvalidArgument, match=r"at least 16 bytes"):
+            _open(log, master=redis_srv.url, secret_file=str(short))
+        with pytest.raises(InvalidArgument, match=r"exactly one of 'chm\.path'"):
+            _open(log, master=redis_srv.url, path=str(tmp_path / "kv"), secret_file=sf)
+        with pytest.raises(InvalidArgument, match=r"'chm\.wbuf' is the nodes' setting"):
+            _open(log, master=redis_srv.url, secret_file=sf, wbuf="8M")
+        with pytest.raises(InvalidArgument, match=r"'chm\.nodes' is a setting of remote nodes"):
+            _open(log, path=str(tmp_path / "kv"), nodes="a")
+        # Redis answers, but no node ever registered
+        with pytest.raises(NotFound, match=r"no live node is registered"):
+            _open(log, master=redis_srv.url, secret_file=sf)
+        # nothing listens there
+        dead = f"redis://127.0.0.1:{free_port()}/0"
+        t0 = time.monotonic()
+        with pytest.raises(MasterUnreachable, match=rf"Redis at {dead} does not answer"):
+            _open(log, master=dead, secret_file=sf)
+        assert time.monotonic() - t0 < 5
+    finally:
+        log.removeHandler(h)
+    errors = [ln for ln in h.lines if ln.startswith("ERROR chm: tier not in use")]
+    assert len(errors) == 12, h.lines  # every failure leaves the line engines' logs show
+    assert any(dead in ln and "does not answer" in ln for ln in errors), errors
+
+
+def test_nodes_names_registered_nodes(
+    redis_srv: RedisServer, secret_file: Path, tmp_path: Path
+) -> None:
+    with NodeProcess(
+        redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS
+    ) as node:
+        with pytest.raises(NotFound, match=r"\['node-x'\] are not registered .* \['node-a'\]"):
+            _open(master=redis_srv.url, secret_file=str(secret_file), nodes="node-a,node-x")
+        tier = _open(master=redis_srv.url, secret_file=str(secret_file), nodes=["node-a"])
+        try:
+            assert tier.nodes and tier.where == redis_srv.url
+            data = np.arange(BLOCK, dtype=np.uint32).astype(np.uint8)
+            assert tier.staging.put([b"k"], [data]) == [PutStatus.STORED]
+            out = np.zeros(BLOCK, np.uint8)
+            assert tier.store.load_prefix([b"k"], [out]) == 1 and np.array_equal(out, data)
+            assert tier.stats()["staging_stored_blocks"] == 1
+        finally:
+            tier.close()
+        node.stop()
+        with pytest.raises(NotFound, match=r"none of the nodes \['node-a'\] is live"):
+            _open(master=redis_srv.url, secret_file=str(secret_file), nodes="node-a")
+
+
+def test_a_stopped_node_is_a_miss_within_the_timeout(
+    redis_srv: RedisServer, secret_file: Path, tmp_path: Path
+) -> None:
+    """SIGSTOP: the node holds its connections open and answers nothing."""
+    with (
+        NodeProcess(redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS) as a,
+        NodeProcess(redis_srv.url, "node-b", tmp_path / "b", secret_file, options=NODE_OPTS) as b,
+    ):
+        store = NodesStore.open(
+            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", timeout=1.5
+        )
+        try:
+            rng = np.random.default_rng(3)
+            data = [rng.integers(0, 256, BLOCK, dtype=np.uint8) for _ in range(8)]
+            # one put call per block: round-robin puts them on both nodes
+            for j in range(8):
+                assert store.put([j], [data[j]]) == [PutStatus.STORED]
+            on = {e["node"] for e in store.entries(list(range(8))) if e is not None}
+            assert len(on) == 2, on
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(8)]
+            assert store.load_prefix(list(range(8)), outs) == 8
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+            assert a.proc is not None
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            try:
+                a_id = int(a.info["node"])
+                first_a = next(
+                    j
+                    for j, e in enumerate(store.entries(list(range(8))))
+                    if e and e["node"] == a_id
+                )
+                for o in outs:
+                    o[:] = 0
+                t0 = time.monotonic()
+                n = store.load_prefix(list(range(8)), outs)
+                took = time.monotonic() - t0
+                assert n == first_a and took < 1.5 + 1.0, (n, first_a, took)
+                assert all(np.array_equal(outs[j], data[j]) for j in range(n))
+                # per-key loads: node b's blocks are still hits
+                got = store.get(list(range(8)), outs, timeout=1.5)
+                on_b = [e is not None and e["node"] != a_id for e in store.entries(list(range(8)))]
+                assert [g for g, ob in zip(got, on_b, strict=True) if ob] == [True] * sum(on_b)
+                assert not any(g for g, ob in zip(got, on_b, strict=True) if not ob)
+            finally:
+                os.kill(a.proc.pid, signal.SIGCONT)
+            assert b.proc is not None and b.proc.poll() is None
+        finally:
+            store.close()
