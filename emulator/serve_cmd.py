@@ -20,6 +20,7 @@ A TOML file has the serve settings at the top level and the device options
     node_name = "node-a"
     data_host = "10.0.0.5"     # the Transfer Engine's address (default: listen's host)
     lease = 3.0                # seconds the node's Master lease lasts unless renewed
+    flush_interval = 0.2       # seconds between flushes of pending puts (default: none)
 
     [device]
     targets = ["/dev/nvme1n1"]
@@ -77,6 +78,7 @@ _TOP = {
     "node_name",
     "data_host",
     "lease",
+    "flush_interval",
     "log_level",
     "device",
 }
@@ -220,6 +222,12 @@ def _count(value: Any, what: str) -> int:
     help="Seconds the node's lease in the Master lasts unless renewed [default: 3].",
 )
 @click.option(
+    "--flush-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds between flushes of the KV store's pending blocks, so a put is durable "
+    "within about that long [default: only on request and at stop].",
+)
+@click.option(
     "--max-clients", type=click.IntRange(1, 65536), help="Clients at once [default: 256]."
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), help="Log level.")
@@ -266,6 +274,8 @@ def serve(config_file: str | None, **flags: Any) -> None:
     node_name = flags["node_name"] or data.get("node_name")
     if master and not (listen and node_name):
         raise click.UsageError("--master needs --listen and --node-name: workers dial the node")
+    flush = _first(flags["flush_interval"], data.get("flush_interval"), False)
+    flush = None if flush is False else flush
     writers = list(flags["kv_writers"]) or data.get("kv_writers")
     if writers is not None and (
         not isinstance(writers, list) or not all(isinstance(w, str) and w for w in writers)
@@ -297,6 +307,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
         node_name=node_name,
         data_host=flags["data_host"] or data.get("data_host"),
         lease=_seconds(_first(flags["lease"], data.get("lease"), 3.0), "lease", 0),
+        flush_interval=None if flush is None else _seconds(flush, "flush_interval", 0),
         hello_timeout=_seconds(
             _first(flags["hello_timeout"], data.get("hello_timeout"), 2.0), "hello_timeout", 0
         ),

@@ -61,6 +61,9 @@ class ServeOptions:
     node_name: str | None = None
     data_host: str | None = None
     lease: float = 3.0
+    # seconds between flushes of whatever the store holds pending (None: only
+    # on request and at close), so a put is durable within about that long
+    flush_interval: float | None = None
     hello_timeout: float = 2.0  # seconds a new connection has to send HELLO
     idle_timeout: float = 0.0  # seconds a client may send nothing (0: forever)
     # at max_clients, the client idle longest gives way to a new one if it

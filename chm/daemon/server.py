@@ -189,7 +189,7 @@ class Daemon:
                     )
             self.raw_base = cap - self.raw_bytes
             if kv:
-                kw: dict[str, Any] = {"eviction": o.eviction}
+                kw: dict[str, Any] = {"eviction": o.eviction, "flush_interval": o.flush_interval}
                 if o.segment_bytes:
                     kw["segment_bytes"] = o.segment_bytes
                 if self.raw_bytes:

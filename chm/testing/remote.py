@@ -1,7 +1,9 @@
-"""Storage-node processes for tests and benchmarks (``python -m chm.remote.node``).
+"""Storage-node processes for tests and benchmarks (``python -m chm.remote.node``:
+the ``chm-emu serve`` daemon as a node, with its store in a directory).
 
     with NodeProcess(redis_url, "n1", tmp / "n1", secret_file) as node:
         node.info["control"], node.info["data"]   # from its ``ready`` line
+        node.info["socket"]                       # its Unix socket (chm.connect, stats)
         node.kill()                               # SIGKILL
         node.start()                              # a restart: same store, a new epoch
 
@@ -176,13 +178,14 @@ def measure(
     from chm.kv.keys import Namespace
     from chm.kv.store import PutStatus
     from chm.remote.master import RedisMaster
-    from chm.remote.node import RemoteTier
+    from chm.remote.node import RemoteTier, _pairs
+    from chm.remote.protocol import Op
     from chm.remote.transfer import OK, Engine
 
     engine = Engine.get(host)
     master = RedisMaster(url, lease=3.0, timeout=2.0)
     tier = RemoteTier(
-        master, engine, secret, buffer=blocks * block_bytes + (1 << 20), timeout=timeout
+        master, engine, secret, buffer=2 * blocks * block_bytes + (1 << 20), timeout=timeout
     )
     rng = np.random.default_rng(11)
     keys = Namespace(model="remote-bench").keys(range(blocks))
@@ -218,18 +221,23 @@ def measure(
         return took
 
     def raw_read() -> float:
-        staged, _ = link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], timeout))
+        # staged through the node's daemon protocol, then only the engine's read is timed
+        end = time.monotonic() + timeout
+        pairs = _pairs([e.key for e in ents])
+        ans = link.call(Op.KV_LOOKUP, [pairs, False], end)
+        toks = [int(a[1]) for a in ans if a[0] == 0]
         try:
-            if len(staged) != blocks:
+            res = link.call(Op.WAIT, [int(timeout * 1e9), toks], end + timeout, wait=timeout)
+            if len(toks) != blocks or any(r[0] != 0 for r in res):
                 raise ChmError(
-                    None, f"remote_bench: staged {len(staged)} of {blocks} for the raw read"
+                    None, f"remote_bench: staged {len(toks)} of {blocks} for the raw read"
                 )
             t0 = time.perf_counter()
             status = engine.read(
-                link.info["data"],
+                link.data,
                 [tier.buf.addr + j * block_bytes for j in range(blocks)],
-                [a for a, _, _ in staged],
-                [ln for _, ln, _ in staged],
+                [link.pool_addr + int(r[1]) for r in res],
+                [int(r[2]) for r in res],
                 timeout=timeout,
             )
             took = time.perf_counter() - t0
@@ -237,7 +245,8 @@ def measure(
                 raise ChmError(None, f"remote_bench: the raw read ended {status}")
             return took
         finally:
-            link.call(("release", [t for _, _, t in staged]))
+            done = [[*p, t, 0] for p, t in zip(pairs, toks, strict=False)]
+            link.call(Op.KV_DONE, done, time.monotonic() + timeout)
 
     # round 0 warms up (first reads: the node's admission retains blocks read
     # again) and is not timed; then the order alternates round by round

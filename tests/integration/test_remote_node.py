@@ -1,12 +1,15 @@
-"""Remote node and worker over the real parts: redis-server, a node process
-(``python -m chm.remote.node``: a Store on a memfd-pool Device whose DRAM pool
-is registered with Mooncake Transfer Engine), and this test process as the
-worker (its own Transfer Engine, TCP over loopback).
+"""Remote nodes and a worker over the real parts: redis-server, node daemons
+(``python -m chm.remote.node``: the ``chm-emu serve`` daemon with ``--listen``
+and ``--master``, its memfd DRAM pool registered with Mooncake Transfer
+Engine), and this test process as the worker (its own Transfer Engine; the
+daemon protocol over TCP; all on loopback).
 
-Byte-exact saves and loads across the two processes, a wrong secret, a node
-killed with SIGKILL mid-load (misses within the timeout, never wrong bytes),
-a restart (a new epoch; what it flushed is served again), and a worker killed
-while holding staged slots (the node gives them back).
+Byte-exact saves and loads across the processes, a wrong secret, a node
+killed with SIGKILL mid-load and one stopped with SIGSTOP (misses within the
+timeout, never wrong bytes), a restart (a new epoch; what it flushed is
+served again), a worker killed while holding staged slots (the daemon's
+stats show nothing held after), eviction, and two nodes behind
+``chm.kv.AddressSpace``.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from chm.errors import ChmError, NoSpace
+import chm
+from chm.errors import NoSpace
 from chm.kv.keys import Namespace
 from chm.kv.store import PutStatus, Store
 from chm.remote.master import RedisMaster, key_bytes
-from chm.remote.node import NodeGone, RemoteTier, _NodeLink, read_secret
+from chm.remote.node import NodeGone, RemoteTier, _Link, _pairs, read_secret
+from chm.remote.protocol import Op
 from chm.remote.transfer import TIMEOUT, Engine
 from chm.testing.redisd import RedisServer, redis_server_path
 from chm.testing.remote import NodeProcess, write_secret
@@ -97,6 +102,21 @@ def _stop(pid: int) -> None:
     raise AssertionError(f"process {pid} did not stop")
 
 
+def _daemon_stats(node: NodeProcess) -> dict[str, Any]:
+    """The node daemon's STATS, asked over its Unix socket (not a TCP client)."""
+    with chm.connect(node.info["socket"]) as dev:
+        return dev.daemon_stats()
+
+
+def _stage(link: _Link, ents: list[Any], timeout: float = 2.0) -> list[tuple[int, int, int]]:
+    """Stages entries on a node over its daemon protocol: ``[(pool addr, length, token)]``."""
+    deadline = time.monotonic() + timeout
+    ans = link.call(Op.KV_LOOKUP, [_pairs([e.key for e in ents]), False], deadline)
+    toks = [int(a[1]) for a in ans if a[0] == 0]
+    res = link.call(Op.WAIT, [int(timeout * 1e9), toks], deadline + timeout, wait=timeout)
+    return [(link.pool_addr + r[1], r[2], t) for r, t in zip(res, toks, strict=True) if r[0] == 0]
+
+
 def _blocks(n: int, seed: int) -> list[np.ndarray[Any, Any]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, BLOCK, dtype=np.uint8) for _ in range(n)]
@@ -126,20 +146,28 @@ def test_save_then_load_byte_exact_across_processes(
             assert all(np.array_equal(a, b) for a, b in zip(outs2, data[:16], strict=True))
             assert tier.stats["bad_checksums"] == 0
             assert tier.buf.quarantined == 0
-            health = tier._link(node.info["node"]).call(("stats",))
-            assert health["epoch"] == node.info["epoch"] and not health["superseded"]
-            assert health["committed"] == 16 and health["staged"] >= 32
-            assert health["clients"] == 1 and health["refused"] == 0
+        ds = _daemon_stats(node)
+        assert ds["node"]["epoch"] == node.info["epoch"] and not ds["node"]["superseded"]
+        assert ds["node"]["entries_published"] >= 16
+        assert ds["kv"]["entries"] == 16
         assert node.proc is not None and node.proc.poll() is None
 
 
 def test_wrong_secret_is_refused(redis_srv: RedisServer, tmp_path: Path, secret_file: Path) -> None:
+    """A worker without the secret is refused before any command (the
+    daemon counts it); one with it is served, and told the node's id."""
+    bad = tmp_path / "bad"
+    write_secret(bad)
     with _node(redis_srv, tmp_path, secret_file) as node:
-        with pytest.raises(NodeGone, match=r"refused|broke|closed"):
-            _NodeLink(node.control, b"not-the-secret", 2.0)
-        # the node still serves clients that have it
-        link = _NodeLink(node.control, secret_file.read_bytes(), 2.0)
-        assert link.info["node"] == node.info["node"]
+        with pytest.raises(NodeGone, match="authentication failed"):
+            _Link(node.info["control"], str(bad), 2.0)
+        deadline = time.monotonic() + 5  # counted once the refusal is logged
+        while _daemon_stats(node)["daemon"]["clients_refused"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert _daemon_stats(node)["daemon"]["clients_refused"] == 1
+        link = _Link(node.info["control"], str(secret_file), 2.0)
+        assert link.node == node.info["node"] and link.epoch == node.info["epoch"]
         link.close()
 
 
@@ -215,13 +243,15 @@ def test_restart_new_epoch_serves_what_it_flushed(
 
 _HOLDER = """
 import sys, time
-from chm.remote.node import _NodeLink
-host, port, secret = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], "rb").read()
-keys = [bytes.fromhex(k) for k in sys.argv[4].split(",")]
-sums = [int(s) for s in sys.argv[5].split(",")]
-link = _NodeLink((host, port), secret, 5.0)
-got, why = link.call(("stage", keys, sums, 5.0))
-print("staged", len(got), flush=True)
+from chm.remote.node import _Link, _pairs
+from chm.remote.protocol import Op
+control, secret_file = sys.argv[1], sys.argv[2]
+keys = [bytes.fromhex(k) for k in sys.argv[3].split(",")]
+link = _Link(control, secret_file, 5.0)
+ans = link.call(Op.KV_LOOKUP, [_pairs(keys), False], time.monotonic() + 5)
+toks = [a[1] for a in ans if a[0] == 0]
+res = link.call(Op.WAIT, [500_000_000, toks], time.monotonic() + 5, wait=0.5)
+print("staged", sum(1 for r in res if r[0] == 0), flush=True)
 time.sleep(60)
 """
 
@@ -240,16 +270,13 @@ def test_worker_killed_while_holding_slots_frees_them(
         assert tier.save("r", keys, data) == [PutStatus.STORED] * 16
         ents = tier.master.lookup(keys)
         assert len(ents) == 16
-        host, port = node.control
         argv = [
             sys.executable,
             "-c",
             _HOLDER,
-            host,
-            str(port),
+            node.info["control"],
             str(secret_file),
             ",".join(k.hex() for k in key_bytes(keys)),
-            ",".join(str(e.checksum) for e in ents),
         ]
         holder = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         try:
@@ -261,7 +288,7 @@ def test_worker_killed_while_holding_slots_frees_them(
             t0 = time.monotonic()
             assert tier.load(keys, outs, timeout=1.0) == 0
             assert time.monotonic() - t0 < 2.0
-            assert tier.stats["busy"] > 0
+            assert _daemon_stats(node)["held"]["handles"] >= int(held)
         finally:
             holder.kill()
             holder.wait(10)
@@ -270,14 +297,15 @@ def test_worker_killed_while_holding_slots_frees_them(
         while time.monotonic() < deadline:
             outs = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
             n = tier.load(keys, outs, timeout=1.0)
-            if n == 12:
+            if n == 16:
                 break
             time.sleep(0.1)
         assert n == 16
         assert all(np.array_equal(a, b) for a, b in zip(outs, data, strict=True))
-        # the dead worker's session and write area are gone: only this tier's link is left
-        health = tier._link(node.info["node"]).call(("stats",))
-        assert health["clients"] == 1
+        # the dead worker's session and area are gone: nothing held, one TCP client left
+        st = _daemon_stats(node)
+        assert st["held"]["handles"] == 0 and st["held"]["pins"] == 0
+        assert st["node"]["tcp_clients"] == 1
 
 
 def test_secret_file_must_be_private(tmp_path: Path) -> None:
@@ -342,16 +370,14 @@ def test_stopped_node_times_out_and_quarantines_late_reads(
             assert node.proc is not None
             ents = tier.master.lookup(keys)
             link = tier._link(ents[0].node, ents[0].epoch)
-            staged, why = link.call(
-                ("stage", [e.key for e in ents], [e.checksum for e in ents], 2.0)
-            )
-            assert why == "all" and len(staged) == 8
+            staged = _stage(link, ents)
+            assert len(staged) == 8
             _stop(node.proc.pid)
             # the read itself hangs on the stopped peer: TIMEOUT, memory held
             off = tier.buf.take(8 * BLOCK)
             t0 = time.monotonic()
             status = tier.engine.read(
-                link.info["data"],
+                link.data,
                 [tier.buf.addr + off + j * BLOCK for j in range(8)],
                 [a for a, _, _ in staged],
                 [BLOCK] * 8,
@@ -452,22 +478,19 @@ def test_superseded_node_stops_serving(
     redis_srv: RedisServer, tmp_path: Path, secret_file: Path
 ) -> None:
     """The node's name registered again (a second process claiming it): the
-    old process sees its epoch superseded and refuses to stage or commit, so
-    a worker holding a link to it gets misses, never its old blocks."""
+    old node sees its epoch superseded and publishes nothing more, and its
+    old entries are no longer hits, so a worker gets misses, never its old
+    blocks."""
     keys = Namespace(model="sup").keys(range(4))
     data = _blocks(4, 8)
     with _node(redis_srv, tmp_path, secret_file) as node, _tier(redis_srv, secret_file) as tier:
         assert tier.save("r", keys, data) == [PutStatus.STORED] * 4
-        link = tier._link(node.info["node"])
-        ents = tier.master.lookup(keys)
-        assert len(ents) == 4
+        assert len(tier.master.lookup(keys)) == 4
         tier.master.register("n1")  # another process takes the name: a new epoch
         deadline = time.monotonic() + 5
-        while not link.call(("stats",))["superseded"] and time.monotonic() < deadline:
+        while not _daemon_stats(node)["node"]["superseded"] and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert link.call(("stats",))["superseded"]
-        with pytest.raises(ChmError, match="superseded"):
-            link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], 1.0))
+        assert _daemon_stats(node)["node"]["superseded"]
         assert tier.load(keys, [np.zeros(BLOCK, np.uint8) for _ in range(4)]) == 0
 
 
@@ -501,13 +524,13 @@ def test_a_stopped_node_does_not_stall_another_nodes_loads(
             assert tier.save(None, k2, d2, node=n2.info["node"]) == [PutStatus.STORED] * 4
             ents = tier.master.lookup(k1)
             link = tier._link(n1.info["node"])
-            staged, _ = link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], 2.0))
+            staged = _stage(link, ents)
             assert n1.proc is not None
             _stop(n1.proc.pid)
             off = tier.buf.take(BLOCK)
             for _ in range(6):  # more stuck reads than any shared pool would have threads
                 status = tier.engine.read(
-                    link.info["data"],
+                    link.data,
                     [tier.buf.addr + off],
                     [staged[0][0]],
                     [BLOCK],
@@ -529,8 +552,9 @@ def test_evicted_blocks_leave_the_master(
     redis_srv: RedisServer, tmp_path: Path, secret_file: Path
 ) -> None:
     """More blocks than the node's 64 MiB device holds: its store evicts the
-    oldest. A load of an evicted block is a miss (never wrong bytes), and the
-    node drops that stale entry from the Master, so it stops being a hit."""
+    oldest. A load of an evicted block is a miss (never wrong bytes): the
+    node answers it absent and the worker drops that stale entry from the
+    Master (it still names that node and epoch), so it stops being a hit."""
     ns = Namespace(model="ev")
     keys = ns.keys(range(320))  # 80 MiB of 256 KiB blocks
     with _node(redis_srv, tmp_path, secret_file), _tier(redis_srv, secret_file) as tier:
@@ -552,54 +576,3 @@ def test_evicted_blocks_leave_the_master(
         last = keys[-16:]
         outs = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
         assert tier.load(last, outs) == 16
-
-
-def test_in_process_node_refuses_bad_requests_and_closes_its_clients(
-    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
-) -> None:
-    """A NodeServer in this process (as a daemon would host it): a malformed
-    request is an error reply, not a dead connection; close() ends every
-    client's connection and gives back what it held, so the store closes."""
-    from chm.kv.store import Store
-    from chm.remote.node import NodeServer
-
-    secret = read_secret(secret_file)
-    store = Store.open(
-        tmp_path / "inproc",
-        capacity="64M",
-        dram="24M",
-        slot_size="1M",
-        backend="pread",
-        device_options={"pool": "memfd", "wbuf": "8M"},
-    )
-    master = RedisMaster(redis_srv.url, lease=1.0)
-    keys = Namespace(model="ip").keys(range(4))
-    data = _blocks(4, 9)
-    assert store.put(keys, data) == [PutStatus.STORED] * 4
-    server = NodeServer(
-        store,
-        master,
-        "inproc",
-        engine=Engine.get("127.0.0.1"),
-        listen=("127.0.0.1", 0),
-        secret=secret,
-    )
-    try:
-        assert server.republish() == 4
-        link = _NodeLink(server.address, secret, 3.0)
-        with pytest.raises(ChmError, match="bad request"):
-            link.call(("stage",))
-        with pytest.raises(ChmError, match="unknown command"):
-            link.call(("format-disk",))
-        ents = master.lookup(keys)
-        staged, why = link.call(("stage", [e.key for e in ents], [e.checksum for e in ents], 2.0))
-        assert why == "all" and len(staged) == 4
-        assert server.health()["clients"] == 1
-    finally:
-        server.close()
-    assert server.health()["clients"] == 0
-    with pytest.raises(NodeGone):
-        link.call(("stats",))
-    assert master.lookup(keys) == []  # the lease ended with it
-    store.close()
-    master.close()
