@@ -4,7 +4,8 @@
         hs = dev.prefetch_many(addrs, lens)  # one round trip; Handle or error each
         views = dev.wait_many(hs)            # one round trip, zero-copy
         ...
-        dev.release_many(hs)                 # one round trip; None or error each
+        dev.release_many(hs)                 # sent unanswered: no round trip
+        hs = dev.prefetch_many(addrs, lens, wait=True)  # prefetch and wait: one
         kv = dev.kv()                                   # the daemon's shared KV index
 
 Staged objects are read-only memoryviews into the daemon's DRAM pool, mapped
@@ -820,6 +821,13 @@ class RemoteDevice:
 
     # ---- introspection
 
+    def ping(self) -> float:
+        """One round trip that changes nothing (an empty RELEASE); its
+        seconds. A health check, and the request path's floor."""
+        t0 = time.perf_counter()
+        self._call(Op.RELEASE, [])
+        return time.perf_counter() - t0
+
     def daemon_stats(self) -> dict[str, Any]:
         """Everything the daemon reports: device, kv, held, daemon."""
         return dict(self._call(Op.STATS, {}))
@@ -1033,8 +1041,10 @@ class RemoteStore:
     """The daemon's KV store: contains, prefix_len, put (with metadata),
     get, load_prefix, entries, meta, remove, flush, stats. Loads are
     zero-copy out of the shared pool into the caller's buffers,
-    checksum-verified here; one round trip each for lookup, wait and release
-    per batch of up to MAX_BATCH keys."""
+    checksum-verified here; one round trip per batch of up to MAX_BATCH keys
+    with a version 4 daemon (KV_LOAD, then KV_DONE_QUIET unanswered; more
+    only for blocks not staged within the first 20 ms slice), three with an
+    older one (KV_LOOKUP, WAIT, KV_DONE)."""
 
     def __init__(self, dev: RemoteDevice, namespace: Namespace) -> None:
         self.device = dev

@@ -88,6 +88,16 @@ def test_a_32_object_batch_is_two_round_trips(daemon: DaemonProcess) -> None:
         assert _held(dev) == {"clients": 1, "handles": 0, "pins": 0}
 
 
+def test_ping_is_one_round_trip_that_changes_nothing(daemon: DaemonProcess) -> None:
+    with chm.connect(daemon.socket) as dev:
+        (h,) = dev.prefetch_many([0], [K4], wait=True)
+        n0 = dev.round_trips
+        secs = [dev.ping() for _ in range(20)]
+        assert dev.round_trips - n0 == 20 and all(0 < t < 10 for t in secs)
+        assert _held(dev)["handles"] == 1  # nothing released
+        dev.release_many([h])  # type: ignore[list-item]
+
+
 def test_a_32_key_load_is_one_round_trip(daemon: DaemonProcess) -> None:
     with chm.connect(daemon.socket) as dev:
         kv = dev.kv()

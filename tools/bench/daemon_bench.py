@@ -11,8 +11,12 @@
     repetitions; the ratio of the medians is the headline (target >= 0.9).
     An embedded device on an anonymous pool (THP where the host allows it;
     shmem THP is often off) is measured alongside for reference;
-(b) round trip of a 32-block batched prefetch + wait + release of small
-    staged objects through the daemon: median and p99 (embedded alongside);
+(b) the request path: one round trip that changes nothing (``ping()``,
+    median; target <= 50 us), and a 32-object batched prefetch + wait +
+    release of 4 KiB staged objects through the daemon, alternating with
+    the same batch on the embedded device: median and p99, and the round
+    trips the client counted for it (target <= 2; ``prefetch_many(wait=True)``
+    alongside);
 (c) 4 client processes loading disjoint objects at once vs 1 client alone:
     aggregate bandwidth ratio (target >= 0.9).
 
@@ -35,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _benchlib import Verdicts, fmt_bw, median, ratio, table
+from _benchlib import Verdicts, fmt_bw, loadavg, median, ratio, table
 
 import chm
 from chm.testing.daemon_proc import DaemonProcess
@@ -127,24 +131,39 @@ def _issued(out: list[Any]) -> list[Any]:
     return out
 
 
-def _rtt(dev: Any, iters: int, batched: bool) -> list[float]:
-    out = []
+def _batch(dev: Any, mode: str) -> float:
+    """Seconds of one 32 x 4 KiB prefetch + wait + release: ``batched``
+    through the daemon (prefetch_many, wait_many, release_many), ``staged``
+    the same with prefetch_many(wait=True), ``embedded`` call by call."""
     ranges = [(j * OBJ, 4096) for j in range(32)]
     addrs, lens = [a for a, _ in ranges], [n for _, n in ranges]
+    t0 = time.perf_counter()
+    if mode == "embedded":
+        hs = [dev.prefetch(a, n) for a, n in ranges]
+        for h in hs:
+            h.wait(30.0)
+        for h in hs:
+            h.release()
+    else:
+        hs = _issued(dev.prefetch_many(addrs, lens, wait=mode == "staged", timeout=30.0))
+        dev.wait_many(hs, 30.0)
+        dev.release_many(hs)
+    return time.perf_counter() - t0
+
+
+def _rtt(rem: Any, emb: Any, iters: int) -> dict[str, list[float]]:
+    """The batch through the daemon (both forms) and embedded, alternating,
+    and the daemon's bare round trip; the round trips counted per batch."""
+    out: dict[str, list[float]] = {"ping": [], "batched": [], "staged": [], "embedded": []}
+    trips: dict[str, list[float]] = {"batched": [], "staged": []}
     for _ in range(iters):
-        t0 = time.perf_counter()
-        if batched:
-            hs = _issued(dev.prefetch_many(addrs, lens))
-            dev.wait_many(hs, 30.0)
-            dev.release_many(hs)
-        else:
-            hs = [dev.prefetch(a, n) for a, n in ranges]
-            for h in hs:
-                h.wait(30.0)
-            for h in hs:
-                h.release()
-        out.append(time.perf_counter() - t0)
-    return out
+        out["ping"].append(rem.ping())
+        for mode in ("batched", "staged"):
+            n0 = rem.round_trips
+            out[mode].append(_batch(rem, mode))
+            trips[mode].append(rem.round_trips - n0)
+        out["embedded"].append(_batch(emb, "embedded"))
+    return {**out, "trips_batched": trips["batched"], "trips_staged": trips["staged"]}
 
 
 def _clients(sock: str, k: int, n: int) -> float:
@@ -187,11 +206,14 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--target-ratio", type=float, default=0.9)
     ap.add_argument("--target-clients", type=float, default=0.9)
+    ap.add_argument("--target-rtt-us", type=float, default=50.0)
+    ap.add_argument("--target-trips", type=float, default=2)
     a = ap.parse_args()
     if a.quick:
         a.objects, a.reps, a.rtt_iters = 64, 3, 100
     n = a.objects - a.objects % 4
-    v = Verdicts("daemon_bench")
+    v = Verdicts("daemon_bench", quick=a.quick)
+    load0 = loadavg()
     tmp = Path(tempfile.mkdtemp(prefix="chm-daemon-bench-"))
     try:
         emb_file, srv_file = tmp / "embedded.img", tmp / "served.img"
@@ -222,8 +244,9 @@ def main() -> int:
                 r_bw.append(_remote_pass(rem, n, dst))
                 a_bw.append(_embedded_pass(anon, n, dst))
             anon.close()
-            rt_remote = _rtt(rem, a.rtt_iters, batched=True)
-            rt_emb = _rtt(emb, a.rtt_iters, batched=False)
+            for _ in range(10):  # warm both paths
+                _rtt(rem, emb, 1)
+            rt = _rtt(rem, emb, a.rtt_iters)
             rem.close()
             emb.close()
             one, four = [], []
@@ -249,16 +272,40 @@ def main() -> int:
                 ["4 client processes", fmt_bw(median(four)), fmt_bw(min(four)), fmt_bw(max(four))],
             ],
         )
+        trips = max(rt["trips_batched"])
+        trips_staged = max(rt["trips_staged"])
         table(
-            "32 x 4 KiB prefetch + wait + release",
-            ["path", "median", "p99"],
+            f"request path ({a.rtt_iters} alternating runs; load average "
+            f"{' '.join(load0)} before, {' '.join(loadavg())} after)",
+            ["path", "round trips", "median", "p99"],
             [
-                ["daemon, batched (3 round trips)",
-                 f"{q(rt_remote, 0.5) * 1e6:.0f} us", f"{q(rt_remote, 0.99) * 1e6:.0f} us"],
-                ["embedded, per object",
-                 f"{q(rt_emb, 0.5) * 1e6:.0f} us", f"{q(rt_emb, 0.99) * 1e6:.0f} us"],
+                ["daemon, ping()", "1",
+                 f"{q(rt['ping'], 0.5) * 1e6:.1f} us", f"{q(rt['ping'], 0.99) * 1e6:.1f} us"],
+                ["32 x 4 KiB, daemon, prefetch/wait/release_many", f"{trips:g}",
+                 f"{q(rt['batched'], 0.5) * 1e6:.0f} us", f"{q(rt['batched'], 0.99) * 1e6:.0f} us"],
+                ["32 x 4 KiB, daemon, prefetch_many(wait=True)", f"{trips_staged:g}",
+                 f"{q(rt['staged'], 0.5) * 1e6:.0f} us", f"{q(rt['staged'], 0.99) * 1e6:.0f} us"],
+                ["32 x 4 KiB, embedded, per object", "-",
+                 f"{q(rt['embedded'], 0.5) * 1e6:.0f} us",
+                 f"{q(rt['embedded'], 0.99) * 1e6:.0f} us"],
             ],
         )  # fmt: skip
+        rtt_us = float(q(rt["ping"], 0.5)) * 1e6
+        v.check(
+            "daemon round trip, median (us)",
+            rtt_us,
+            a.target_rtt_us,
+            higher=False,
+            fmt=lambda x: f"{x:.1f} us",
+            speed=True,
+        )
+        v.check(
+            "round trips of a 32-object prefetch + wait + release",
+            trips,
+            a.target_trips,
+            higher=False,
+            fmt=lambda x: f"{x:g}",
+        )
         v.check("daemon / embedded staged read bandwidth", bw_ratio, a.target_ratio)
         v.check("4 clients / 1 client aggregate bandwidth", cl_ratio, a.target_clients)
         if a.json:
@@ -271,8 +318,22 @@ def main() -> int:
                         "daemon_bps": r_bw,
                         "one_client_bps": one,
                         "four_clients_bps": four,
-                        "rtt_daemon_s": {"median": q(rt_remote, 0.5), "p99": q(rt_remote, 0.99)},
-                        "rtt_embedded_s": {"median": q(rt_emb, 0.5), "p99": q(rt_emb, 0.99)},
+                        "ping_s": {"median": q(rt["ping"], 0.5), "p99": q(rt["ping"], 0.99)},
+                        "batch_daemon_s": {
+                            "median": q(rt["batched"], 0.5),
+                            "p99": q(rt["batched"], 0.99),
+                            "round_trips": trips,
+                        },
+                        "batch_daemon_staged_s": {
+                            "median": q(rt["staged"], 0.5),
+                            "p99": q(rt["staged"], 0.99),
+                            "round_trips": trips_staged,
+                        },
+                        "batch_embedded_s": {
+                            "median": q(rt["embedded"], 0.5),
+                            "p99": q(rt["embedded"], 0.99),
+                        },
+                        "loadavg": [load0, loadavg()],
                         "verdicts": v.to_dict(),
                     },
                     indent=2,
