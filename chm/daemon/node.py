@@ -73,6 +73,7 @@ class DaemonNode:
 
         self.d = daemon
         self.name = name
+        self.control = control
         self.master = RedisMaster(master, lease=lease)
         self._lock = threading.Lock()
         self._areas: dict[int, np.ndarray[Any, Any]] = {}

@@ -19,10 +19,9 @@ import chm
 from chm.kv import Store
 
 from .metrics import Metrics
-from .node import DaemonNode
 from .sessions import Scopes
 
-__all__ = ["Host", "ServeError", "ServeOptions"]
+__all__ = ["Host", "NodeHooks", "ServeError", "ServeOptions"]
 
 
 class ServeError(Exception):
@@ -71,6 +70,27 @@ class ServeOptions:
     idle_reclaim: float = 60.0
 
 
+class NodeHooks(Protocol):
+    """What the connections and the TCP front end tell a storage node
+    (:class:`chm.daemon.node.DaemonNode`)."""
+
+    def attach(self, area: Any) -> tuple[int, dict[str, Any]]:
+        """Registers a TCP client's area: its address and the WELCOME fields."""
+        ...
+
+    def detach(self, addr: int) -> None:
+        """Unregisters a gone client's area."""
+        ...
+
+    def stored(self, ks: Any, status: Any) -> None:
+        """Publishes what a put stored."""
+        ...
+
+    def removed(self, ks: Any, gone: list[bool]) -> None:
+        """Unpublishes what a remove dropped."""
+        ...
+
+
 class Host(Protocol):
     """The daemon as one connection sees it: its device and store, the
     shared pool and per-client area sizes, the scopes of all clients, and
@@ -92,7 +112,11 @@ class Host(Protocol):
     raw_base: int
     raw_bytes: int
     staging_lock: threading.Lock  # guards each client's KV_STAGING report
-    node: DaemonNode | None  # set when the daemon is a remote storage node
+
+    @property
+    def node(self) -> NodeHooks | None:
+        """The storage node, when the daemon is one (``--master``)."""
+        ...
 
     def adopt(self, conn: socket.socket, peer: str) -> bool:
         """Serve an authenticated TCP client's inner socket (False: full)."""

@@ -230,7 +230,13 @@ class Daemon:
                 "kv_writers": o.kv_writers,
                 "node": None
                 if self.node is None
-                else {"name": self.node.name, "id": self.node.node, "epoch": self.node.epoch},
+                else {
+                    "name": self.node.name,
+                    "id": self.node.node,
+                    "epoch": self.node.epoch,
+                    "data": self.node.engine.endpoint,
+                    "control": self.node.control,
+                },
                 "recovered_entries": st.recovered_entries if st else 0,
                 "journal": st.journal_path if st else None,
             },

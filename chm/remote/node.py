@@ -1,4 +1,4 @@
-"""The worker's side of remote storage nodes, and the node command.
+"""The worker's side of remote storage nodes.
 
 A storage node is a ``chm-emu serve`` daemon started with ``--listen``,
 ``--secret-file`` and ``--master`` (:mod:`chm.daemon.node`): its KV store,
@@ -23,10 +23,8 @@ connection, so a slow node never holds up another node's loads. A block the
 node no longer holds (evicted) is dropped from the Master when it still
 names that node and epoch (:meth:`RedisMaster.drop`).
 
-``python -m chm.remote.node`` runs one node: the daemon itself
-(:class:`chm.daemon.Daemon`) with its store in ``--dir``, for operators
-used to the node's own flags; ``chm-emu serve`` is the same with the
-daemon's flags.
+A node is one command: ``chm-emu serve --listen HOST:PORT --secret-file F
+--master redis://H:P/N --node-name NAME`` (docs/remote.md).
 """
 
 from __future__ import annotations
@@ -36,7 +34,6 @@ import contextlib
 import errno
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -52,7 +49,7 @@ from chm.remote.master import Entry, RedisMaster, key_bytes
 from chm.remote.protocol import MAX_BATCH, Op, read_secret
 from chm.remote.transfer import OK, TIMEOUT, Engine, RegisteredBuffer
 
-__all__ = ["NodeGone", "RemoteTier", "main", "read_secret"]
+__all__ = ["NodeGone", "RemoteTier", "read_secret"]
 
 WAIT_SLICE = 0.02  # seconds one WAIT waits for a run of staged blocks
 ALIGN = 4096  # blocks in a node's area start at page offsets, as RemoteStore puts them
@@ -553,100 +550,3 @@ class RemoteTier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m chm.remote.node``: one storage node, until SIGTERM or SIGINT.
-
-    The daemon (``chm-emu serve --listen --master``) with its store in
-    ``--dir`` (``kv.img`` and its journal); prints one line ``ready {json}``
-    (node id, epoch, control address, data endpoint, pid) on stdout once it
-    serves.
-    """
-    import argparse
-    import json
-    import signal
-    from pathlib import Path
-
-    from chm.daemon.server import Daemon, ServeError, ServeOptions, setup_logging
-
-    ap = argparse.ArgumentParser(prog="python -m chm.remote.node", description=main.__doc__)
-    ap.add_argument("--master", required=True, help="redis://HOST:PORT/DB")
-    ap.add_argument("--name", required=True, help="the node's name (stable across restarts)")
-    ap.add_argument("--dir", required=True, help="the store's directory (kv.img, its journal)")
-    ap.add_argument("--listen", default="127.0.0.1:0", help="control channel HOST:PORT")
-    ap.add_argument("--data-host", help="the Transfer Engine's address (default: --listen's)")
-    ap.add_argument("--secret-file", required=True, help="the shared secret (mode 0600)")
-    ap.add_argument("--capacity", default="256M")
-    ap.add_argument("--dram", default="64M")
-    ap.add_argument("--slot-size", default="1M")
-    ap.add_argument("--wbuf", default="4M", help="the device's write buffer (part of --dram)")
-    ap.add_argument(
-        "--resident",
-        default="0",
-        help="the device's resident region (part of --dram; 0: none): hot blocks stay in DRAM",
-    )
-    ap.add_argument("--backend", default="pread")
-    ap.add_argument("--write-area", type=int, default=64 << 20, help="each client's area")
-    ap.add_argument("--lease", type=float, default=3.0)
-    ap.add_argument("--flush-interval", type=float, default=0.2)
-    ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
-    a = ap.parse_args(argv)
-    d = Path(a.dir)
-    d.mkdir(parents=True, exist_ok=True)
-    dev: dict[str, Any] = {
-        "targets": [str(d / "kv.img")],
-        "create": True,
-        "capacity": a.capacity,
-        "dram": a.dram,
-        "slot_size": a.slot_size,
-        "object_size": a.slot_size,
-        "wbuf": a.wbuf,
-        "backend": a.backend,
-        "mode": "prefetch",
-        "pool": "memfd",
-    }
-    if a.resident not in ("0", ""):
-        dev["resident"] = a.resident
-    opts = ServeOptions(
-        device=dev,
-        socket=str(d / "chm.sock"),
-        journal=str(d / "kv.img.kvjournal"),
-        force=["filesystem"],  # the operator chose the directory
-        area_bytes=a.write_area,
-        listen=a.listen,
-        secret_file=a.secret_file,
-        master=a.master,
-        node_name=a.name,
-        data_host=a.data_host,
-        lease=a.lease,
-        flush_interval=a.flush_interval,
-    )
-    daemon = Daemon(opts, setup_logging(a.log_level))
-    try:
-        daemon.start()
-    except (ServeError, ChmError, OSError) as exc:
-        print(f"chm.remote.node: {exc}", file=sys.stderr)
-        return 1
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
-    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
-    node, tcp = daemon.node, daemon.tcp
-    assert node is not None and tcp is not None
-    ready = {
-        "node": node.node,
-        "epoch": node.epoch,
-        "control": node._endpoints["control"],
-        "data": node.engine.endpoint,
-        "pid": os.getpid(),
-        "socket": opts.socket,
-    }
-    print("ready", json.dumps(ready), flush=True)
-    try:
-        daemon.serve_forever()
-    finally:
-        daemon.close()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,12 +1,17 @@
-"""Storage-node processes for tests and benchmarks (``python -m chm.remote.node``:
-the ``chm-emu serve`` daemon as a node, with its store in a directory).
+"""Storage-node processes for tests and benchmarks: ``chm-emu serve`` daemons
+with ``--listen`` and ``--master`` (:mod:`chm.daemon.node`), their store in a
+directory.
 
     with NodeProcess(redis_url, "n1", tmp / "n1", secret_file) as node:
-        node.info["control"], node.info["data"]   # from its ``ready`` line
+        node.info["control"], node.info["data"]   # from its start log line
         node.info["socket"]                       # its Unix socket (chm.connect, stats)
         node.kill()                               # SIGKILL
         node.start()                              # a restart: same store, a new epoch
 
+``options`` are node settings as flags (``--capacity``, ``--dram``,
+``--slot-size``, ``--wbuf``, ``--resident``, ``--backend``,
+``--write-area``, ``--lease``, ``--flush-interval``), written with the rest
+into the daemon's TOML settings (``node.toml`` in the directory).
 ``prefix`` runs the node inside a network namespace (``["ip", "netns",
 "exec", NAME]``); ``host`` is the address it listens on there.
 
@@ -23,14 +28,27 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chm.errors import ChmError
+from chm.errors import ChmError, InvalidArgument
 
 __all__ = ["NodeProcess", "write_secret"]
+
+# node flag -> (table, setting) of chm-emu serve's TOML file
+_SETTINGS = {
+    "--capacity": ("device", "capacity"),
+    "--dram": ("device", "dram"),
+    "--slot-size": ("device", "slot_size"),
+    "--wbuf": ("device", "wbuf"),
+    "--resident": ("device", "resident"),
+    "--backend": ("device", "backend"),
+    "--write-area": ("", "area_bytes"),
+    "--lease": ("", "lease"),
+    "--flush-interval": ("", "flush_interval"),
+}
 
 
 def write_secret(path: str | os.PathLike[str]) -> bytes:
@@ -42,8 +60,12 @@ def write_secret(path: str | os.PathLike[str]) -> bytes:
     return secret
 
 
+def _toml(v: Any) -> str:
+    return json.dumps(v)  # strings, numbers and lists of strings are TOML as JSON writes them
+
+
 class NodeProcess:
-    """One ``python -m chm.remote.node`` process (see the module docstring)."""
+    """One node daemon process (see the module docstring)."""
 
     def __init__(
         self,
@@ -57,68 +79,105 @@ class NodeProcess:
         options: Sequence[str] = (),
         timeout: float = 30.0,
     ) -> None:
+        self.name = name
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        top: dict[str, Any] = {
+            "socket": str(self.dir / "chm.sock"),
+            "journal": str(self.dir / "kv.img.kvjournal"),
+            "force": ["filesystem"],  # the test's own directory, whatever it is on
+            "listen": f"{host}:0",
+            "secret_file": os.fspath(secret_file),
+            "master": master_url,
+            "node_name": name,
+            "flush_interval": 0.2,
+            "log_level": "info",
+        }
+        dev: dict[str, Any] = {
+            "targets": [str(self.dir / "kv.img")],
+            "create": True,
+            "capacity": "256M",
+            "dram": "64M",
+            "slot_size": "1M",
+            "wbuf": "4M",
+            "backend": "pread",
+            "mode": "prefetch",
+            "pool": "memfd",
+        }
+        opts = list(options)
+        if len(opts) % 2:
+            raise InvalidArgument(None, f"NodeProcess options: flag value pairs, not {opts}")
+        for flag, value in zip(opts[::2], opts[1::2], strict=True):
+            if flag not in _SETTINGS:
+                raise InvalidArgument(
+                    None, f"NodeProcess: unknown option {flag}; known: {', '.join(_SETTINGS)}"
+                )
+            table, key = _SETTINGS[flag]
+            if key == "resident" and value in ("0", ""):
+                continue
+            num = key in ("lease", "flush_interval", "area_bytes")
+            v: Any = float(value) if num else value
+            if key == "area_bytes":
+                v = int(v)
+            (dev if table else top)[key] = v
+        dev["object_size"] = dev["slot_size"]  # the block size: whole blocks in the write buffer
+        lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
+        lines += ["", "[device]"] + [f"{k} = {_toml(v)}" for k, v in dev.items()]
+        self.config = self.dir / "node.toml"
+        self.config.write_text("\n".join(lines) + "\n")
         self.argv = [
             *prefix,
             sys.executable,
             "-m",
-            "chm.remote.node",
-            "--master",
-            master_url,
-            "--name",
-            name,
-            "--dir",
-            os.fspath(directory),
-            "--listen",
-            f"{host}:0",
-            "--secret-file",
-            os.fspath(secret_file),
-            *options,
+            "chm_emu.cli",
+            "serve",
+            "--config",
+            str(self.config),
         ]
-        self.dir = Path(directory)
+        self.log_path = self.dir / "node.log"
         self.timeout = timeout
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
-        self._log: list[str] = []
 
     def start(self) -> NodeProcess:
-        """Starts the node and waits for its ``ready`` line."""
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        proc = self.proc
-        assert proc.stdout is not None and proc.stderr is not None
-        err = proc.stderr
-        self._log = []
-        threading.Thread(target=lambda: self._log.extend(err), daemon=True).start()
-        ready: list[str] = []
-        out = proc.stdout
-
-        def read_ready() -> None:
-            for line in out:
-                if line.startswith("ready "):
-                    ready.append(line)
-                    return
-
-        t = threading.Thread(target=read_ready, daemon=True)
-        t.start()
-        t.join(self.timeout)
-        if not ready:
-            self.kill()
-            tail = "".join(self._log[-20:])
-            raise ChmError(
-                None, f"node {self.argv[self.argv.index('--name') + 1]} not ready: {tail}"
+        """Starts the node and waits for its start log line (it serves then)."""
+        try:
+            offset = self.log_path.stat().st_size  # this run's lines start here
+        except OSError:
+            offset = 0
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf
             )
-        self.info = json.loads(ready[0][len("ready ") :])
-        return self
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            for line in self.log()[offset:].splitlines():
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if ev.get("event") == "start" and ev.get("node"):
+                    n = ev["node"]
+                    self.info = {
+                        "node": n["id"],
+                        "epoch": n["epoch"],
+                        "control": n["control"],
+                        "data": n["data"],
+                        "pid": ev["pid"],
+                        "socket": ev["socket"],
+                    }
+                    return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        tail = self.log()[offset:][-3000:]
+        raise ChmError(None, f"node {self.name} not ready: {tail}")
 
     @property
     def control(self) -> tuple[str, int]:
         host, _, port = str(self.info["control"]).rpartition(":")
-        return host, int(port)
+        return host.strip("[]"), int(port)
 
     def kill(self) -> None:
         """SIGKILL, then reaps it."""
@@ -139,7 +198,10 @@ class NodeProcess:
         return self.proc.returncode
 
     def log(self) -> str:
-        return "".join(self._log)
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def __enter__(self) -> NodeProcess:
         return self.start()
@@ -281,7 +343,7 @@ def measure(
 
 if __name__ == "__main__":
     # python -m chm.testing.remote measure URL HOST SECRET_FILE BLOCKS BLOCK_BYTES REPS SECONDS
-    from chm.remote.node import read_secret
+    from chm.remote.protocol import read_secret
 
     if len(sys.argv) != 9 or sys.argv[1] != "measure":
         raise SystemExit(__doc__)

@@ -497,16 +497,33 @@ def test_superseded_node_stops_serving(
 def test_node_with_redis_unreachable_fails_clearly_at_start(
     tmp_path: Path, secret_file: Path
 ) -> None:
+    """chm-emu serve --master naming a Redis that does not answer exits 2
+    with the reason, not a traceback, and leaves no socket behind."""
     from chm.testing.redisd import free_port
 
-    argv = [sys.executable, "-m", "chm.remote.node", "--master"]
-    argv += [f"redis://127.0.0.1:{free_port()}/0", "--name", "x", "--dir", str(tmp_path / "x")]
-    argv += ["--secret-file", str(secret_file)]
+    argv = [sys.executable, "-m", "chm_emu.cli", "serve", "--target", str(tmp_path / "img")]
+    argv += ["--create", "--capacity", "64M", "--dram", "64M", "--slot-size", "1M"]
+    argv += ["--force", "filesystem"]
+    argv += ["--socket", str(tmp_path / "sock"), "--listen", "127.0.0.1:0"]
+    argv += ["--secret-file", str(secret_file), "--node-name", "x"]
+    argv += ["--master", f"redis://127.0.0.1:{free_port()}/0"]
     t0 = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "does not answer" in proc.stderr and "Traceback" not in proc.stderr
     assert time.monotonic() - t0 < 30
+    assert not (tmp_path / "sock").exists()
+
+
+def test_master_without_node_name_or_listen_is_a_usage_error(
+    tmp_path: Path, secret_file: Path
+) -> None:
+    argv = [sys.executable, "-m", "chm_emu.cli", "serve", "--target", str(tmp_path / "img")]
+    argv += ["--create", "--capacity", "64M", "--socket", str(tmp_path / "sock")]
+    argv += ["--master", "redis://127.0.0.1:1/0"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "--master needs --listen and --node-name" in proc.stderr
 
 
 def test_a_stopped_node_does_not_stall_another_nodes_loads(

@@ -285,6 +285,10 @@ PY_ALLOWED: dict[tuple[str, str], str] = {
     # chm.connect() is the driver's front door to a daemon: a lazy import, so
     # `import chm` never loads the client
     ("chm", "chm.remote"): "chm.connect()",
+    # a daemon that is a remote storage node registers and publishes in the
+    # Master and lends its memory to the Transfer Engine (chm.daemon.node)
+    ("chm.daemon.node", "chm.remote.master"): "a storage node's Master",
+    ("chm.daemon.node", "chm.remote.transfer"): "a storage node's data path",
 }
 
 # Only chm._lowlevel (the package and its modules) uses the cffi library (the
