@@ -12,8 +12,11 @@ device's write buffer; the index learns it only once it is readable, marks
 it durable once ``flush()`` has made it so, and journals it then. Every load
 verifies the block's XXH3-64: a torn or corrupted block is a miss, counted
 in ``stats().checksum_errors``, and is dropped from the index. Every method
-is thread-safe; the data of a load, the journal's fdatasync and the writing
-of a compacted journal run with no store lock held.
+is thread-safe; the store's lock covers decisions only: a put's checksum and
+device write, the data of a load, the device's flush, the journal's
+fdatasync and the writing of a compacted journal run without it. A block
+being written is in no index and its segment is pinned against reclaim;
+the put publishes it when the write returns (see ``_put_blocks``).
 
 On a backend that stores bytes each block is written with a header sector
 after its payload (:mod:`chm.kv.blockhdr`), so ``chm-emu kv repair`` can
@@ -72,7 +75,7 @@ class PutStatus(enum.IntEnum):
     """Outcome of one key of a put."""
 
     STORED = 0  # written (readable now, durable after flush())
-    EXISTS = 1  # the key was already there (or earlier in the same batch)
+    EXISTS = 1  # the key was there (earlier in the batch, or a concurrent put published it first)
     SKIPPED = 2  # not written: the write buffer was full, or no segment could be reclaimed
     ERROR = 3  # the device failed the write
 
