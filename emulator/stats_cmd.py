@@ -32,7 +32,7 @@ def _table(s: dict[str, Any]) -> Table:
     t.add_column("group", style="bold")
     t.add_column("counter")
     t.add_column("value", justify="right")
-    for group in ("daemon", "held", "device", "kv", "staging"):
+    for group in ("daemon", "node", "held", "device", "kv", "staging"):
         counters = s.get(group) or {}
         if group == "device":
             counters = enum_names(counters)  # backend, mode, pool kind by name

@@ -613,7 +613,9 @@ class Daemon:
             "kv": self.store.stats().to_dict() if self.store is not None else None,
             "held": self.scopes.held(),
             "staging": self.staging_stats(),
-            "node": self.node.health() if self.node is not None else None,
+            "node": None
+            if self.node is None
+            else {**self.node.health(), "bytes_staged_tcp": counts["tcp_bytes_staged"]},
             "daemon": {
                 **counts,
                 "pid": os.getpid(),

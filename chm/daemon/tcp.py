@@ -264,24 +264,20 @@ class _Relay:
         return encode(op, seq + self.skip, body)
 
     def _track(self, op: Op, req: Any, ans: list[Any]) -> None:
-        """The pool ranges of the tokens this client holds, for POOL_GET."""
-        if op == Op.WAIT:
-            staged = 0
-            for tok, (rc, off, n, _addr) in zip(req[1], ans, strict=False):
-                if rc == 0:
-                    self.staged[int(tok)] = (int(off), int(n))
-                    staged += int(n)
-            if staged:
-                self.front.d.count("tcp_bytes_staged", staged)
-        elif op == Op.RELEASE:
+        """The pool ranges of the tokens this client holds, for POOL_GET,
+        and the bytes staged for TCP clients (a storage node's health)."""
+        staged = 0
+        for tok, off, n in staged_by(op, req, ans):  # WAIT, STAGE, KV_LOAD
+            self.staged[tok] = (off, n)
+            staged += n
+        if staged:
+            self.front.d.count("tcp_bytes_staged", staged)
+        if op == Op.RELEASE:
             for tok in req:
                 self.staged.pop(int(tok), None)
         elif op == Op.KV_DONE:
             for e in req:
                 self.staged.pop(int(e[2]), None)
-        elif op in (Op.STAGE, Op.KV_LOAD):  # version 4: prefetch or lookup, and wait
-            for tok, off, n in staged_by(op, req, ans):
-                self.staged[tok] = (off, n)
 
     def _data(self, op: Op, body: Any) -> Any:
         """AREA_PUT / AREA_GET / POOL_GET: an answer, or a negative errno."""

@@ -1,0 +1,152 @@
+"""The daemon as a remote storage node (``chm-emu serve --listen --master``):
+a real redis-server, a real daemon process, TCP clients on loopback.
+
+What a node tells its TCP clients (WELCOME ``transfer`` and ``node``), what
+it publishes and unpublishes in the Master (puts from any client, removes),
+its lease (a new epoch per start, ended by a clean stop), and its health in
+``chm-emu stats`` and the Prometheus metrics (``chm_node_*``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import chm
+from chm.kv.keys import Namespace
+from chm.kv.store import PutStatus
+from chm.remote.master import RedisMaster
+from chm.testing.redisd import RedisServer, free_port, redis_server_path
+from chm.testing.remote import NodeProcess, write_secret
+
+pytestmark = [
+    pytest.mark.skipif(redis_server_path() is None, reason="redis-server is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("redis") is None or importlib.util.find_spec("mooncake") is None,
+        reason="the 'remote' extra (redis, mooncake-transfer-engine-non-cuda) is not installed",
+    ),
+]
+
+OPTS = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M", "--lease", "1"]
+
+
+@pytest.fixture
+def redis_srv() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    p = tmp_path / "secret"
+    write_secret(p)
+    return p
+
+
+def test_welcome_publish_remove_and_lease(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """A TCP client's WELCOME names the engine, the pool and its own area
+    and the node; a put through the daemon protocol (in-band, no engine) is
+    published under the node's epoch, a remove unpublishes it; a clean stop
+    ends the lease at once, and a restart is a new epoch that re-publishes
+    what the store holds."""
+    master = RedisMaster(redis_srv.url, lease=1.0)
+    ns = Namespace(model="w")
+    data = [np.full(4096, j, np.uint8) for j in range(4)]
+    node = NodeProcess(redis_srv.url, "n1", tmp_path / "n1", secret_file, options=OPTS).start()
+    try:
+        with chm.connect(f"tcp://{node.info['control']}", secret_file=str(secret_file)) as dev:
+            t, n = dev.welcome["transfer"], dev.welcome["node"]
+            assert t["engine"] == node.info["data"] and t["protocol"] == "tcp"
+            assert t["pool_bytes"] == dev.welcome["pool_bytes"]
+            assert t["area_bytes"] == dev.welcome["area_bytes"] and t["area_addr"] > 0
+            assert n == {"id": node.info["node"], "epoch": node.info["epoch"], "name": "n1"}
+            kv = dev.kv(ns)
+            assert kv.put(range(4), data) == [PutStatus.STORED] * 4
+            hits = master.lookup(ns.keys(range(4)))
+            assert len(hits) == 4
+            assert {(h.node, h.epoch) for h in hits} == {(n["id"], n["epoch"])}
+            assert [h.length for h in hits] == [4096] * 4
+            assert kv.remove([3]) == [True]
+            assert master.get(ns.keys([3])) == [None]
+            assert len(master.lookup(ns.keys(range(4)))) == 3
+        # a local client's put (the Unix socket) is published too
+        with chm.connect(node.info["socket"]) as dev:
+            assert dev.kv(ns).put([3], [data[3]]) == [PutStatus.STORED]
+        assert len(master.lookup(ns.keys(range(4)))) == 4
+        e1 = node.info["epoch"]
+        assert node.stop() == 0
+        assert master.lookup(ns.keys(range(4))) == []  # the lease ended with the stop
+        assert not next(x for x in master.nodes() if x.name == "n1").live
+        node.start()
+        assert node.info["epoch"] == e1 + 1
+        hits = master.lookup(ns.keys(range(4)))
+        assert len(hits) == 4 and {h.epoch for h in hits} == {e1 + 1}
+    finally:
+        node.kill()
+        master.close()
+
+
+def test_health_in_stats_and_metrics(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """``chm-emu stats`` (table and JSON) and the Prometheus endpoint show
+    the node: Master reachable, epoch, lease time left, entries published,
+    TCP clients, bytes staged for TCP clients; with Redis gone, the Master
+    is shown unreachable (and the daemon keeps serving)."""
+    port = free_port()
+    opts = [*OPTS]
+    node = NodeProcess(redis_srv.url, "h1", tmp_path / "h1", secret_file, options=opts)
+    cfg = node.config.read_text().replace("[device]", f'metrics = "127.0.0.1:{port}"\n\n[device]')
+    node.config.write_text(cfg)
+    node.start()
+    ns = Namespace(model="h")
+    try:
+        with chm.connect(f"tcp://{node.info['control']}", secret_file=str(secret_file)) as dev:
+            kv = dev.kv(ns)
+            assert kv.put(range(3), [np.full(8192, 7, np.uint8)] * 3) == [PutStatus.STORED] * 3
+            outs = [np.zeros(8192, np.uint8) for _ in range(3)]
+            assert kv.load_prefix(range(3), outs) == 3  # staged, then read in-band
+            argv = [sys.executable, "-m", "chm_emu.cli", "stats", "--socket", node.info["socket"]]
+            js = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True,
+                                           timeout=60, check=True).stdout)  # fmt: skip
+            nd = js["node"]
+            assert nd["name"] == "h1" and nd["id"] == node.info["node"]
+            assert nd["epoch"] == node.info["epoch"] and nd["master_reachable"] == 1
+            assert 0 < nd["lease_remaining_s"] <= 1.0
+            assert nd["entries_published"] == 3 and nd["tcp_clients"] == 1
+            assert nd["bytes_staged_tcp"] == 3 * 8192
+            table = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+            for row in ("master_reachable", "entries_published", "lease_remaining_s"):
+                assert row in table.stdout
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+            metrics = {
+                line.split()[0]: float(line.split()[1])
+                for line in text.decode().splitlines()
+                if line.startswith("chm_node_")
+            }
+            assert metrics["chm_node_epoch"] == node.info["epoch"]
+            assert metrics["chm_node_master_reachable"] == 1
+            assert metrics["chm_node_entries_published"] == 3
+            assert metrics["chm_node_tcp_clients"] == 1
+            assert metrics["chm_node_bytes_staged_tcp"] == 3 * 8192
+        redis_srv.kill()
+        deadline = time.monotonic() + 10
+        with chm.connect(node.info["socket"]) as dev:
+            while dev.daemon_stats()["node"]["master_reachable"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert dev.daemon_stats()["node"]["lease_remaining_s"] == 0
+            assert dev.kv(ns).contains([0]) == [True]  # the daemon itself serves on
+    finally:
+        node.kill()
