@@ -35,7 +35,7 @@ from typing import Any
 
 from chm.errors import ChmError, InvalidArgument
 
-__all__ = ["NodeProcess", "write_secret"]
+__all__ = ["NodeProcess", "block", "worker", "write_secret"]
 
 # node flag -> (table, setting) of chm-emu serve's TOML file
 _SETTINGS = {
@@ -341,10 +341,96 @@ def measure(
     }
 
 
+def block(model: str, j: int, nbytes: int) -> Any:
+    """Block ``j`` of ``model``: ``nbytes`` pseudo-random bytes, the same in every process."""
+    import zlib
+
+    import numpy as np
+
+    rng = np.random.default_rng([zlib.crc32(model.encode()), j])
+    return rng.integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def worker(url: str, host: str, secret: bytes, *, timeout: float = 3.0) -> None:
+    """A worker process for tests (``python -m chm.testing.remote worker URL
+    HOST SECRET_FILE [TIMEOUT]``): a :class:`RemoteTier` driven by JSON lines
+    on stdin, one JSON answer per line on stdout. Blocks are :func:`block`
+    of the request's model, keys ``Namespace(model=...)`` of their indices:
+
+    - ``{"op": "save", "model", "blocks": [a, b], "bytes", "node"?}`` ->
+      ``{"status": [PutStatus, ...]}``
+    - ``{"op": "load", "model", "blocks": [a, b], "bytes", "timeout"?}`` ->
+      ``{"loaded", "exact", "untouched", "seconds"}`` (``exact``: every loaded
+      block byte-exact; ``untouched``: the rest left zero)
+    - ``{"op": "hold", "model", "blocks": [a, b], "node"}`` -> ``{"held"}``:
+      stages them on the node and keeps them (until the process ends)
+    - ``{"op": "stats"}`` -> the tier's counters
+    """
+    import time
+
+    import numpy as np
+
+    from chm.kv.keys import Namespace
+    from chm.remote.master import RedisMaster, key_bytes
+    from chm.remote.node import RemoteTier, _pairs
+    from chm.remote.protocol import Op
+    from chm.remote.transfer import Engine
+
+    tier = RemoteTier(
+        RedisMaster(url, lease=1.0), Engine.get(host), secret, buffer=16 << 20, timeout=timeout
+    )
+    held: list[Any] = []
+    for line in sys.stdin:
+        req = json.loads(line)
+        op = req["op"]
+        out: dict[str, Any]
+        if op == "stats":
+            out = dict(tier.stats)
+        else:
+            a, b = req["blocks"]
+            keys = Namespace(model=req["model"]).keys(range(a, b))
+            n = int(req.get("bytes", 0))
+            if op == "save":
+                st = tier.save(req["model"], keys, [block(req["model"], j, n) for j in range(a, b)],
+                               node=req.get("node"))  # fmt: skip
+                out = {"status": [int(x) for x in st]}
+            elif op == "load":
+                outs = [np.zeros(n, np.uint8) for _ in range(a, b)]
+                t0 = time.monotonic()
+                got = tier.load(keys, outs, timeout=req.get("timeout"))
+                secs = time.monotonic() - t0
+                exact = all(
+                    np.array_equal(outs[i], block(req["model"], a + i, n)) for i in range(got)
+                )
+                out = {
+                    "loaded": got,
+                    "exact": exact,
+                    "untouched": not any(o.any() for o in outs[got:]),
+                    "seconds": secs,
+                }
+            elif op == "hold":
+                link = tier._link(int(req["node"]))
+                end = time.monotonic() + timeout
+                ans = link.call(Op.KV_LOOKUP, [_pairs(key_bytes(keys)), False], end)
+                toks = [x[1] for x in ans if x[0] == 0]
+                res = link.call(Op.WAIT, [int(0.5e9), toks], end + 1, wait=0.5)
+                held.append(link)
+                out = {"held": sum(1 for r in res if r[0] == 0)}
+            else:
+                out = {"error": f"unknown op {op!r}"}
+        print(json.dumps(out), flush=True)
+    tier.close()
+
+
 if __name__ == "__main__":
     # python -m chm.testing.remote measure URL HOST SECRET_FILE BLOCKS BLOCK_BYTES REPS SECONDS
+    # python -m chm.testing.remote worker URL HOST SECRET_FILE [TIMEOUT]
     from chm.remote.protocol import read_secret
 
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "worker":
+        t = float(sys.argv[5]) if len(sys.argv) == 6 else 3.0
+        worker(sys.argv[2], sys.argv[3], read_secret(sys.argv[4]), timeout=t)
+        raise SystemExit(0)
     if len(sys.argv) != 9 or sys.argv[1] != "measure":
         raise SystemExit(__doc__)
     url_, host_, sf, nb, bb, rp, ls = sys.argv[2:]

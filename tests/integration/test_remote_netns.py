@@ -1,26 +1,37 @@
-"""Redis, a storage node and a worker, each in its own network namespace.
+"""Redis, storage nodes and workers, each in its own network namespace.
 
 The namespaces are made and removed here (:class:`chm.testing.netns.Network`:
 veth pairs to a bridge in a hub namespace). Where namespaces cannot be made
 (no CAP_NET_ADMIN, no iproute2) the same processes run on loopback and the
-test says so in its skip-free output (a warning naming the reason).
+test says so (a warning naming the reason).
 
-The worker saves blocks to the node, loads them back byte-exact across the
-link, then the node is killed with SIGKILL and the worker's next load is a
-miss within its timeout.
+Nodes are ``chm-emu serve`` daemons with ``--listen`` and ``--master``
+(:class:`chm.testing.remote.NodeProcess`); workers are
+``python -m chm.testing.remote worker`` processes (a ``RemoteTier`` driven
+over stdin). The fast test: two nodes, two workers, byte-exact multi-turn
+loads across both nodes, then one node killed (SIGKILL) under load: its
+blocks are misses within the timeout while the other node keeps serving.
+The slow one adds a restart (a new epoch serving what the node flushed) and
+a worker killed while holding slots (the node's daemon holds nothing after).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import subprocess
 import sys
+import threading
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import chm
 from chm.testing.netns import Network
 from chm.testing.redisd import RedisServer, redis_server_path
 from chm.testing.remote import NodeProcess, write_secret
@@ -33,41 +44,52 @@ pytestmark = [
     ),
 ]
 
-_WORKER = r"""
-import json, sys, time
-import numpy as np
-from chm.kv.keys import Namespace
-from chm.remote.master import RedisMaster
-from chm.remote.node import RemoteTier, read_secret
-from chm.remote.transfer import Engine
-
-url, host, secret_file = sys.argv[1], sys.argv[2], sys.argv[3]
-tier = RemoteTier(RedisMaster(url, lease=1.0), Engine.get(host), read_secret(secret_file),
-                  buffer=8 << 20, timeout=3.0)
-rng = np.random.default_rng(7)
-keys = Namespace(model="netns").keys(range(12))
-data = [rng.integers(0, 256, 256 << 10, dtype=np.uint8) for _ in range(12)]
-saved = [int(s) for s in tier.save("req", keys[:8], data[:8])]
-outs = [np.zeros(256 << 10, np.uint8) for _ in range(12)]
-n = tier.load(keys, outs)
-exact = all(np.array_equal(outs[j], data[j]) for j in range(n))
-untouched = not any(o.any() for o in outs[n:])
-print(json.dumps({"saved": saved, "loaded": n, "exact": exact, "untouched": untouched,
-                  "engine": tier.engine.endpoint}), flush=True)
-sys.stdin.readline()  # the node is killed now
-t0 = time.monotonic()
-n2 = tier.load(keys, [np.zeros(256 << 10, np.uint8) for _ in range(12)])
-print(json.dumps({"loaded": n2, "seconds": time.monotonic() - t0}), flush=True)
-tier.close()
-"""
+BLOCK = 256 << 10
+TIMEOUT = 2.0
+NODE_OPTS = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
+NODE_OPTS += ["--lease", "1.0"]
 
 
-def test_redis_node_worker_in_separate_namespaces(tmp_path: Path) -> None:
-    net = Network(["redis", "node", "worker"], fallback=True)
+class Worker:
+    """A worker process on a host of the network (chm.testing.remote.worker)."""
+
+    def __init__(self, net: Network, host: str, url: str, secret: Path) -> None:
+        argv = [*net.prefix(host), sys.executable, "-m", "chm.testing.remote", "worker"]
+        self.proc = subprocess.Popen(
+            [*argv, url, net.host(host), str(secret), str(TIMEOUT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def ask(self, **req: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, "the worker died"
+        out: dict[str, Any] = json.loads(line)
+        return out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return self.proc.wait(30)
+
+
+@contextlib.contextmanager
+def _fleet(tmp_path: Path) -> Iterator[tuple[Network, dict[str, NodeProcess], list[Worker]]]:
+    """Redis, nodes n1 and n2, workers w1 and w2: five namespaces."""
+    net = Network(["redis", "n1", "n2", "w1", "w2"], fallback=True)
     if net.loopback:
         warnings.warn(
-            f"network namespaces unavailable ({net.reason}): running on loopback",
-            stacklevel=1,
+            f"network namespaces unavailable ({net.reason}): running on loopback", stacklevel=3
         )
     secret = tmp_path / "secret"
     write_secret(secret)
@@ -77,46 +99,122 @@ def test_redis_node_worker_in_separate_namespaces(tmp_path: Path) -> None:
             net.host("redis"), 6379 if not net.loopback else 0, prefix=net.prefix("redis")
         ) as srv,
     ):
-        node = NodeProcess(
-            srv.url,
-            "n1",
-            tmp_path / "n1",
-            secret,
-            host=net.host("node"),
-            prefix=net.prefix("node"),
-            options=["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--lease", "1.0"],
-        ).start()
-        worker = None
-        try:
-            assert node.info["data"].startswith(net.host("node") + ":")
-            argv = [*net.prefix("worker"), sys.executable, "-c", _WORKER]
-            worker = subprocess.Popen(
-                [*argv, srv.url, net.host("worker"), str(secret)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
+        nodes = {
+            h: NodeProcess(
+                srv.url,
+                h,
+                tmp_path / h,
+                secret,
+                host=net.host(h),
+                prefix=net.prefix(h),
+                options=NODE_OPTS,
             )
-            assert worker.stdin is not None and worker.stdout is not None
-            first = json.loads(worker.stdout.readline())
-            assert first["saved"] == [0] * 8  # PutStatus.STORED
-            assert first["loaded"] == 8 and first["exact"] and first["untouched"]
-            assert first["engine"].startswith(net.host("worker") + ":")
-            node.kill()
-            worker.stdin.write("\n")
-            worker.stdin.flush()
-            second = json.loads(worker.stdout.readline())
-            assert second["loaded"] == 0
-            assert second["seconds"] < 3.0 + 1.0
-            assert worker.wait(30) == 0
+            for h in ("n1", "n2")
+        }
+        workers: list[Worker] = []
+        try:
+            for nd in nodes.values():
+                nd.start()
+            workers = [Worker(net, h, srv.url, secret) for h in ("w1", "w2")]
+            yield net, nodes, workers
         finally:
-            if worker is not None and worker.poll() is None:
-                worker.kill()
-                worker.wait(10)
-            node.kill()
+            for w in workers:
+                w.kill()
+            for nd in nodes.values():
+                nd.kill()
     if not net.loopback:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert net.tag not in listed  # everything made was removed
+
+
+def _turns(w: Worker, model: str, node: int) -> None:
+    """Two turns of one request on a node: 4 blocks, then 4 more; a load of
+    all 8 after each (a prefix of 4, then the whole) is byte-exact."""
+    assert w.ask(op="save", model=model, blocks=[0, 4], bytes=BLOCK, node=node)["status"] == [0] * 4
+    got = w.ask(op="load", model=model, blocks=[0, 8], bytes=BLOCK)
+    assert got["loaded"] == 4 and got["exact"] and got["untouched"]
+    assert w.ask(op="save", model=model, blocks=[4, 8], bytes=BLOCK, node=node)["status"] == [0] * 4
+    got = w.ask(op="load", model=model, blocks=[0, 8], bytes=BLOCK)
+    assert got["loaded"] == 8 and got["exact"]
+
+
+def _load_both(workers: list[Worker], models: dict[str, int]) -> None:
+    """Every worker loads every request (each on its own node) byte-exact."""
+    for w in workers:
+        for m in models:
+            got = w.ask(op="load", model=m, blocks=[0, 8], bytes=BLOCK)
+            assert got["loaded"] == 8 and got["exact"], (m, got)
+
+
+def _kill_under_load(workers: list[Worker], nodes: dict[str, NodeProcess]) -> None:
+    """w1 loads n1's request in a loop while n1 is killed (SIGKILL): every
+    load is whole-and-exact or a shorter exact prefix, the last ones misses
+    within the timeout; n2's request still loads whole from w2 meanwhile."""
+    results: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            results.append(workers[0].ask(op="load", model="req-1", blocks=[0, 8], bytes=BLOCK))
+
+    t = threading.Thread(target=loop)
+    t.start()
+    time.sleep(0.5)
+    nodes["n1"].kill()
+    time.sleep(1.5)
+    other = workers[1].ask(op="load", model="req-2", blocks=[0, 8], bytes=BLOCK)
+    stop.set()
+    t.join(30)
+    assert not t.is_alive()
+    assert other["loaded"] == 8 and other["exact"] and other["seconds"] < TIMEOUT
+    assert results[0]["loaded"] == 8 and results[-1]["loaded"] == 0
+    for r in results:
+        assert r["exact"] and r["untouched"] and r["seconds"] < TIMEOUT + 1.0, r
+    dead = workers[0].ask(op="load", model="req-1", blocks=[0, 8], bytes=BLOCK)
+    assert dead["loaded"] == 0 and dead["seconds"] < TIMEOUT + 1.0
+    assert workers[0].ask(op="stats")["bad_checksums"] == 0
+
+
+def test_two_nodes_two_workers_in_separate_namespaces(tmp_path: Path) -> None:
+    with _fleet(tmp_path) as (net, nodes, workers):
+        for nd in nodes.values():
+            assert nd.info["data"].startswith(net.host(nd.name) + ":")
+        models = {"req-1": nodes["n1"].info["node"], "req-2": nodes["n2"].info["node"]}
+        _turns(workers[0], "req-1", models["req-1"])
+        _turns(workers[1], "req-2", models["req-2"])
+        _load_both(workers, models)
+        _kill_under_load(workers, nodes)
+        assert workers[1].close() == 0
+
+
+@pytest.mark.slow
+def test_fleet_restart_and_a_worker_killed_holding_slots(tmp_path: Path) -> None:
+    """The fast test's fleet, then: n1 restarts (a new epoch) and serves what
+    it flushed to both workers; w2 stages n2's blocks and is killed (SIGKILL)
+    while holding them: n2's daemon holds nothing after, and w1 loads them."""
+    with _fleet(tmp_path) as (_net, nodes, workers):
+        models = {"req-1": nodes["n1"].info["node"], "req-2": nodes["n2"].info["node"]}
+        _turns(workers[0], "req-1", models["req-1"])
+        _turns(workers[1], "req-2", models["req-2"])
+        time.sleep(0.6)  # the nodes flush every 0.2 s
+        _kill_under_load(workers, nodes)
+        e1 = nodes["n1"].info["epoch"]
+        nodes["n1"].start()
+        assert nodes["n1"].info["epoch"] == e1 + 1
+        _load_both(workers, models)
+        got = workers[1].ask(op="hold", model="req-2", blocks=[0, 8], node=models["req-2"])
+        assert got["held"] == 8
+        with chm.connect(nodes["n2"].info["socket"]) as dev:
+            assert dev.daemon_stats()["held"]["handles"] >= 8
+            workers[1].kill()
+            deadline = time.monotonic() + 10
+            while dev.daemon_stats()["held"]["handles"]:
+                assert time.monotonic() < deadline, dev.daemon_stats()["held"]
+                time.sleep(0.05)
+            assert dev.daemon_stats()["held"]["pins"] == 0
+            assert dev.daemon_stats()["node"]["tcp_clients"] == 1  # w1's connection only
+        got = workers[0].ask(op="load", model="req-2", blocks=[0, 8], bytes=BLOCK)
+        assert got["loaded"] == 8 and got["exact"]
 
 
 @pytest.mark.slow
