@@ -222,8 +222,10 @@ def test_bad_configuration_and_calls_are_refused(tmp_path: Path) -> None:
     del cfg.extra_config["path"]
     with pytest.raises(InvalidArgument, match="'path'"):
         StorageBackendFactory.create_backend("dynamic", cfg, None)
-    with pytest.raises(InvalidArgument, match="not both"):
+    with pytest.raises(InvalidArgument, match=r"one of extra-config 'path' .* is required"):
         backend(tmp_path / "kv", socket=str(tmp_path / "s"))
+    with pytest.raises(InvalidArgument, match=r"one of extra-config 'path' .* is required"):
+        backend(tmp_path / "kv", master="redis://127.0.0.1:1/0")
     with pytest.raises(InvalidArgument, match="unknown extra-config"):
         backend(tmp_path / "kv", capcity="1G")
     with pytest.raises(InvalidArgument, match="per_rank_dir='maybe' is not a boolean"):
@@ -441,6 +443,51 @@ def test_two_ranks_share_one_daemon(tmp_path: Path) -> None:
         st = ranks[0].stats()
         assert st["entries"] == 2 * 20 * 2 and st["staging_skipped"] == 0, st  # one index
         for b in ranks:
+            b.close()
+
+
+def test_two_workers_share_one_tier_on_a_remote_node(tmp_path: Path) -> None:
+    """Two SGLang workers (two replicas of one model and rank) on a real
+    redis-server and node process: pages one sets through the zero-copy
+    calls the other gets, byte-exact, out of the node."""
+    import importlib.util
+
+    from chm.testing.redisd import RedisServer, redis_server_path
+    from chm.testing.remote import NodeProcess, write_secret
+
+    if redis_server_path() is None or importlib.util.find_spec("mooncake") is None:
+        pytest.skip("redis-server or the 'remote' extra (mooncake) is not installed")
+    write_secret(tmp_path / "secret")
+    opts = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
+    with (
+        RedisServer() as srv,
+        NodeProcess(srv.url, "node-a", tmp_path / "node-a", tmp_path / "secret", options=opts),
+    ):
+        kw: dict[str, Any] = {
+            "master": srv.url,
+            "secret_file": str(tmp_path / "secret"),
+            "host": "127.0.0.1",
+            "dram": None,
+            "wbuf": None,
+        }
+        workers = [backend(None, interface_v1=1, **kw) for _ in range(2)]
+        pools = [host_pool(), host_pool()]
+        for b, pool in zip(workers, pools, strict=True):
+            assert b.tier.nodes
+            b.register_mem_pool_host(pool)
+        keys = [f"{i:064x}" for i in range(20)]
+        fill(pools[0], 21)
+        want = [page_bytes(pools[0], p * pools[0].page_size) for p in range(20)]
+        idx = torch.arange(20 * pools[0].page_size)
+        assert workers[0].batch_set_v1(keys, idx) == [True] * 20
+        assert workers[1].batch_exists(keys) == 20
+        assert workers[1].batch_get_v1(keys, idx) == [True] * 20
+        for p in range(20):
+            got = page_bytes(pools[1], p * pools[1].page_size)
+            assert all(torch.equal(a, w) for a, w in zip(got, want[p], strict=True)), p
+        st = workers[1].stats()
+        assert st["remote_loaded"] >= 20 and st["remote_bad_checksums"] == 0, st
+        for b in workers:
             b.close()
 
 
