@@ -70,6 +70,10 @@ from chm.integrations.vllm import ChmSecondaryTier
 from chm.kv import Store
 from chm.kv.staging import StagingQueue
 
+# one pytest-xdist worker for the vLLM tests: test_integration_vllm_e2e.py
+# removes the /dev/shm regions that appear while its engines fail or die
+pytestmark = pytest.mark.xdist_group("vllm")
+
 CHUNK = 64 * 1024
 PRIMARY = 4
 N = 12

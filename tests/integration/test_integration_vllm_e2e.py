@@ -62,6 +62,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_cpu_offload  # type: ignore[import-not-found]  # noqa: E402
 
+# one pytest-xdist worker for the vLLM tests: these remove the /dev/shm regions
+# that appear while their engine fails or dies, which must be their engine's
+pytestmark = pytest.mark.xdist_group("vllm")
+
 BLOCK = 32  # tokens per KV block (vllm-cpu's attention takes multiples of 32)
 MAX_LEN = 448
 GPU_BLOCKS = 16  # the engine's own KV cache: one longest request (MAX_LEN)

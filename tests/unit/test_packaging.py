@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# the sdist builds in the source tree (chm.egg-info): one build at a time, on one
+# pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("sdist")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
