@@ -494,6 +494,19 @@ def test_two_ranks_share_one_daemon(tmp_path: Path, engines: list[str]) -> None:
 _NODE_OPTS = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
 
 
+def documented_remote_keys() -> dict[str, Any]:
+    """The ``chm.*`` keys of the remote-nodes example in docs/integrations.md, as written."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    for m in re.finditer(r"```yaml\n(.*?)```", text, re.S):
+        if "chm.master" in m[1]:
+            extra = yaml.safe_load(m[1])["extra_config"]
+            assert extra["storage_plugin.chm.module_path"] == "chm.integrations.lmcache"
+            return {k: v for k, v in extra.items() if k.startswith("chm.")}
+    raise AssertionError("docs/integrations.md has no LMCache example with chm.master")
+
+
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
     """A real redis-server, one node process (``python -m chm.remote.node``)
@@ -516,15 +529,19 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
             options=[*_NODE_OPTS, "--lease", "1.0"],
         ) as node,
     ):
-        kw: dict[str, Any] = {
-            "chm.master": srv.url,
-            "chm.secret_file": str(tmp_path / "secret"),
-            "chm.nodes": "node-a",
-            "chm.host": "127.0.0.1",
-            "chm.get_timeout_s": 3.0,
-            "chm.dram": None,
-            "chm.wbuf": None,
-        }
+        kw = documented_remote_keys()
+        assert {"chm.master", "chm.secret_file", "chm.nodes"} <= set(kw), kw
+        kw.update(
+            {
+                "chm.master": srv.url,
+                "chm.secret_file": str(tmp_path / "secret"),
+                "chm.nodes": "node-a",
+                "chm.host": "127.0.0.1",
+                "chm.get_timeout_s": 3.0,
+                "chm.dram": None,  # the node's settings
+                "chm.wbuf": None,
+            }
+        )
         yield srv, node, kw
 
 
