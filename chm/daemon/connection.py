@@ -428,14 +428,18 @@ class Client:
         return None if t >= _FOREVER else time.monotonic_ns() + t
 
     def _stage(self, body: Any) -> Any:
-        """PREFETCH and WAIT in one request (version 4): one deadline for
-        the batch; an object not staged by it keeps its token (rc
-        -ETIMEDOUT), which the client waits for or releases."""
+        """RELEASE (optional), PREFETCH and WAIT in one request (version 4):
+        one deadline for the batch; an object not staged by it keeps its
+        token (rc -ETIMEDOUT), which the client waits for or releases."""
         if self.version < 4:
             raise ProtocolError("STAGE is a version 4 request")
-        if not isinstance(body, list) or len(body) != 2:
-            raise ProtocolError("STAGE body is [timeout_ns, [[addr, len, flags], ...]]")
+        if not isinstance(body, list) or len(body) not in (2, 3):
+            raise ProtocolError(
+                "STAGE body is [timeout_ns, [[addr, len, flags], ...](, [token, ...])]"
+            )
         deadline = self._deadline(body[0], "STAGE")
+        if len(body) == 3:  # handed back first: their slots serve this batch
+            self.scope.release_many(_tokens(body[2], "STAGE release"))
         out: list[list[int]] = []
         for rc, tok in self._prefetch(body[1], "STAGE"):
             if rc:

@@ -248,9 +248,9 @@ class _Relay:
                 net.send(encode(op, seq, self._data(op, body)))
                 self.skip += 1
                 continue
-            if op in QUIET:  # unanswered: what it hands back is no longer served here
-                for tok in released_by(op, body):
-                    self.staged.pop(int(tok), None)
+            for tok in released_by(op, body):  # handed back: no longer served here
+                self.staged.pop(int(tok), None)
+            if op in QUIET:  # unanswered
                 inner.send(encode(op, seq - self.skip, body))
                 continue
             self.last = (op, body)

@@ -515,6 +515,7 @@ class RemoteDevice:
         retain: bool = False,
         wait: bool = False,
         timeout: float | None = None,
+        release: Sequence[RemoteHandle] = (),
     ) -> list[RemoteHandle | ChmError]:
         """Issues one prefetch per ``(addrs[i], lengths[i])``, as
         ``chm.Device.prefetch_many``: never blocks; returns, in order, a
@@ -531,6 +532,12 @@ class RemoteDevice:
         of those staged needs no round trip of its own. An object not staged
         by then is returned issued as without ``wait`` (no wait error is
         raised here: :meth:`wait_many` says it).
+
+        ``release``: handles to release first, as :meth:`release_many`
+        would (raising its first error instead of returning it), carried by
+        the same request when the daemon speaks version 4 (a window of
+        loads moves with one round trip: hand back the oldest, issue the
+        next); their slots serve this batch.
         """
         call = "chm_prefetch_objects"
         n = len(addrs)
@@ -541,7 +548,31 @@ class RemoteDevice:
         end = None if timeout is None else time.monotonic_ns() + timeout_ns(timeout)
         if self._closed:
             raise Cancelled(None, f"{call}: connection is closed", call=call)
-        stage = wait and self.version >= 4
+        stage = (wait or bool(release)) and self.version >= 4
+        carried: list[int] = []
+        if release:
+            for h in release:  # refused before anything is released
+                if h._dev is not self:
+                    raise InvalidArgument(None, f"{h!r} belongs to another connection")
+                if not h.released and h._exported():
+                    raise h._in_use()
+            if not stage:
+                for err in self.release_many(release):
+                    if err is not None:
+                        raise err
+            else:  # the handles this connection issued ride along; others as usual
+                theirs = [h for h in release if not h._own]
+                for err in self.release_many(theirs):
+                    if err is not None:
+                        raise err
+                for h in release:
+                    if h._own and not h.released:
+                        if not h._end_view():  # a slice of its view still exports it
+                            if carried:
+                                self._tell(Op.RELEASE_QUIET, carried)
+                            raise h._in_use()
+                        h.released = True
+                        carried.append(h.token)
         out: list[RemoteHandle | ChmError] = []
         for i in range(0, n, MAX_BATCH):
             part = zip(a[i : i + MAX_BATCH], ln[i : i + MAX_BATCH], strict=True)
@@ -554,8 +585,12 @@ class RemoteDevice:
                         out.append(self._raw_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
                 continue
             left = _WAIT_CHUNK if end is None else max(0, end - time.monotonic_ns())
-            chunk = min(left, _WAIT_CHUNK)
-            res = self._call(Op.STAGE, [chunk, body], wait=chunk / 1e9)
+            chunk = min(left, _WAIT_CHUNK) if wait else 0  # 0: a poll, never blocks
+            req: list[Any] = [chunk, body]
+            if carried:
+                req.append(carried[:MAX_BATCH])
+                carried = carried[MAX_BATCH:]
+            res = self._call(Op.STAGE, req, wait=chunk / 1e9)
             for j, (rc, tok, off, size, addr) in enumerate(res, i):
                 if tok == 0:  # refused: nothing issued
                     out.append(self._raw_error(rc, call, f"addr={a[j]:#x}, len={ln[j]}"))
@@ -564,6 +599,8 @@ class RemoteDevice:
                 if rc == 0:
                     h._ready = (off, size, addr)
                 out.append(h)
+        if carried:  # more than one request's worth
+            self._tell(Op.RELEASE_QUIET, carried)
         return out
 
     def prefetch(

@@ -89,7 +89,9 @@ class Op(enum.IntEnum):
     POOL_GET = 21  # [token, offset, len] -> bytes of that token's staged object
     KV_STAGING = 22  # {counter: int, ...} -> 0: the client's staging-queue counters
     # version 4:
-    STAGE = 23  # [timeout_ns, [[addr, len, flags], ...]] -> [[rc, token, off, len, addr], ...]
+    # [timeout_ns, [[addr, len, flags], ...](, [token, ...] released first)]
+    # -> [[rc, token, off, len, addr], ...]
+    STAGE = 23
     KV_LOAD = 24  # [timeout_ns, [[hi, lo], ...], prefix] -> [[rc, token, len, xxh3, off], ...]
     RELEASE_QUIET = 25  # [token, ...]; no answer
     KV_DONE_QUIET = 26  # [[hi, lo, token, bad], ...]; no answer
@@ -117,11 +119,14 @@ def staged_by(op: Op, req: Any, ans: Any) -> list[tuple[int, int, int]]:
 
 
 def released_by(op: Op, req: Any) -> list[int]:
-    """The tokens a request hands back (RELEASE, KV_DONE and their quiet forms)."""
+    """The tokens a request hands back (RELEASE, KV_DONE, their quiet forms,
+    and those a STAGE releases before it prefetches)."""
     if not isinstance(req, list):
         return []
     if op in (Op.RELEASE, Op.RELEASE_QUIET):
         return [t for t in req if isinstance(t, int)]
+    if op == Op.STAGE and len(req) == 3 and isinstance(req[2], list):
+        return [t for t in req[2] if isinstance(t, int)]
     if op in (Op.KV_DONE, Op.KV_DONE_QUIET):
         return [e[2] for e in req if isinstance(e, list) and len(e) == 4 and isinstance(e[2], int)]
     return []

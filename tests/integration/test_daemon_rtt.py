@@ -118,6 +118,32 @@ def test_a_32_key_load_is_one_round_trip(daemon: DaemonProcess) -> None:
         assert _held(dev) == {"clients": 1, "handles": 0, "pins": 0}
 
 
+def test_a_window_moves_with_one_round_trip_a_step(daemon: DaemonProcess) -> None:
+    """prefetch_many(release=...) hands back the oldest and issues the next
+    in one request; a handle whose view is still exported is refused
+    before anything is released."""
+    with chm.connect(daemon.socket) as dev:
+        addrs = _written(dev)
+        hs = dev.prefetch_many(addrs[:8], [K4] * 8)
+        for k in range(8, N, 8):
+            views = dev.wait_many(hs, 10.0)  # type: ignore[arg-type]
+            assert [bytes(v) for v in views] == [_pattern(k - 8 + i) for i in range(8)]
+            del views
+            n0, q0 = dev.round_trips, dev.quiet_sent
+            nxt = dev.prefetch_many(addrs[k : k + 8], [K4] * 8, release=hs)  # type: ignore[arg-type]
+            assert (dev.round_trips - n0, dev.quiet_sent - q0) == (1, 0)
+            assert all(h.released for h in hs)  # type: ignore[union-attr]
+            assert _held(dev)["handles"] == 8
+            hs = nxt
+        arr = np.frombuffer(dev.wait_many(hs[:1], 10.0)[0], np.uint8)  # type: ignore[arg-type]
+        with pytest.raises(chm.errors.ViewInUse):
+            dev.prefetch_many(addrs[:1], [K4], release=hs)  # type: ignore[arg-type]
+        assert not any(h.released for h in hs) and _held(dev)["handles"] == 8  # type: ignore[union-attr]
+        del arr
+        assert dev.prefetch_many([], [], release=hs) == []  # type: ignore[arg-type]
+        assert _held(dev)["handles"] == 0
+
+
 def test_stage_keeps_its_deadline(daemon: DaemonProcess) -> None:
     """Every slot held: a staged prefetch waits in the refill queue; STAGE
     answers when its deadline passes, and the handle stays issued (its
@@ -306,6 +332,11 @@ def test_tcp_client(tmp_path: Path) -> None:
             del views
             tok = hs[0].token  # type: ignore[union-attr]
             dev.release_many(hs)  # type: ignore[arg-type]
+            assert dev._call(Op.POOL_GET, [tok, 0, 16]) == -errno.ESTALE
+            hs = dev.prefetch_many(addrs[:2], [K4] * 2, wait=True, timeout=10.0)
+            tok = hs[0].token  # type: ignore[union-attr]
+            assert dev._call(Op.POOL_GET, [tok, 0, 16]) == _pattern(0)[:16]
+            assert dev.prefetch_many([], [], release=hs) == []  # type: ignore[arg-type]
             assert dev._call(Op.POOL_GET, [tok, 0, 16]) == -errno.ESTALE
             kv = dev.kv()
             keys = [f"t{i}".encode() for i in range(4)]

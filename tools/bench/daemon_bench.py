@@ -105,8 +105,9 @@ def _embedded_pass(dev: chm.Device, n: int, dst: np.ndarray[Any, Any]) -> float:
 
 
 def _remote_pass(dev: chm.remote.RemoteDevice, n: int, dst: np.ndarray[Any, Any]) -> float:
-    """The same window, moved WINDOW objects per round trip: wait the oldest
-    WINDOW, copy them out of the shared pool, release them, issue the next."""
+    """The same window, moved WINDOW objects per step: wait the oldest
+    WINDOW, copy them out of the shared pool, then release them and issue
+    the next in one request (``prefetch_many(release=...)``)."""
     t0 = time.perf_counter()
     first = [j * OBJ for j in range(min(2 * WINDOW, n))]
     hs = _issued(dev.prefetch_many(first, [OBJ] * len(first)))
@@ -115,11 +116,13 @@ def _remote_pass(dev: chm.remote.RemoteDevice, n: int, dst: np.ndarray[Any, Any]
         group, hs = hs[:WINDOW], hs[WINDOW:]
         for v in dev.wait_many(group, 30.0):
             dst[:] = np.frombuffer(v, np.uint8)
-        dev.release_many(group)
+        del v
         more = [j * OBJ for j in range(nxt, min(nxt + WINDOW, n))]
         nxt += len(more)
         if more:
-            hs += _issued(dev.prefetch_many(more, [OBJ] * len(more)))
+            hs += _issued(dev.prefetch_many(more, [OBJ] * len(more), release=group))
+        else:
+            dev.release_many(group)
     return n * OBJ / (time.perf_counter() - t0)
 
 
