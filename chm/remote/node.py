@@ -51,7 +51,10 @@ from chm.remote.transfer import OK, TIMEOUT, Engine, RegisteredBuffer
 
 __all__ = ["NodeGone", "RemoteTier", "read_secret"]
 
-WAIT_SLICE = 0.02  # seconds one WAIT waits for a run of staged blocks
+WAIT_SLICE = 0.02  # seconds one KV_LOAD or WAIT waits for a run of staged blocks
+TELL_TIMEOUT = 0.5  # seconds a request without an answer may take to be sent
+PIPELINE = 4  # parts a large staged run is read in, so checks and copies overlap reads
+PIPELINE_BYTES = 8 << 20  # smaller runs: one read
 ALIGN = 4096  # blocks in a node's area start at page offsets, as RemoteStore puts them
 _hash = xxhash.xxh3_64_intdigest
 _BUSY = (-errno.EAGAIN, -errno.EBUSY, -errno.ENOSPC)  # no free slot now: ask again
@@ -109,6 +112,13 @@ class _Link:
                 return self.dev._call(op, body, wait)
             except (ChmError, OSError) as exc:
                 raise NodeGone(None, f"{op.name}: {exc}") from None
+
+    def tell(self, op: Op, body: Any) -> None:
+        """A request without an answer (KV_DONE_QUIET); a broken connection
+        gives everything back anyway, so its failure is not an error."""
+        with self.lock, contextlib.suppress(ChmError, OSError):
+            self.dev.request_timeout = TELL_TIMEOUT
+            self.dev._tell(op, body)
 
     def abort(self, why: str) -> None:
         self.dev.abort(why)
@@ -280,78 +290,87 @@ class RemoteTier:
         deadline: float,
         parts: list[tuple[int, concurrent.futures.Future[int]]],
     ) -> int:
-        """Stages a window on the node (one ``KV_LOOKUP``), then, as long as
-        the blocks come out staged in order, reads each staged run in one
-        batched transfer and hands it back (``WAIT`` in short slices, so the
-        slots of a run read already stage the blocks after it). Returns how
-        many blocks were read; their checks and copies are in ``parts``."""
+        """Stages a window on the node and reads it as it comes out staged.
+
+        ``KV_LOAD`` pins and prefetches the window and waits a short slice
+        (one round trip); then, as long as the blocks come out staged in
+        order, each staged run is read with batched engine reads (in up to
+        ``PIPELINE`` parts when large, so one part's checks and copies
+        overlap the next part's read) and handed back (``KV_DONE_QUIET``, no
+        round trip), so its slots stage the blocks after it; ``WAIT``, in
+        short slices, for the rest. Returns how many blocks were read; their
+        checks and copies are in ``parts``."""
         pairs = _pairs([e.key for e in ents])
         while True:
+            step = min(WAIT_SLICE, max(0.0, deadline - time.monotonic()))
             try:
-                ans = link.call(Op.KV_LOOKUP, [pairs, False], deadline)
+                ans = link.call(Op.KV_LOAD, [int(step * 1e9), pairs, False], deadline, wait=step)
             except NodeGone:
                 self._count("node_errors")
                 return 0
             n = 0
             while n < len(ents):
-                rc, _tok, ln, ck = ans[n]
-                if rc != 0 or ln != ents[n].length or ck != ents[n].checksum:
+                rc, tok, ln, ck, _off = ans[n]
+                if not tok or rc not in (0, -errno.ETIMEDOUT):
                     break
+                if ln != ents[n].length or ck != ents[n].checksum:
+                    break  # the node holds other bytes under the key now
                 n += 1
-            # staged past the prefix: handed back at once
-            extra = [[*pairs[j], int(ans[j][1]), 0] for j in range(n, len(ents)) if ans[j][0] == 0]
-            if n < len(ents) and ans[n][0] == -errno.ENOENT:
+            extra = [[*pairs[j], int(ans[j][1]), 0] for j in range(n, len(ents)) if ans[j][1]]
+            if extra:  # held past the prefix: handed back at once
+                link.tell(Op.KV_DONE_QUIET, extra)
+            if n < len(ents) and not ans[n][1] and ans[n][0] == -errno.ENOENT:
                 # evicted or removed: not a hit while the entry names this node and epoch
                 self._count("dropped", self.master.drop([ents[n].key], ents[n].node, ents[n].epoch))
-            if extra:
-                with contextlib.suppress(NodeGone):
-                    link.call(Op.KV_DONE, extra, deadline)
-            if n or ans[0][0] not in _BUSY or time.monotonic() >= deadline:
+            if n or ans[0][1] or ans[0][0] not in _BUSY or time.monotonic() >= deadline:
                 break
             self._count("busy")
             time.sleep(0.001)  # every slot is held (by other workers): ask again
         toks = [int(a[1]) for a in ans[:n]]
+        rcs = [int(a[0]) for a in ans[:n]]
+        offs = [int(a[4]) for a in ans[:n]]
         at = 0  # tokens [at, n) are still held
         try:
             while at < n:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._count("timeouts")
-                    break
-                step = min(left, WAIT_SLICE)
-                try:
-                    res = link.call(Op.WAIT, [int(step * 1e9), toks[at:n]], deadline, wait=step)
-                except NodeGone:
-                    self._count("node_errors")
-                    break
                 m = 0
-                while m < len(res) and res[m][0] == 0 and res[m][2] == ents[at + m].length:
+                while at + m < n and rcs[at + m] == 0:
                     m += 1
                 if m == 0:
-                    if res[0][0] == -errno.ETIMEDOUT:
-                        continue  # not staged yet
-                    self._count("node_errors")  # the node could not read it
-                    break
-                got = self._read_part(
-                    link, ents[at : at + m], outs[at : at + m], res[:m], deadline, parts
-                )
-                with contextlib.suppress(NodeGone):
-                    link.call(
-                        Op.KV_DONE,
-                        [[*pairs[j], toks[j], 0] for j in range(at, at + m)],
-                        max(deadline, time.monotonic() + 0.05),
-                    )
+                    if rcs[at] != -errno.ETIMEDOUT:
+                        self._count("node_errors")  # the node could not read it
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._count("timeouts")
+                        break
+                    step = min(left, WAIT_SLICE)
+                    try:
+                        res = link.call(Op.WAIT, [int(step * 1e9), toks[at:n]], deadline, wait=step)
+                    except NodeGone:
+                        self._count("node_errors")
+                        break
+                    for j, (rc, off, ln, _addr) in enumerate(res, at):
+                        rcs[j] = int(rc) if rc or ln == ents[j].length else -errno.EIO
+                        offs[j] = int(off)
+                    continue
+                got = 0
+                nbytes = sum(e.length for e in ents[at : at + m])
+                k = PIPELINE if nbytes >= PIPELINE_BYTES else 1
+                size = -(-m // k)
+                for p in range(at, at + m, size):
+                    q = min(p + size, at + m)
+                    r = self._read_part(link, ents[p:q], outs[p:q], offs[p:q], deadline, parts)
+                    got += r
+                    if r < q - p:
+                        break
+                link.tell(Op.KV_DONE_QUIET, [[*pairs[j], toks[j], 0] for j in range(at, at + m)])
                 at += m
                 if got < m:
                     return at - m + got
         finally:
             if at < n:  # what was staged but not read goes back
                 with contextlib.suppress(NodeGone):
-                    link.call(
-                        Op.KV_DONE,
-                        [[*pairs[j], toks[j], 0] for j in range(at, n)],
-                        max(deadline, time.monotonic() + 0.05),
-                    )
+                    link.tell(Op.KV_DONE_QUIET, [[*pairs[j], toks[j], 0] for j in range(at, n)])
         return at
 
     def _read_part(
@@ -359,12 +378,12 @@ class RemoteTier:
         link: _Link,
         ents: list[Entry],
         outs: list[Any],
-        staged: list[Any],
+        pool_offs: list[int],
         deadline: float,
         parts: list[tuple[int, concurrent.futures.Future[int]]],
     ) -> int:
-        """One batched engine read of staged blocks (``staged``: their WAIT
-        answers) into the buffer; queues their checks and copies on
+        """One batched engine read of staged blocks (at ``pool_offs`` in the
+        node's pool) into the buffer; queues their checks and copies on
         ``parts``. Returns how many were read (0 on a failed read)."""
         offs: list[int] = []
         for e in ents:
@@ -383,7 +402,7 @@ class RemoteTier:
         status = self.engine.read(
             link.data,
             [self.buf.addr + o for o in offs],
-            [link.pool_addr + int(r[1]) for r in staged[:m]],
+            [link.pool_addr + x for x in pool_offs[:m]],
             [e.length for e in ents[:m]],
             timeout=max(deadline - time.monotonic(), 0.001),
             on_late=self._late(offs, ents[:m]),

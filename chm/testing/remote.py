@@ -9,7 +9,7 @@ directory.
         node.start()                              # a restart: same store, a new epoch
 
 ``options`` are node settings as flags (``--capacity``, ``--dram``,
-``--slot-size``, ``--wbuf``, ``--resident``, ``--backend``,
+``--slot-size``, ``--wbuf``, ``--resident``, ``--backend``, ``--ssd-write-bw``,
 ``--write-area``, ``--lease``, ``--flush-interval``), written with the rest
 into the daemon's TOML settings (``node.toml`` in the directory).
 ``prefix`` runs the node inside a network namespace (``["ip", "netns",
@@ -45,6 +45,7 @@ _SETTINGS = {
     "--wbuf": ("device", "wbuf"),
     "--resident": ("device", "resident"),
     "--backend": ("device", "backend"),
+    "--ssd-write-bw": ("device", "ssd_write_bw_bps"),  # bytes/s the modeled SSD writes
     "--write-area": ("", "area_bytes"),
     "--lease": ("", "lease"),
     "--flush-interval": ("", "flush_interval"),
@@ -115,9 +116,9 @@ class NodeProcess:
             table, key = _SETTINGS[flag]
             if key == "resident" and value in ("0", ""):
                 continue
-            num = key in ("lease", "flush_interval", "area_bytes")
+            num = key in ("lease", "flush_interval", "area_bytes", "ssd_write_bw_bps")
             v: Any = float(value) if num else value
-            if key == "area_bytes":
+            if key in ("area_bytes", "ssd_write_bw_bps"):
                 v = int(v)
             (dev if table else top)[key] = v
         dev["object_size"] = dev["slot_size"]  # the block size: whole blocks in the write buffer

@@ -409,7 +409,10 @@ def test_save_past_the_write_buffer_skips_not_stalls(
     block reported STORED loads back byte-exact."""
     keys = Namespace(model="sk").keys(range(48))  # 12 MiB in one save
     data = _blocks(48, 7)
-    node = _node(redis_srv, tmp_path, secret_file)
+    # SSD writes modeled at 200 MB/s, so the write buffer cannot drain as fast
+    # as the save fills it, whatever the disk under the test
+    opts = [*NODE_OPTS, "--ssd-write-bw", "200000000"]
+    node = NodeProcess(redis_srv.url, "n1", tmp_path / "n1", secret_file, options=opts)
     with node, _tier(redis_srv, secret_file, buffer=16 << 20) as tier:
         t0 = time.monotonic()
         st = tier.save("big", keys, data)
