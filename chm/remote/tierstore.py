@@ -18,8 +18,9 @@ tier (``chm.integrations._tier.open_tier`` with ``master``):
 - **puts** go to one node per call: round-robin over the live nodes the
   configuration names (``nodes``; all live nodes the Master lists when it
   names none). Keys the Master already holds are EXISTS without a transfer;
-  a full node write buffer (or this worker's transfer buffer, busy with a
-  load) is SKIPPED, never waited for; a node that fails is ERROR;
+  a full node write buffer (or this worker's put buffer, busy with
+  another put) is SKIPPED, never waited for; puts and loads have a
+  transfer buffer each, so neither takes the other's room; a node that fails is ERROR;
 - **metadata** (``put(..., meta)``) is a small block of its own, under a
   key derived from the block's key, saved in the same call (so on the same
   node); a key whose metadata cannot be read answers None (a miss);
@@ -118,9 +119,12 @@ def _meta_key(key: bytes) -> bytes:
 class NodesStore:
     """A :class:`chm.kv.StoreLike` over remote nodes and their Master (module doc).
 
-    ``tier`` is the worker's :class:`RemoteTier`; ``nodes`` the node names
-    puts may go to (None: every live node); ``timeout`` bounds each load
-    and save. Thread-safe: the staging queue's puts run beside loads.
+    ``tier`` is the worker's :class:`RemoteTier` for loads, ``save_tier``
+    (default: ``tier``) the one for puts: with two, a put's transfer buffer
+    is never the one a load needs, so puts (the staging queue's thread) and
+    loads (the engine's) do not take each other's room. ``nodes``: the node
+    names puts may go to (None: every live node); ``timeout`` bounds each
+    load and save. Thread-safe.
     """
 
     def __init__(
@@ -129,10 +133,12 @@ class NodesStore:
         master: RedisMaster,
         namespace: Namespace,
         *,
+        save_tier: RemoteTier | None = None,
         nodes: Sequence[str] | None = None,
         timeout: float = 10.0,
     ) -> None:
         self.tier = tier
+        self.save_tier = save_tier if save_tier is not None else tier
         self.master = master
         self.namespace = namespace
         self.nodes = list(nodes) if nodes is not None else None
@@ -199,6 +205,11 @@ class NodesStore:
                 )
             engine = Engine.get(host or local_address(url))
             tier = RemoteTier(master, engine, secret, buffer=int(buffer), timeout=timeout)
+            try:
+                saves = RemoteTier(master, engine, secret, buffer=int(buffer), timeout=timeout)
+            except BaseException:
+                tier.close()
+                raise
         except MasterUnreachable as exc:
             master.close()
             raise MasterUnreachable(
@@ -207,7 +218,7 @@ class NodesStore:
         except BaseException:
             master.close()
             raise
-        return cls(tier, master, namespace, nodes=nodes, timeout=timeout)
+        return cls(tier, master, namespace, save_tier=saves, nodes=nodes, timeout=timeout)
 
     # ---- keys
 
@@ -372,10 +383,10 @@ class NodesStore:
                 st = [PutStatus.ERROR] * len(items)
             else:
                 try:
-                    st = self.tier.save(
+                    st = self.save_tier.save(
                         None, [k for _, k, _ in items], [b for _, _, b in items], node=node
                     )
-                except NoSpace:  # the transfer buffer is busy with loads: not now
+                except NoSpace:  # the put buffer is busy (another put call): not now
                     st = [PutStatus.SKIPPED] * len(items)
                 except (NodeGone, ChmError):
                     st = [PutStatus.ERROR] * len(items)
@@ -421,7 +432,11 @@ class NodesStore:
         (``master_*``)."""
         with self._lock:
             out: dict[str, Any] = dict(self._c)
-        out.update({f"remote_{k}": v for k, v in dict(self.tier.stats).items()})
+        remote = dict(self.tier.stats)
+        if self.save_tier is not self.tier:
+            for k, v in dict(self.save_tier.stats).items():
+                remote[k] = remote.get(k, 0) + v
+        out.update({f"remote_{k}": v for k, v in remote.items()})
         out.update({f"master_{k}": v for k, v in dict(self.master.stats).items()})
         return out
 
@@ -440,6 +455,8 @@ class NodesStore:
         self._pool.shutdown(wait=True)
         try:
             self.tier.close()
+            if self.save_tier is not self.tier:
+                self.save_tier.close()
         finally:
             self.master.close()
 

@@ -194,3 +194,33 @@ def test_a_stopped_node_is_a_miss_within_the_timeout(
             assert b.proc is not None and b.proc.poll() is None
         finally:
             store.close()
+
+
+def test_puts_and_loads_do_not_take_each_others_buffer(
+    redis_srv: RedisServer, secret_file: Path, tmp_path: Path
+) -> None:
+    """Puts have a transfer buffer of their own: while it is all in use (a
+    put call in flight, held here by taking it), a put ends at once, not
+    stored (SKIPPED, or ERROR where RemoteTier counts a busy buffer as a
+    failed save), and loads are served in full."""
+    with NodeProcess(redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS):
+        store = NodesStore.open(
+            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", buffer=2 << 20
+        )
+        try:
+            data = [np.full(BLOCK, j, np.uint8) for j in range(8)]
+            assert store.put(list(range(8)), data) == [PutStatus.STORED] * 8
+            held = store.save_tier.buf.take(store.save_tier.buf.nbytes)
+            t0 = time.monotonic()
+            (busy,) = store.put([100], [data[0]])
+            assert busy in (PutStatus.SKIPPED, PutStatus.ERROR), busy
+            assert time.monotonic() - t0 < 1.0 and store.contains([100]) == [False]
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(8)]
+            assert store.load_prefix(list(range(8)), outs) == 8
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+            store.save_tier.buf.give(held, store.save_tier.buf.nbytes)
+            assert store.put([100], [data[0]]) == [PutStatus.STORED]
+            st = store.stats()
+            assert st["skipped_blocks"] + st["error_blocks"] == 1, st
+        finally:
+            store.close()
