@@ -17,7 +17,7 @@ into the daemon's TOML settings (``node.toml`` in the directory).
 
 :func:`measure` is the worker's side of ``tools/bench/remote_bench.py``
 (``python -m chm.testing.remote measure URL HOST SECRET_FILE BLOCKS
-BLOCK_BYTES REPS SECONDS`` prints its JSON).
+BLOCK_BYTES REPS SECONDS [NODE_SOCKET]`` prints its JSON).
 """
 
 from __future__ import annotations
@@ -221,16 +221,20 @@ def measure(
     reps: int,
     lookup_seconds: float,
     timeout: float = 30.0,
+    local_socket: str | None = None,
 ) -> dict[str, Any]:
     """A worker's side of ``tools/bench/remote_bench.py`` (run on the worker host).
 
     Saves ``blocks`` blocks of ``block_bytes`` through the node (skipped
     ones again until stored), then, after one untimed warm-up round,
-    alternates ``reps`` rounds (each in the other order than the last): a prefix load
+    runs ``reps`` rounds (the order rotating round by round) of: a prefix load
     of all of them through :meth:`RemoteTier.load` (Master lookup, stage,
-    one batched read, release, checksum, copy out) and the Transfer
+    batched engine reads, release, checksum, copy out); the Transfer
     Engine's own batched read of the same staged bytes from the same node
-    into the same buffer (no lookup, no checksum, no copy). Then counts
+    into the same buffer (no lookup, no checksum, no copy); and, with
+    ``local_socket`` (the node daemon's Unix socket), the same prefix load
+    through the daemon as a client on the node's own host would make it
+    (``RemoteStore.load_prefix``: zero-copy pool, checksum, copy). Then counts
     32-key Master lookups for ``lookup_seconds``. Returns seconds per run
     of each, the hits of every load, and the lookup rate.
     """
@@ -311,16 +315,43 @@ def measure(
             done = [[*p, t, 0] for p, t in zip(pairs, toks, strict=False)]
             link.call(Op.KV_DONE, done, time.monotonic() + timeout)
 
+    local_s: list[float] = []
+    local = None
+    if local_socket is not None:
+        import chm
+
+        local = chm.connect(local_socket)
+    local_dsts = [np.zeros(block_bytes, np.uint8) for _ in range(blocks)]
+
+    def local_load() -> float:
+        # the same prefix load through the node's daemon over its Unix socket:
+        # what a worker on the node's own host gets (zero-copy pool, verify, copy)
+        nonlocal exact
+        assert local is not None
+        kv = local.kv(Namespace(model="remote-bench"))
+        t0 = time.perf_counter()
+        n = kv.load_prefix(range(blocks), local_dsts)
+        took = time.perf_counter() - t0
+        hits.append(n)
+        exact &= all(np.array_equal(local_dsts[j], data[j]) for j in range(n))
+        for d in local_dsts:
+            d[:1] = 0
+        return took
+
     # round 0 warms up (first reads: the node's admission retains blocks read
-    # again) and is not timed; then the order alternates round by round
+    # again) and is not timed; then the order rotates round by round
+    runs = [("chm", chm_load), ("raw", raw_read)] + ([("local", local_load)] if local else [])
     for r in range(reps + 1):
-        if r % 2:
-            raw, ours = raw_read(), chm_load()
-        else:
-            ours, raw = chm_load(), raw_read()
+        took: dict[str, float] = {}
+        for name, fn in runs[r % len(runs) :] + runs[: r % len(runs)]:
+            took[name] = fn()
         if r:
-            chm_s.append(ours)
-            raw_s.append(raw)
+            chm_s.append(took["chm"])
+            raw_s.append(took["raw"])
+            if local is not None:
+                local_s.append(took["local"])
+    if local is not None:
+        local.close()
     n_lookups = 0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < lookup_seconds:
@@ -335,6 +366,7 @@ def measure(
         "block_bytes": block_bytes,
         "chm_s": chm_s,
         "raw_s": raw_s,
+        "local_s": local_s,
         "hits": hits,
         "exact": exact,
         "lookups_per_s": lookups_s,
@@ -425,6 +457,7 @@ def worker(url: str, host: str, secret: bytes, *, timeout: float = 3.0) -> None:
 
 if __name__ == "__main__":
     # python -m chm.testing.remote measure URL HOST SECRET_FILE BLOCKS BLOCK_BYTES REPS SECONDS
+    #     [NODE_SOCKET]
     # python -m chm.testing.remote worker URL HOST SECRET_FILE [TIMEOUT]
     from chm.remote.protocol import read_secret
 
@@ -432,9 +465,9 @@ if __name__ == "__main__":
         t = float(sys.argv[5]) if len(sys.argv) == 6 else 3.0
         worker(sys.argv[2], sys.argv[3], read_secret(sys.argv[4]), timeout=t)
         raise SystemExit(0)
-    if len(sys.argv) != 9 or sys.argv[1] != "measure":
+    if len(sys.argv) not in (9, 10) or sys.argv[1] != "measure":
         raise SystemExit(__doc__)
-    url_, host_, sf, nb, bb, rp, ls = sys.argv[2:]
+    url_, host_, sf, nb, bb, rp, ls = sys.argv[2:9]
     result = measure(
         url_,
         host_,
@@ -443,5 +476,6 @@ if __name__ == "__main__":
         block_bytes=int(bb),
         reps=int(rp),
         lookup_seconds=float(ls),
+        local_socket=sys.argv[9] if len(sys.argv) == 10 else None,
     )
     print(json.dumps(result), flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Remote prefix loads over Mooncake Transfer Engine, next to the engine's own raw read.
 
-Redis (the Master), one storage node (``python -m chm.remote.node``) and
+Redis (the Master), one storage node (a ``chm-emu serve --master`` daemon) and
 one worker run in three network namespaces joined by veth pairs
 (:mod:`chm.testing.netns`; loopback, said so, where namespaces cannot be
 made). The worker (:func:`chm.testing.remote.measure`) saves N blocks to
@@ -11,7 +11,10 @@ the node, then alternates, ``--reps`` times:
     lookup, stage on the node, one batched Transfer Engine read, release,
     checksum, copy into the caller's buffers), and
 (b) the Transfer Engine's own batched read of the same staged bytes from
-    the same node into the same buffer (the link's limit).
+    the same node into the same buffer (the link's limit), and
+(c) the same prefix load through the node's daemon over its Unix socket
+    (``chm.connect(socket).kv().load_prefix``): what a worker on the
+    node's own host gets, with no network in the way.
 
 The headline is the median of the per-round chm / raw bandwidth ratios
 (each round's two runs side by side, so the shared machine's drift between
@@ -112,6 +115,7 @@ def run(a: argparse.Namespace) -> tuple[dict[str, Any], Network]:
                     str(slot),
                     str(a.reps),
                     str(a.lookup_seconds),
+                    node.info["socket"],
                 ]
                 out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
                 if out.returncode != 0:
@@ -153,7 +157,10 @@ def main() -> int:
     chm_bw = [total / s for s in res["chm_s"]]
     raw_bw = [total / s for s in res["raw_s"]]
     m_chm, m_raw = median(chm_bw), median(raw_bw)
+    local_bw = [total / s for s in res["local_s"]]
+    m_local = median(local_bw)
     per_round = median(paired_ratios(chm_bw, raw_bw))
+    vs_local = median(paired_ratios(chm_bw, local_bw))
     where = "loopback" if net.loopback else "3 network namespaces (veth + bridge)"
     table(
         f"remote prefix load: {a.blocks} x {a.block_mib} MiB, {a.reps} alternating runs, {where}",
@@ -166,6 +173,12 @@ def main() -> int:
                 fmt_bw(max(chm_bw)),
             ],
             ["Transfer Engine raw read", fmt_bw(m_raw), fmt_bw(min(raw_bw)), fmt_bw(max(raw_bw))],
+            [
+                "local daemon (Unix socket, node's host)",
+                fmt_bw(m_local),
+                fmt_bw(min(local_bw)),
+                fmt_bw(max(local_bw)),
+            ],
         ],
     )
     print(
@@ -177,6 +190,10 @@ def main() -> int:
     print(
         f"chm / raw: {per_round:.2f}x (median of the per-round ratios; "
         f"ratio of the medians {m_chm / m_raw:.2f}x)"
+    )
+    print(
+        f"chm remote / local daemon: {vs_local:.2f}x (median of the per-round ratios; the "
+        "remote load crosses the link, the local one reads the shared pool)"
     )
     v.check("chm / raw Transfer Engine read bandwidth", per_round, a.target, speed=True)
     v.check("loads that missed a block", misses, 0, higher=False, fmt=lambda x: f"{x:.0f}")
