@@ -1,11 +1,12 @@
 """``StoreLike``: the KV store API that the embedded and the daemon's store share.
 
-:class:`chm.kv.Store` (on a device of this process) and
+:class:`chm.kv.Store` (on a device of this process),
 :class:`chm.remote.RemoteStore` (the daemon's shared store, ``dev.kv()``)
-both satisfy it, so code written against it runs on either;
-``tests/integration/test_like_protocols.py`` runs one suite against both.
+and :class:`chm.remote.tierstore.NodesStore` (remote nodes and their
+Master) satisfy it, so code written against it runs on any of them;
+``tests/integration/test_like_protocols.py`` runs one suite against all three.
 Their ``stats()`` differ (a :class:`~chm.kv.StoreStats` embedded, the
-daemon's ``kv`` counters as a dict remote) and are not part of it.
+daemon's ``kv`` counters or the remote tier's as a dict) and are not part of it.
 """
 
 from __future__ import annotations
