@@ -369,11 +369,24 @@ class RedisMaster:
         return out
 
     def node(self, node: int) -> NodeInfo:
-        """One node by id (NotFound when it never registered)."""
-        for n in self.nodes():
-            if n.node == node:
-                return n
-        raise NotFound(None, f"node {node} is not registered with the Master")
+        """One node by id, in one round trip (NotFound when it never
+        registered; MasterUnreachable when Redis does not answer)."""
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            pipe.hgetall(self._k(f"node:{node}"))
+            pipe.get(self._lease_key(node))
+            pipe.pttl(self._lease_key(node))
+            raw, lease, ttl = pipe.execute()
+        except self._errors_cls as exc:
+            self._count("errors")
+            raise MasterUnreachable(None, f"node {node}: the Master's Redis: {exc}") from None
+        if not raw:
+            raise NotFound(None, f"node {node} is not registered with the Master")
+        info = {k.decode(): v.decode() for k, v in raw.items()}
+        epoch = int(info.pop("epoch", 0))
+        name = info.pop("name", "")
+        live = lease is not None and struct.unpack("<Q", lease)[0] == epoch
+        return NodeInfo(node, name, epoch, live, int(ttl), info)
 
     # ---- entries
 

@@ -196,3 +196,32 @@ def test_get_is_per_key_without_prefix(master: RedisMaster) -> None:
     assert got[:10] == ents[:10] and got[10] is None and got[11:] == ents[11:]
     master.register("g")  # a restart: none of the old entries is live any more
     assert master.get(keys) == [None] * 40
+
+
+def test_node_by_id_and_drop_only_a_nodes_own_entries(master: RedisMaster) -> None:
+    """``node(id)`` answers one node as ``nodes()`` lists it (NotFound for an
+    id never registered); ``drop`` deletes an entry only while it still
+    names the given node (and epoch), so a block another node (or a later
+    epoch) published since stays a hit."""
+    from chm.errors import NotFound
+
+    a, ea = master.register("a", {"data": "127.0.0.1:1"})
+    b, eb = master.register("b", {"data": "127.0.0.1:2"})
+    one, listed = master.node(a), next(n for n in master.nodes() if n.node == a)
+    assert (one.name, one.epoch, one.live, one.endpoints) == (
+        listed.name,
+        listed.epoch,
+        listed.live,
+        listed.endpoints,
+    )
+    assert 0 < one.lease_ms <= 1000
+    assert master.node(b).endpoints == {"data": "127.0.0.1:2"} and master.node(b).live
+    with pytest.raises(NotFound):
+        master.node(max(a, b) + 100)
+    keys = _keys(3, "drop")
+    assert master.publish(_entries(keys[:2], a, ea) + _entries(keys[2:], b, eb))
+    assert master.drop(keys, a, ea + 1) == 0  # another epoch of a: nothing
+    assert master.drop(keys, a, ea) == 2  # a's two; b's entry stays
+    assert master.get(keys)[:2] == [None, None] and master.get(keys)[2] is not None
+    assert master.drop(keys, b) == 1  # any epoch of b
+    assert master.get(keys) == [None, None, None]
