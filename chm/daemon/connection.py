@@ -586,28 +586,35 @@ class Client:
             ks = ks[:n]
         got = self.scope.pin(ks)
         ents = st.entries(ks)  # digests: no hashing again
+        infos = [ents[j] if ok else None for j, ok in enumerate(got)]
+        cut = len(infos)
+        if prefix:  # the leading hits only
+            cut = next((j for j, info in enumerate(infos) if info is None), cut)
+        want = [j for j in range(cut) if infos[j] is not None]
+        issued = self.scope.prefetch_many(  # one device call for the batch
+            [(infos[j]["addr"], infos[j]["length"], 0) for j in want]  # type: ignore[index]
+        )
+        res = dict(zip(want, issued, strict=True))
         out: list[list[int]] = []
         stop = False
-        for j, ok in enumerate(got):
-            pair = (int(ks[j]["hi"]), int(ks[j]["lo"]))
-            info = ents[j] if ok and not stop else None
-            if info is None:
-                if ok:
-                    self.scope.unpin([pair])
+        unpin: list[tuple[int, int]] = []
+        release: list[int] = []
+        for j, info in enumerate(infos):
+            r = res.get(j)
+            if info is None or r is None or r[0] or stop:
+                if got[j]:
+                    unpin.append((int(ks[j]["hi"]), int(ks[j]["lo"])))
+                if r is not None and not r[0]:  # issued past the end of the prefix
+                    release.append(r[1])
                 if prefix:
                     stop = True
                     continue
-                out.append([-errno.ENOENT, 0, 0, 0])
+                out.append([-errno.ENOENT if r is None else r[0], 0, 0, 0])
                 continue
-            rc, tok = self.scope.prefetch(info["addr"], info["length"], 0)
-            if rc:
-                self.scope.unpin([pair])
-                if prefix:
-                    stop = True
-                    continue
-                out.append([rc, 0, 0, 0])
-                continue
-            out.append([0, tok, info["length"], info["checksum"]])
+            out.append([0, r[1], info["length"], info["checksum"]])
+        if release:
+            self.scope.release_many(release)
+        self._unpin(unpin)
         hits = sum(1 for e in out if e[0] == 0)
         self.d.count("kv_lookup_hits", hits)
         return out
@@ -630,18 +637,21 @@ class Client:
             out.append([wrc, tok, n, csum, off])
         return out
 
+    def _unpin(self, pairs: list[tuple[int, int]]) -> None:
+        """One pin of each key, in one store call (a key twice: one call each)."""
+        if len(set(pairs)) == len(pairs):
+            self.scope.unpin(pairs)
+        else:
+            for pair in pairs:
+                self.scope.unpin([pair])
+
     def _kv_done(self, body: Any) -> Any:
         self._store()
         items = _list(body, "KV_DONE", 4)
-        out = []
-        bad = []
-        for e in items:
-            pair = (_int(e[0], "hi"), _int(e[1], "lo"))
-            tok = _int(e[2], "token")
-            out.append(self.scope.release(tok))
-            self.scope.unpin([pair])
-            if e[3]:
-                bad.append(pair)
+        pairs = [(_int(e[0], "hi"), _int(e[1], "lo")) for e in items]
+        out = self.scope.release_many([_int(e[2], "token") for e in items])
+        self._unpin(pairs)
+        bad = [pair for pair, e in zip(pairs, items, strict=True) if e[3]]
         if bad:  # the client found the block torn or corrupt: a miss from now on
             self.d.count("kv_checksum_errors", len(bad))
             if self.kv_write:  # dropped now, or once no other client holds it

@@ -78,6 +78,12 @@ class DaemonGone(Cancelled, ConnectionError):
         return f"{self.strerror} ({_errname(self.errno or errno.ECANCELED)})"
 
 
+def _timeval(seconds: float) -> bytes:
+    """A struct timeval (SO_RCVTIMEO, SO_SNDTIMEO)."""
+    sec = int(seconds)
+    return struct.pack("@ll", sec, int((seconds - sec) * 1e6))
+
+
 def _errname(err: int) -> str:
     return errno.errorcode.get(err, f"errno {err}")
 
@@ -389,21 +395,22 @@ class RemoteDevice:
             return rbody
 
     def _arm(self, limit: float) -> None:
-        """The socket's deadline for one request: a Unix socket stays
-        blocking with SO_RCVTIMEO/SO_SNDTIMEO, set only when the limit
-        changes (a Python socket timeout costs a poll per send and recv);
-        a TCP one keeps Python's timeout, also set only on a change."""
+        """The socket's deadline for one request's answer: a Unix socket
+        stays blocking with SO_RCVTIMEO, set only when the limit changes (a
+        Python socket timeout costs a poll per send and recv; SO_SNDTIMEO is
+        request_timeout, set once); a TCP one keeps Python's timeout, also
+        set only on a change."""
         if limit == self._armed:
             return
         if self.tcp:
             self._sock.settimeout(limit)
         else:
-            if self._sock.gettimeout() is not None:
+            if self._armed is None:  # first use: blocking, sends bounded
                 self._sock.settimeout(None)
-            sec = int(limit)
-            tv = struct.pack("@ll", sec, int((limit - sec) * 1e6))
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+                self._sock.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(self.request_timeout)
+                )
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(limit))
         self._armed = limit
 
     def _tell(self, op: Op, body: Any) -> None:
@@ -420,7 +427,8 @@ class RemoteDevice:
             self._seq = seq
             done = False
             try:
-                self._arm(self.request_timeout)
+                if self.tcp or self._armed is None:
+                    self._arm(self.request_timeout)  # a Unix socket's send is bounded already
                 self.quiet_sent += 1
                 self._sock.send(packet)
                 done = True

@@ -345,3 +345,28 @@ def test_tcp_client(tmp_path: Path) -> None:
             assert kv.load_prefix(keys, outs, timeout=10.0) == 4
             assert all(outs[i].tobytes() == _pattern(i) for i in range(4))
             assert _held(dev) == {"clients": 1, "handles": 0, "pins": 0}
+
+
+def test_a_lookup_past_the_quota(daemon: DaemonProcess) -> None:
+    """KV_LOOKUP and KV_LOAD prefetch a batch in one device call: the keys
+    past this client's quota are refused (-EAGAIN) each, a prefix stops at
+    the first, and nothing is left pinned or issued for them."""
+    with chm.connect(daemon.socket) as dev:
+        kv = dev.kv()
+        keys = [f"q{i}".encode() for i in range(4)]
+        kv.put(keys, [np.frombuffer(_pattern(i), np.uint8) for i in range(4)])
+        kv.flush()
+        ks = kv.namespace.keys(keys)
+        pairs = [[int(k["hi"]), int(k["lo"])] for k in ks]
+        quota = SLOTS + QUEUE
+        hold = dev.prefetch_many([i * K4 for i in range(quota - 2)], [K4] * (quota - 2))
+        got = dev._call(Op.KV_LOOKUP, [pairs, False])
+        assert [e[0] for e in got] == [0, 0, -errno.EAGAIN, -errno.EAGAIN]
+        assert _held(dev) == {"clients": 1, "handles": quota, "pins": 2}
+        dev._call(Op.KV_DONE, [[*pairs[j], got[j][1], 0] for j in range(2)])
+        got = dev._call(Op.KV_LOAD, [0, pairs, True])
+        assert [e[0] in (0, -errno.ETIMEDOUT) and e[1] != 0 for e in got] == [True, True]
+        assert _held(dev) == {"clients": 1, "handles": quota, "pins": 2}
+        dev._call(Op.KV_DONE, [[*pairs[j], got[j][1], 0] for j in range(2)])
+        dev.release_many(hold)  # type: ignore[arg-type]
+        assert _held(dev) == {"clients": 1, "handles": 0, "pins": 0}
