@@ -16,7 +16,9 @@ in-band:
 - every block a client puts (STORED or EXISTS) is published under the
   current epoch; a removed or condemned block is unpublished; on start, and
   whenever Redis comes back without this node, everything the store holds
-  is published again. A block the store evicted is unpublished by the first
+  is published again. Puts never wait on a Redis that does not answer:
+  after a publish found it down they skip publishing for a second, and the
+  first publish that works again re-publishes everything. A block the store evicted is unpublished by the first
   worker that asks for it (:meth:`RedisMaster.drop`): the node answers it
   as absent, and the worker drops the entry if it still names this node and
   epoch.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["DaemonNode"]
 
 _PUBLISH_STEP = 4096  # entries in one publish round trip at a republish
+_RETRY = 1.0  # seconds puts skip publishing after a publish found Redis down
 
 
 class DaemonNode:
@@ -77,7 +81,9 @@ class DaemonNode:
         self.master = RedisMaster(master, lease=lease)
         self._lock = threading.Lock()
         self._areas: dict[int, np.ndarray[Any, Any]] = {}
-        self.counts = {"published": 0, "unpublished": 0, "publish_errors": 0}
+        self.counts = {"published": 0, "unpublished": 0, "publish_errors": 0, "publish_skipped": 0}
+        self._down_at: float | None = None  # when a publish last found Redis down
+        self._back = False
         try:
             self.engine: Engine = Engine.get(data_host)
             self._pool = mmap.mmap(
@@ -138,21 +144,53 @@ class DaemonNode:
                 )
         return out
 
-    def _publish(self, ents: list[Entry]) -> None:
+    def _publish(self, ents: list[Entry]) -> bool:
         ok = self.master.publish(ents)
         with self._lock:
             self.counts["published" if ok else "publish_errors"] += len(ents) if ok else 1
+        return ok
+
+    def _master_down(self) -> bool:
+        """Whether a recent publish found Redis down: puts then skip
+        publishing (they must not wait a Redis timeout each) until
+        ``_RETRY`` seconds have passed; the next publish that works
+        re-publishes everything, on a thread of its own."""
+        with self._lock:
+            since = self._down_at
+            if since is None:
+                return False
+            if time.monotonic() - since < _RETRY:
+                self.counts["publish_skipped"] += 1
+                return True
+            self._down_at = None  # this put tries again
+            self._back = True
+            return False
+
+    def _published(self, ok: bool) -> None:
+        with self._lock:
+            if not ok:
+                self._down_at = time.monotonic()
+                return
+            back, self._back = self._back, False
+        if back:  # Redis answers again: what was skipped meanwhile goes in too
+            threading.Thread(target=self._republish_quietly, daemon=True).start()
+
+    def _republish_quietly(self) -> None:
+        with contextlib.suppress(ChmError):
+            self.republish()
 
     def stored(self, ks: np.ndarray[Any, Any], status: list[PutStatus] | list[int]) -> None:
         """Publishes the blocks a put stored (or found stored already)."""
         done = [j for j, s in enumerate(status) if s in (PutStatus.STORED, PutStatus.EXISTS)]
-        if done and not self._lease.lost:
-            self._publish(self._entries(ks[done]))
+        if done and not self._lease.lost and not self._master_down():
+            self._published(self._publish(self._entries(ks[done])))
 
     def removed(self, ks: np.ndarray[Any, Any], gone: list[bool]) -> None:
-        """Unpublishes the blocks a remove dropped (when their entries are this node's)."""
+        """Unpublishes the blocks a remove dropped (when their entries are
+        this node's); with Redis down they stay until a worker asks for
+        them (the node answers them absent, and the worker drops them)."""
         drop = [k for k, g in zip(key_bytes(ks), gone, strict=True) if g]
-        if drop:
+        if drop and not self._master_down():
             n = self.master.drop(drop, self.node)
             with self._lock:
                 self.counts["unpublished"] += n
@@ -212,6 +250,7 @@ class DaemonNode:
             "entries_published": counts["published"],
             "entries_unpublished": counts["unpublished"],
             "publish_errors": counts["publish_errors"],
+            "publish_skipped": counts["publish_skipped"],
             "engine": self.engine.endpoint,
             **{f"engine_{k}": v for k, v in self.engine.stats.items()},
         }

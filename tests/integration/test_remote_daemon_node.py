@@ -150,3 +150,43 @@ def test_health_in_stats_and_metrics(
             assert dev.kv(ns).contains([0]) == [True]  # the daemon itself serves on
     finally:
         node.kill()
+
+
+def test_puts_do_not_wait_on_a_stopped_master(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """Redis stopped (SIGSTOP: its socket open, no answers): a node's puts
+    stay fast (only the first waits out one Redis timeout; the next ones
+    skip publishing, counted), and the blocks are stored; once Redis answers
+    again, a put re-publishes what was skipped, so every block is a hit."""
+    import os
+    import signal
+
+    node = NodeProcess(redis_srv.url, "s1", tmp_path / "s1", secret_file, options=OPTS).start()
+    ns = Namespace(model="stop")
+    master = RedisMaster(redis_srv.url, lease=1.0)
+    try:
+        with chm.connect(node.info["socket"]) as dev:
+            kv = dev.kv(ns)
+            assert redis_srv.proc is not None
+            os.kill(redis_srv.proc.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                for j in range(8):
+                    assert kv.put([j], [np.full(4096, j, np.uint8)]) == [PutStatus.STORED]
+                took = time.monotonic() - t0
+            finally:
+                os.kill(redis_srv.proc.pid, signal.SIGCONT)
+            assert took < 2.0, took  # 8 puts, each waiting a 0.5 s Redis timeout: 4 s
+            assert dev.daemon_stats()["node"]["publish_skipped"] >= 6
+            deadline = time.monotonic() + 10
+            j = 8
+            while len(master.lookup(ns.keys(range(j)))) < j:
+                assert time.monotonic() < deadline
+                time.sleep(1.1)
+                assert kv.put([j], [np.full(4096, j, np.uint8)]) == [PutStatus.STORED]
+                j += 1
+            assert len(master.lookup(ns.keys(range(j)))) == j
+    finally:
+        node.kill()
+        master.close()
