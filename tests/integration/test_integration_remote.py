@@ -224,3 +224,43 @@ def test_puts_and_loads_do_not_take_each_others_buffer(
             assert st["skipped_blocks"] + st["error_blocks"] == 1, st
         finally:
             store.close()
+
+
+def test_redis_down_while_running_is_misses_then_service_again(
+    redis_srv: RedisServer, secret_file: Path, tmp_path: Path
+) -> None:
+    """The Master's Redis killed under a running tier: lookups and loads are
+    misses, each within about the Master's timeout, never a hang; when Redis
+    is back (empty: a restarted server without
+    persistence) the node registers again and re-publishes, and the same
+    tier serves the same bytes without being reopened."""
+    with NodeProcess(
+        redis_srv.url, "node-a", tmp_path / "a", secret_file, options=[*NODE_OPTS, "--lease", "1.0"]
+    ):
+        tier = _open(master=redis_srv.url, secret_file=str(secret_file))
+        store = tier.store
+        try:
+            data = [np.full(BLOCK, j + 1, np.uint8) for j in range(4)]
+            assert store.put(list(range(4)), data) == [PutStatus.STORED] * 4
+            redis_srv.kill()
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
+            t0 = time.monotonic()
+            assert store.contains(list(range(4))) == [False] * 4
+            assert store.load_prefix(list(range(4)), outs) == 0
+            # a put goes to the node directly: stored there while the worker
+            # still knows the node (published when Redis is back), else ERROR
+            (put,) = store.put([9], [data[0]])
+            assert put in (PutStatus.STORED, PutStatus.ERROR), put
+            took = time.monotonic() - t0
+            assert took < 5.0, took
+            assert store.stats()["master_errors"] > 0
+            redis_srv.start()
+            deadline = time.monotonic() + 20
+            want = list(range(4)) + ([9] if put == PutStatus.STORED else [])
+            while store.contains(want) != [True] * len(want):
+                assert time.monotonic() < deadline, "the node did not re-publish in 20 s"
+                time.sleep(0.1)
+            assert store.load_prefix(list(range(4)), outs) == 4
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+        finally:
+            tier.close()
