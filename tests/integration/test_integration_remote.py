@@ -7,7 +7,9 @@ Clear errors at start, each naming what is wrong: a bad URL, a missing or
 insecure secret file, Redis unreachable, no node registered, an unknown
 node name, settings that belong to the nodes. Running: a node stopped with
 SIGSTOP (it neither answers nor closes its connections) turns its blocks
-into misses within the timeout, and puts go on to the nodes still live.
+into misses within the timeout, and puts go on to the nodes still live;
+puts and loads do not take each other's transfer buffer; Redis killed is
+misses (never a hang), and service resumes when it is back.
 The engines' own entry points on remote nodes are in
 ``test_integration_lmcache.py`` and ``test_integration_vllm_e2e.py``.
 """
