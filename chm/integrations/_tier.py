@@ -358,7 +358,7 @@ def _open_nodes(
             raise InvalidArgument(
                 None,
                 f"{what}: '{key_prefix}{name}' is the nodes' setting "
-                f"(python -m chm.remote.node --{name}), not the worker's",
+                f"(chm-emu serve, [device] {name}), not the worker's",
             )
     if not opts.remote_timeout > 0:
         raise InvalidArgument(

@@ -29,7 +29,7 @@ tier (``chm.integrations._tier.open_tier`` with ``master``):
   into misses within the timeout;
 - ``remove`` drops the Master's entries (the node keeps the bytes until it
   evicts them); ``flush`` has nothing to do: every node flushes its own
-  store (``python -m chm.remote.node`` every 0.2 s).
+  store (``chm-emu serve --flush-interval``).
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class NodesStore:
                 raise NotFound(
                     None,
                     f"no live node is registered with the Master at {url} "
-                    "(start one: python -m chm.remote.node --master ...)",
+                    "(start one: chm-emu serve --listen ... --master ... --node-name ...)",
                 )
             engine = Engine.get(host or local_address(url))
             tier = RemoteTier(master, engine, secret, buffer=int(buffer), timeout=timeout)
