@@ -381,6 +381,7 @@ class Store:
         self._lock = threading.RLock()
         self._blocks = _Blocks(self)  # what lookups use of the store
         self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._changes = 0  # index inserts and deletes so far (a put skips a lookup when none)
         self._pending: dict[int, int] = {}  # row -> epoch, written but not yet durable
         # row -> epoch: PUT records appended by a flush that is syncing them
         self._syncing: dict[int, int] = {}
@@ -640,6 +641,7 @@ class Store:
             self._meta.pop(r, None)
         self._alloc.dropped(e["segment"][rows], e["length"][rows])
         self._index.delete_rows(rows)
+        self._changes += 1
 
     def _segment_row_list(self, segment: int) -> list[int]:
         """:meth:`_segment_rows` as a list (one block a segment: no array work)."""
@@ -960,6 +962,7 @@ class Store:
     ) -> list[PutStatus]:
         """_put_blocks' loop (lock held on entry and on return)."""
         lock, alloc, idx = self._lock, self._alloc, self._index
+        pins = alloc.pins
         rows0 = idx.find(ks)
         rows_l = rows0.tolist()
         segs_l = idx.e["segment"][np.maximum(rows0, 0)].tolist()
@@ -1053,37 +1056,40 @@ class Store:
                 # into the index and the journal, so what is left unlocked
                 # is consistent (a reclaimed segment's rows gone, its RECLAIM
                 # record appended before the new bytes land in it)
-                try:
-                    keep = [i for i in range(len(new)) if i not in gone] if gone else None
-                    batch = (drop, reclaims, new, checks)
-                    drop, reclaims, new, checks = [], [], [], []
-                    evicted.clear()
-                    new_at.clear()
-                    in_seg.clear()
-                    gone.clear()
-                    self._apply_puts(ks, *batch, metas, keep)
-                except BaseException:
-                    alloc.unalloc(seg, addr, n, fp)
-                    raise
+                if drop or reclaims or new:
+                    try:
+                        keep = [i for i in range(len(new)) if i not in gone] if gone else None
+                        batch = (drop, reclaims, new, checks)
+                        drop, reclaims, new, checks = [], [], [], []
+                        evicted.clear()
+                        new_at.clear()
+                        in_seg.clear()
+                        gone.clear()
+                        self._apply_puts(ks, *batch, metas, keep)
+                    except BaseException:
+                        alloc.unalloc(seg, addr, n, fp)
+                        raise
                 epoch = self._epoch
                 self._epoch += 1
-                alloc.pin([seg])
+                pins[seg] += 1  # no reclaim of the segment (alloc.victim skips it)
                 stale = True
+                seen = self._changes
                 lock.release()
                 try:
                     res, check = self._write_block(k, bufs, j, n, addr, epoch)
                 except BaseException:
                     lock.acquire()
-                    alloc.pin([seg], -1)
+                    pins[seg] -= 1
                     alloc.unalloc(seg, addr, n, fp)
                     raise
                 lock.acquire()
-                alloc.pin([seg], -1)
+                pins[seg] -= 1
                 if not res:
                     alloc.unalloc(seg, addr, n, fp)
                     out.append(error if res is None else skipped)
                     continue
-                r = int(idx.find(ks[j : j + 1])[0])
+                # absent when the block was placed; only an insert meanwhile can have put it there
+                r = -1 if self._changes == seen else int(idx.find(ks[j : j + 1])[0])
                 if r >= 0:  # another put of the key published first: it is there
                     alloc.unalloc(seg, addr, n, fp)
                     if touch:
@@ -1156,6 +1162,7 @@ class Store:
                 self._syncing.pop(r, None)
                 self._meta.pop(r, None)
             self._index.delete_rows(np.asarray(drop, dtype=np.int64))
+            self._changes += 1
         try:
             if new:
                 self._index_new(ks, new, checks, metas, keep)
@@ -1184,6 +1191,7 @@ class Store:
                 check = check[keep]
             if cols.size == 0:
                 return
+        self._changes += 1
         put = self._index.put(
             ks[cols[:, 0]],
             addr=cols[:, 1],
