@@ -18,10 +18,10 @@ in-band:
   whenever Redis comes back without this node, everything the store holds
   is published again. Puts never wait on a Redis that does not answer:
   after a publish found it down they skip publishing for a second, and the
-  first publish that works again re-publishes everything. A block the store evicted is unpublished by the first
-  worker that asks for it (:meth:`RedisMaster.drop`): the node answers it
-  as absent, and the worker drops the entry if it still names this node and
-  epoch.
+  first publish that works again re-publishes everything. A block the
+  store evicted is unpublished by the first worker that asks for it
+  (:meth:`RedisMaster.drop`): the node answers it as absent, and the worker
+  drops the entry if it still names this node and epoch.
 
 A TCP client's WELCOME carries ``transfer`` (the engine's endpoint, the
 pool's and this client's area's addresses and sizes) and ``node`` (id,
