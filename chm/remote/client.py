@@ -325,6 +325,7 @@ class RemoteDevice:
         self.session = int(body["session"])
         self.instance = str(body["instance"])
         self.version = int(body["version"])
+        self._engine: _EngineLink | None = None  # use_engine(): a storage node's data path
 
     # ---- transport
 
@@ -471,6 +472,9 @@ class RemoteDevice:
         """Over TCP: sends the first ``used`` bytes of the area to the daemon."""
         if not self.tcp:
             return
+        if self._engine is not None:
+            self._engine.move("write", used)
+            return
         for off in range(0, used, _TCP_DATA):
             part = self._area_np[off : min(used, off + _TCP_DATA)].tobytes()
             _raise(int(self._call(Op.AREA_PUT, [off, part])), "area_put")
@@ -478,6 +482,9 @@ class RemoteDevice:
     def _pull(self, n: int) -> None:
         """Over TCP: fetches the first ``n`` bytes of the area from the daemon."""
         if not self.tcp:
+            return
+        if self._engine is not None:
+            self._engine.move("read", n)
             return
         for off in range(0, n, _TCP_DATA):
             got = self._call(Op.AREA_GET, [off, min(_TCP_DATA, n - off)])
@@ -490,6 +497,8 @@ class RemoteDevice:
         TCP a copy fetched from the daemon."""
         if not self.tcp:
             return self._pool_mv[off : off + n]
+        if self._engine is not None:
+            return self._engine.staged(token, off, n)
         out = bytearray(n)
         for at in range(0, n, _TCP_DATA):
             got = self._call(Op.POOL_GET, [token, at, min(_TCP_DATA, n - at)])
@@ -497,6 +506,33 @@ class RemoteDevice:
                 _raise(got, "pool_get", f"token={token:#x}")
             out[at : at + len(got)] = got
         return memoryview(bytes(out))
+
+    # ---- a storage node's data path (the Transfer Engine)
+
+    def use_engine(self, engine: Any) -> None:
+        """Over TCP to a storage node (a daemon with ``--master``, whose
+        WELCOME carries ``transfer``): from now on the area's bytes and
+        staged objects move with ``engine`` (a :class:`chm.remote.transfer.Engine`)
+        instead of AREA_PUT / AREA_GET / POOL_GET: each KV load's staged
+        objects in one batched read out of the node's pool, each put's
+        blocks in one write into this client's area on the node."""
+        t = self.welcome.get("transfer")
+        if not self.tcp or not isinstance(t, dict):
+            raise InvalidArgument(
+                None,
+                f"use_engine: {self.path} is not a storage node over TCP "
+                "(a daemon started with --listen and --master)",
+            )
+        if self._engine is None:
+            self._engine = _EngineLink(self, engine, t)
+            self._area_np = self._engine.area_view
+
+    def _fetch_staged(self, items: Sequence[tuple[int, int, int]]) -> None:
+        """With an engine: reads staged objects ``(token, pool offset, len)``
+        in one batch, so ``_staged`` finds them read already."""
+        if self._engine is not None and items:
+            self._engine.drop_fetched()  # what an earlier round left unread
+            self._engine.fetch(items)
 
     def abort(self, why: str = "the connection was aborted") -> None:
         """Ends the connection at once, without taking a lock, so it is safe
@@ -945,6 +981,8 @@ class RemoteDevice:
             self._sock.close()
         self._pool_mv.release()
         self._area_np = np.zeros(0, np.uint8)
+        if self._engine is not None:
+            self._engine.close()
         for m in (self._pool, self._area):
             if m is not None:
                 with contextlib.suppress(BufferError):
@@ -962,6 +1000,108 @@ class RemoteDevice:
 
     def __repr__(self) -> str:
         return f"<chm.remote.RemoteDevice {self.path} session={self.session}>"
+
+
+class _EngineLink:
+    """A TCP client's Transfer Engine data path to a storage node
+    (:meth:`RemoteDevice.use_engine`): a registered mirror of the client's
+    area and a registered scratch buffer for staged objects."""
+
+    def __init__(self, dev: RemoteDevice, engine: Any, t: dict[str, Any]) -> None:
+        from chm.remote.transfer import RegisteredBuffer
+
+        self.dev, self.engine = dev, engine
+        self.peer = str(t["engine"])
+        self.pool_addr, self.area_addr = int(t["pool_addr"]), int(t["area_addr"])
+        self.area = RegisteredBuffer(engine, dev.area_bytes)
+        self.area_view = self.area.view(0, dev.area_bytes)
+        self.scratch = RegisteredBuffer(engine, max(dev.area_bytes, 64 << 20))
+        self.fetched: dict[int, tuple[int, int]] = {}  # token -> (scratch offset, len)
+
+    def _failed(self, what: str, status: str) -> DaemonGone:
+        # a late transfer may still land: the connection (and the node's area) goes
+        self.dev._break(f"the Transfer Engine's {what} ended {status}")
+        return DaemonGone(None, f"{what}: {self.dev._broken}")
+
+    def move(self, what: str, n: int) -> None:
+        """The first ``n`` bytes of the area: ``write`` to the node, ``read`` back."""
+        from chm.remote.transfer import OK
+
+        if n <= 0:
+            return
+        fn = self.engine.write if what == "write" else self.engine.read
+        status = fn(
+            self.peer,
+            [self.area.addr],
+            [self.area_addr],
+            [n],
+            timeout=self.dev.request_timeout,
+            on_late=lambda: lambda: None,  # the area mirror is this client's alone
+        )
+        if status != OK:
+            raise self._failed(f"area {what}", status)
+
+    def fetch(self, items: Sequence[tuple[int, int, int]]) -> None:
+        from chm.remote.transfer import OK
+
+        offs: list[int] = []
+        for _, _, n in items:
+            try:
+                offs.append(self.scratch.take(n))
+            except ChmError:
+                break  # no room: the rest are read one by one
+        if not offs:
+            return
+        k = len(offs)
+        status = self.engine.read(
+            self.peer,
+            [self.scratch.addr + o for o in offs],
+            [self.pool_addr + off for _, off, _ in items[:k]],
+            [n for _, _, n in items[:k]],
+            timeout=self.dev.request_timeout,
+            on_late=self._late(offs, [n for _, _, n in items[:k]]),
+        )
+        if status != OK:
+            for o, (_, _, n) in zip(offs, items, strict=False):
+                if status != "timeout":
+                    self.scratch.give(o, n)
+            return  # read one by one (or POOL_GET) instead
+        for o, (tok, _, n) in zip(offs, items, strict=False):
+            old = self.fetched.pop(tok, None)
+            if old is not None:
+                self.scratch.give(*old)
+            self.fetched[tok] = (o, n)
+
+    def _late(self, offs: list[int], lens: list[int]) -> Any:
+        def quarantine() -> Any:
+            backs = [self.scratch.quarantine(o, n) for o, n in zip(offs, lens, strict=True)]
+            return lambda: [b() for b in backs]
+
+        return quarantine
+
+    def staged(self, token: int, off: int, n: int) -> memoryview:
+        got = self.fetched.pop(token, None)
+        if got is None:
+            self.fetch([(token, off, n)])
+            got = self.fetched.pop(token, None)
+        if got is None:
+            raise self._failed("staged read", "without the bytes")
+        o, ln = got
+        try:
+            return memoryview(self.scratch.view(o, min(n, ln)).tobytes())
+        finally:
+            self.scratch.give(o, ln)
+
+    def drop_fetched(self) -> None:
+        for o, n in self.fetched.values():
+            self.scratch.give(o, n)
+        self.fetched.clear()
+
+    def close(self) -> None:
+        self.drop_fetched()
+        self.area_view = np.zeros(0, np.uint8)
+        self.area.close()
+        self.scratch.close()
 
 
 def _dial(path: str, timeout: float) -> socket.socket:
@@ -1208,6 +1348,8 @@ class RemoteStore:
                     if res is None:
                         toks = [e[1] for _, e in pend]
                         res = dev._call(Op.WAIT, [step, toks], wait=step / 1e9)
+                    ready = zip(pend, res, strict=True)
+                    dev._fetch_staged([(e[1], r[1], e[2]) for (_, e), r in ready if r[0] == 0])
                     done, rest = [], []
                     for (j, e), (rc, off, _n, _a) in zip(pend, res, strict=True):
                         if rc == -errno.ETIMEDOUT and left > 0:

@@ -190,3 +190,46 @@ def test_puts_do_not_wait_on_a_stopped_master(
     finally:
         node.kill()
         master.close()
+
+
+def test_a_tcp_client_moves_bytes_with_the_transfer_engine(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """``chm.connect("tcp://...")`` plus ``use_engine``: a put's blocks go
+    into the client's area on the node with one engine write, a load's
+    staged blocks come out of the node's pool with batched engine reads
+    (no AREA_PUT / POOL_GET), byte-exact; a daemon that is not a node
+    refuses ``use_engine`` with InvalidArgument."""
+    from chm.errors import InvalidArgument
+    from chm.remote.transfer import Engine
+
+    engine = Engine.get("127.0.0.1")
+    ns = Namespace(model="eng")
+    data = [np.random.default_rng(j).integers(0, 256, 300_000, dtype=np.uint8) for j in range(6)]
+    with NodeProcess(redis_srv.url, "e1", tmp_path / "e1", secret_file, options=OPTS) as node:
+        url = f"tcp://{node.info['control']}"
+        with chm.connect(url, secret_file=str(secret_file)) as dev:
+            dev.use_engine(engine)
+            kv = dev.kv(ns)
+            before = dict(engine.stats)
+            assert kv.put(range(6), data) == [PutStatus.STORED] * 6
+            assert engine.stats["writes"] - before["writes"] == 1  # one put, one write
+            outs = [np.zeros(300_000, np.uint8) for _ in range(6)]
+            mid = dict(engine.stats)
+            assert kv.load_prefix(range(6), outs) == 6
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+            reads = engine.stats["reads"] - mid["reads"]
+            assert 1 <= reads <= 3  # a batch per staged round, not one per block
+            assert engine.stats["bytes"] - mid["bytes"] == 6 * 300_000
+    plain = tmp_path / "plain"
+    args = ["--target", str(plain / "img"), "--create", "--capacity", "64M", "--dram", "64M"]
+    args += ["--slot-size", "1M", "--force", "filesystem", "--listen", "127.0.0.1:0"]
+    args += ["--secret-file", str(secret_file)]
+    from chm.testing.daemon_proc import DaemonProcess
+
+    plain.mkdir()
+    with DaemonProcess(args, plain / "sock") as d:
+        ev = next(e for e in d.events() if e.get("event") == "start")
+        dev = chm.connect(f"tcp://{ev['listen']}", secret_file=str(secret_file))
+        with dev, pytest.raises(InvalidArgument, match="not a storage node"):
+            dev.use_engine(engine)
