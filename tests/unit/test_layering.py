@@ -263,7 +263,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sim": {"core"},
     "workloads": {"core"},
     "replay": {"core", "kv", "workloads"},
-    "integrations": {"core", "kv"},
+    # the adapters open a local store, a daemon's or remote nodes' (chm.remote)
+    "integrations": {"core", "kv", "remote"},
     "testing": {"core", "kv", "protocol", "remote", "workloads", "replay"},
     "chm_emu": {
         "core",
