@@ -233,3 +233,19 @@ def test_a_tcp_client_moves_bytes_with_the_transfer_engine(
         dev = chm.connect(f"tcp://{ev['listen']}", secret_file=str(secret_file))
         with dev, pytest.raises(InvalidArgument, match="not a storage node"):
             dev.use_engine(engine)
+
+
+def test_wildcard_listen_needs_a_data_host(redis_srv: RedisServer, tmp_path: Path) -> None:
+    """--listen 0.0.0.0 does not say which address workers reach the
+    Transfer Engine on: refused (exit 2) until --data-host names it."""
+    secret = tmp_path / "secret"
+    write_secret(secret)
+    argv = [sys.executable, "-m", "chm_emu.cli", "serve", "--target", str(tmp_path / "img")]
+    argv += ["--create", "--capacity", "64M", "--dram", "64M", "--slot-size", "1M"]
+    argv += ["--force", "filesystem", "--socket", str(tmp_path / "sock")]
+    argv += ["--listen", "0.0.0.0:0", "--secret-file", str(secret), "--node-name", "w"]
+    argv += ["--master", redis_srv.url]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "--data-host" in proc.stderr and "Traceback" not in proc.stderr
+    assert not any(n.name == "w" for n in RedisMaster(redis_srv.url).nodes())
