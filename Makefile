@@ -24,6 +24,13 @@ CTESTS := $(sort $(wildcard tests/c/test_*.c))
 CTESTS_SLOW := $(sort $(shell grep -l '^/\* tier: slow \*/' $(CTESTS) 2>/dev/null))
 CTESTS_FAST := $(filter-out $(CTESTS_SLOW),$(CTESTS))
 CFORMAT := $(wildcard csrc/*.c csrc/*.h include/*.h tests/c/*.c tests/c/*.h chm/*.c)
+# How many jobs the tests use: compilers and C test programs (make -j, CHM_CTEST_JOBS)
+# and pytest-xdist workers. The C programs and compilers are CPU-bound: one per
+# CPU. Many pytest tests wait on daemons, timers and subprocesses: two workers
+# per CPU keep the CPUs busy.
+NPROC := $(shell nproc 2>/dev/null || echo 1)
+JOBS ?= $(NPROC)
+PYTEST_JOBS ?= $(shell echo $$(( $(NPROC) * 2 )))
 
 OBJ_plain := $(patsubst csrc/%.c,$(BUILD)/plain/obj/%.o,$(CSRC))
 OBJ_san := $(patsubst csrc/%.c,$(BUILD)/san/obj/%.o,$(CSRC))
@@ -50,7 +57,7 @@ test: setup
 	@rc=0; \
 	$(MAKE) --no-print-directory lint-py || rc=1; \
 	$(MAKE) --no-print-directory lint-c || rc=1; \
-	$(MAKE) --no-print-directory c-tests || rc=1; \
+	$(MAKE) --no-print-directory -j$(JOBS) c-tests || rc=1; \
 	$(MAKE) --no-print-directory pytest || rc=1; \
 	exit $$rc
 
@@ -58,7 +65,7 @@ test: setup
 ## `/* tier: slow */`, pytest -m slow); CI runs both
 test-all: setup
 	@rc=0; \
-	$(MAKE) --no-print-directory c-tests-slow || rc=1; \
+	$(MAKE) --no-print-directory -j$(JOBS) c-tests-slow || rc=1; \
 	$(MAKE) --no-print-directory pytest-slow || rc=1; \
 	exit $$rc
 
@@ -119,21 +126,24 @@ $(BUILD)/san/test_%: tests/c/test_%.c $(BUILD)/san/libchm.a $(HDRS)
 c-build: $(BIN_plain) $(BIN_san) $(BIN_tsan)
 
 c-tests: $(call c_bins,$(CTESTS_FAST))
-	@scripts/run-c-tests.sh $^
+	@CHM_CTEST_JOBS=$(JOBS) scripts/run-c-tests.sh $^
 
 c-tests-slow: $(call c_bins,$(CTESTS_SLOW))
-	@scripts/run-c-tests.sh $^
+	@CHM_CTEST_JOBS=$(JOBS) scripts/run-c-tests.sh $^
 
 # ---- Python tests (exit code 5, "no tests collected", counts as success)
+# PYTEST_JOBS pytest-xdist workers; tests marked xdist_group("name") share one
+# worker (--dist loadgroup), for what must not run beside itself.
 
 PYTEST = $(VENV)/bin/python -m pytest tests -q
+PYTEST_XDIST = -n $(PYTEST_JOBS) --dist loadgroup
 PYTEST_OK5 = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 pytest: ext
-	@$(PYTEST) -m "not slow"; $(PYTEST_OK5)
+	@$(PYTEST) $(PYTEST_XDIST) -m "not slow"; $(PYTEST_OK5)
 
 pytest-slow: ext
-	@$(PYTEST) -m slow; $(PYTEST_OK5)
+	@$(PYTEST) $(PYTEST_XDIST) -m slow; $(PYTEST_OK5)
 
 # ---- lint: the tools' own settings are in pyproject.toml and .clang-format
 

@@ -8,7 +8,7 @@
 #                              runtime dependencies (cffi, numpy, click, rich)
 #   scripts/setup.sh test      (default) also what `make test` needs: fio,
 #                              spin, clang-format; chm's test extras (pytest,
-#                              hypothesis, mypy, ruff, ...)
+#                              pytest-xdist, hypothesis, mypy, ruff, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/apt-get-wait.sh

@@ -40,6 +40,39 @@ settings.load_profile(
 import chm  # noqa: E402
 from chm.errors import ChmError, NotSupported  # noqa: E402
 
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``xdist_group("name")`` run on one pytest-xdist worker.
+
+    ``make test`` runs pytest with ``--dist loadgroup``: each worker names a
+    grouped test ``<nodeid>@<group>`` and the scheduler sends one group to one
+    worker. pytest-xdist 3.8 writes that name into ``item._nodeid``, which
+    pytest 9.2's structured node ids no longer read (pytest-xdist issue
+    #1386), so the groups were silently spread over the workers. Here the
+    name is set where pytest reads it; a pytest-xdist that set it already
+    leaves nothing to do.
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return  # not a pytest-xdist worker of a --dist loadgroup run
+    for item in items:
+        names = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
+        suffix = "@" + "_".join(names)
+        if not names or item.nodeid.endswith(suffix):
+            continue
+        if hasattr(item, "_id"):  # pytest >= 9.2: a NodeId keeps the string it parsed
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(item.nodeid + suffix)
+        else:
+            setattr(item, "_nodeid", item.nodeid + suffix)  # noqa: B010 - pytest < 9.2
+
+
 BACKENDS = ("uring", "pread", "ghost")
 DATA_BACKENDS = ("uring", "pread")
 

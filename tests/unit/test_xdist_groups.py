@@ -1,0 +1,97 @@
+"""`make test` runs pytest on several pytest-xdist workers: tests marked
+``xdist_group("name")`` must still run on one worker (the vLLM tests, the
+sdist build), the others spread over all of them, and a failing test still
+fails the run. A real pytest-xdist run of generated test files, with the
+grouping hook of tests/conftest.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("xdist", reason="pytest-xdist (the test extras) runs make test's workers")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFTEST = f"""
+import importlib.util
+
+_path = {str(ROOT / "tests" / "conftest.py")!r}
+_spec = importlib.util.spec_from_file_location("chm_tests_conftest", _path)
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+pytest_collection_modifyitems = _mod.pytest_collection_modifyitems
+"""
+
+PROBES = """
+import os
+from pathlib import Path
+
+import pytest
+
+OUT = Path(os.environ["PROBE_OUT"])
+
+
+def _note(kind, i):
+    (OUT / f"{kind}-{i}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+
+@pytest.mark.xdist_group("one")
+@pytest.mark.parametrize("i", range(6))
+def test_grouped(i):
+    _note("grouped", i)
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_free(i):
+    _note("free", i)
+"""
+
+
+def _run(tmp_path: Path, extra: str = "") -> tuple[subprocess.CompletedProcess[str], Path]:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_probes.py").write_text(PROBES + extra)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
+         "--dist", "loadgroup", "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=tmp_path, env={**os.environ, "PROBE_OUT": str(out)},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    return proc, out
+
+
+def _workers(out: Path, kind: str) -> set[str]:
+    return {p.read_text() for p in out.glob(f"{kind}-*")}
+
+
+def test_grouped_tests_share_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
+    proc, out = _run(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(list(out.glob("grouped-*"))) == 6 and len(list(out.glob("free-*"))) == 6
+    assert len(_workers(out, "grouped")) == 1, _workers(out, "grouped")
+    # load scheduling hands each of the 3 workers tests at once: not one worker
+    assert len(_workers(out, "free") | _workers(out, "grouped")) > 1
+
+
+def test_a_failure_on_a_worker_fails_the_run(tmp_path: Path) -> None:
+    proc, _ = _run(tmp_path, "\n\ndef test_fails():\n    assert False, 'the failing probe'\n")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"1 failed, 12 passed", proc.stdout), proc.stdout
+
+
+def test_make_runs_pytest_with_the_groups() -> None:
+    dry = subprocess.run(
+        ["make", "-n", "--no-print-directory", "pytest", "pytest-slow"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    runs = [line for line in dry.splitlines() if " -m pytest " in line]
+    assert len(runs) == 2, dry
+    for line in runs:
+        assert re.search(r" -n [1-9]\d* ", line) and "--dist loadgroup" in line, line
