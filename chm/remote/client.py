@@ -291,6 +291,11 @@ class RemoteDevice:
         self._pool: mmap.mmap | None = None
         self._area: mmap.mmap | None = None
         self._area_np: np.ndarray[Any, Any]
+        # the shared area holds one call's bytes at a time: calls that copy
+        # through it (read_into, write_many, RemoteStore.put) take this lock
+        # for the whole call, so threads sharing a connection never mix
+        # their bytes (the request lock alone does not cover the copies)
+        self._area_lock = threading.RLock()
         try:
             if not data:
                 raise DaemonGone(None, f"{path}: the daemon closed the connection during HELLO")
@@ -798,14 +803,15 @@ class RemoteDevice:
         dst = as_dst(buf, "read_into buffer")
         n = dst.size
         done = 0
-        while done < n:
-            step = min(self.area_bytes, n - done)
-            rc = self._call(Op.READ, [int(addr) + done, step, 0])
-            if rc < 0:
-                raise self._raw_error(rc, "chm_read", f"addr={addr + done:#x}, len={step}")
-            self._pull(step)
-            dst[done : done + step] = self._area_np[:step]
-            done += step
+        with self._area_lock:
+            while done < n:
+                step = min(self.area_bytes, n - done)
+                rc = self._call(Op.READ, [int(addr) + done, step, 0])
+                if rc < 0:
+                    raise self._raw_error(rc, "chm_read", f"addr={addr + done:#x}, len={step}")
+                self._pull(step)
+                dst[done : done + step] = self._area_np[:step]
+                done += step
         return n
 
     def write(self, addr: int, data: Any) -> bool:
@@ -864,23 +870,24 @@ class RemoteDevice:
             where.clear()
             used = 0
 
-        for i, src in enumerate(srcs):
-            if src.size > self.area_bytes:
-                out[i] = InvalidArgument(
-                    None,
-                    f"{call}(addr={a[i]:#x}, len={src.size}): larger than this connection's "
-                    f"shared area ({self.area_bytes} bytes)",
-                    call=call,
-                )
-                continue
-            if used + src.size > self.area_bytes or len(batch) == MAX_BATCH:
+        with self._area_lock:
+            for i, src in enumerate(srcs):
+                if src.size > self.area_bytes:
+                    out[i] = InvalidArgument(
+                        None,
+                        f"{call}(addr={a[i]:#x}, len={src.size}): larger than this connection's "
+                        f"shared area ({self.area_bytes} bytes)",
+                        call=call,
+                    )
+                    continue
+                if used + src.size > self.area_bytes or len(batch) == MAX_BATCH:
+                    send()
+                self._area_np[used : used + src.size] = src
+                batch.append([a[i], used, int(src.size)])
+                where.append(i)
+                used += -(-src.size // 4096) * 4096
+            if batch:
                 send()
-            self._area_np[used : used + src.size] = src
-            batch.append([a[i], used, int(src.size)])
-            where.append(i)
-            used += -(-src.size // 4096) * 4096
-        if batch:
-            send()
         return [x for x in out if x is not None]
 
     def flush(self, timeout: float | None = None) -> None:
@@ -1266,6 +1273,12 @@ class RemoteStore:
             raise InvalidArgument(None, f"put: {ks.size} keys but {len(srcs)} sources")
         metas = check_meta(meta, ks.size)
         bufs = [as_src(s, f"source {j}") for j, s in enumerate(srcs)]
+        with self.device._area_lock:
+            return self._put_all(ks, bufs, metas)
+
+    def _put_all(
+        self, ks: np.ndarray[Any, Any], bufs: list[Any], metas: list[bytes]
+    ) -> list[PutStatus]:
         dev = self.device
         out: list[PutStatus] = []
         batch: list[list[Any]] = []

@@ -196,12 +196,19 @@ class RemoteTier:
         if epoch is not None and link.epoch != epoch:
             link.close()
             raise NodeGone(None, f"node {node} restarted: epoch {link.epoch}, not {epoch}")
+        drop: _Link | None
         with self._lock:
             old = self._links.get(node)
-            self._links[node] = link
-        if old is not None:
-            old.close()
-        return link
+            if old is not None and old is not got and not old.broken and old.epoch == link.epoch:
+                # another thread connected meanwhile: use its link (closing
+                # it here would pull the area from under its transfers)
+                keep, drop = old, link
+            else:
+                self._links[node] = keep = link
+                drop = old
+        if drop is not None:
+            drop.close()
+        return keep
 
     # ---- loads
 

@@ -14,6 +14,7 @@ each class satisfies its protocol.
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,60 @@ def test_store_remove(store: StoreLike) -> None:
     assert store.remove([b"k", b"none"]) == [True, False]
     assert store.contains([b"k"]) == [False]
     assert store.load_prefix([b"k"], [np.zeros(BLOCK, np.uint8)]) == 0
+
+
+def _threads(n: int, work: Any) -> None:
+    """Runs work(t) in n threads at once; re-raises the first failure."""
+    errs: list[BaseException] = []
+    go = threading.Barrier(n)
+
+    def run(t: int) -> None:
+        try:
+            go.wait()
+            work(t)
+        except BaseException as exc:  # handed to the test
+            errs.append(exc)
+
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(n)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join(120)
+    assert not errs, errs
+    assert not any(th.is_alive() for th in ts)
+
+
+def test_device_from_several_threads(device: DeviceLike) -> None:
+    """Threads sharing one device write and read back their own addresses:
+    every byte is their own (a daemon connection copies through one shared
+    area, which each call holds for its whole copy)."""
+    per, n = 12, 4
+
+    def work(t: int) -> None:
+        addrs = [((t * per + i) * 2) << 20 for i in range(per)]
+        blocks = [_block(1000 * t + i) for i in range(per)]
+        assert device.write_many(addrs, blocks) == [True] * per
+        device.flush()
+        for a, b in zip(addrs, blocks, strict=True):
+            out = np.zeros(BLOCK, np.uint8)
+            assert device.read_into(a, out) == BLOCK
+            assert np.array_equal(out, b), f"thread {t}: wrong bytes at {a:#x}"
+
+    _threads(n, work)
+
+
+def test_store_from_several_threads(store: StoreLike) -> None:
+    """Threads sharing one store put and load their own keys: each load
+    returns exactly the bytes its own put gave."""
+    per, n = 8, 4
+
+    def work(t: int) -> None:
+        keys = [f"t{t}-{i}".encode() for i in range(per)]
+        blocks = [_block(1000 * t + i) for i in range(per)]
+        assert store.put(keys, blocks) == [PutStatus.STORED] * per
+        outs = [np.zeros(BLOCK, np.uint8) for _ in range(per)]
+        assert store.load_prefix(keys, outs) == per
+        for o, b in zip(outs, blocks, strict=True):
+            assert np.array_equal(o, b), f"thread {t}: wrong bytes"
+
+    _threads(n, work)
