@@ -194,8 +194,9 @@ def _thread_safe_io(dev: DeviceLike) -> bool:
     once: an embedded chm.Device, whose C core reserves a write's space
     under its lock and copies with it dropped. A daemon client
     (chm.remote.RemoteDevice) moves the bytes of a write or a direct read
-    through one shared area per connection, so two at once would overwrite
-    each other's bytes there."""
+    through one shared area per connection, which it holds for each such
+    call: they run one at a time whatever the store does, so the store
+    queues them itself rather than have puts wait inside the client."""
     from chm.device import Device
 
     return isinstance(dev, Device)
