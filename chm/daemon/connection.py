@@ -38,6 +38,8 @@ from chm.remote.protocol import (
     send_fds,
 )
 
+from .sessions import RETAIN
+
 if TYPE_CHECKING:
     from .options import Host
 
@@ -591,8 +593,16 @@ class Client:
         if prefix:  # the leading hits only
             cut = next((j for j, info in enumerate(infos) if info is None), cut)
         want = [j for j in range(cut) if infos[j] is not None]
+        # the store's admission picks the blocks the device keeps resident in
+        # its DRAM after release (a device with a resident region), as for an
+        # embedded store's loads
+        addrs = [infos[j]["addr"] for j in want]  # type: ignore[index]
+        keep = st._retain_mask(addrs) or [False] * len(want)
         issued = self.scope.prefetch_many(  # one device call for the batch
-            [(infos[j]["addr"], infos[j]["length"], 0) for j in want]  # type: ignore[index]
+            [
+                (infos[j]["addr"], infos[j]["length"], RETAIN if k else 0)  # type: ignore[index]
+                for j, k in zip(want, keep, strict=True)
+            ]
         )
         res = dict(zip(want, issued, strict=True))
         out: list[list[int]] = []

@@ -249,3 +249,37 @@ def test_wildcard_listen_needs_a_data_host(redis_srv: RedisServer, tmp_path: Pat
     assert proc.returncode == 2
     assert "--data-host" in proc.stderr and "Traceback" not in proc.stderr
     assert not any(n.name == "w" for n in RedisMaster(redis_srv.url).nodes())
+
+
+def test_loads_through_the_node_keep_hot_blocks_resident(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """A node with a resident region: the store's admission picks the blocks
+    its KV loads keep in device DRAM (as an embedded store's loads do), so
+    the blocks a worker reads again are served resident, not staged again
+    from the backing file."""
+    from chm.remote.node import RemoteTier
+    from chm.remote.protocol import read_secret
+    from chm.remote.transfer import Engine
+
+    opts = [*OPTS, "--resident", "8M"]
+    with (
+        NodeProcess(redis_srv.url, "r1", tmp_path / "r1", secret_file, options=opts) as node,
+        RemoteTier(
+            RedisMaster(redis_srv.url, lease=1.0),
+            Engine.get("127.0.0.1"),
+            read_secret(secret_file),
+            buffer=8 << 20,
+            timeout=5.0,
+        ) as tier,
+    ):
+        keys = Namespace(model="res").keys(range(4))
+        data = [np.full(256 << 10, j + 1, np.uint8) for j in range(4)]
+        assert tier.save("r", keys, data) == [PutStatus.STORED] * 4
+        outs = [np.zeros(256 << 10, np.uint8) for _ in range(4)]
+        for _ in range(4):
+            assert tier.load(keys, outs) == 4
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+        with chm.connect(node.info["socket"]) as dev:
+            st = dev.daemon_stats()["device"]
+        assert st["resident_retained"] >= 4 and st["resident_hits"] >= 4, st
