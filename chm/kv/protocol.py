@@ -7,9 +7,11 @@ offers the same calls runs the KV layer unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from chm.config import Config
+from chm.errors import ChmError
 from chm.stats import Stats
 
 __all__ = ["DeviceLike", "HandleLike"]
@@ -44,6 +46,8 @@ class DeviceLike(Protocol):
     def write(self, addr: int, data: Any) -> bool: ...
 
     def write_length(self, addr: int, length: int) -> bool: ...
+
+    def write_many(self, addrs: Sequence[int], datas: Sequence[Any]) -> list[bool | ChmError]: ...
 
     def flush(self, timeout: float | None = None) -> None: ...
 
