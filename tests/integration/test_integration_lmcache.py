@@ -509,7 +509,7 @@ def documented_remote_keys() -> dict[str, Any]:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
-    """A real redis-server, one node process (``python -m chm.remote.node``)
+    """A real redis-server, one node process (``chm-emu serve --master``)
     and the ``chm.*`` keys that put an engine on them."""
     import importlib.util
 

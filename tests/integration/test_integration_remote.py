@@ -1,6 +1,6 @@
 """The adapters' tier on remote nodes (``open_tier`` with ``master``), against
 the real parts: a ``redis-server`` as the Master (started and killed here)
-and ``python -m chm.remote.node`` processes, read over Mooncake Transfer
+and ``chm-emu serve --master`` processes, read over Mooncake Transfer
 Engine (TCP on loopback).
 
 Clear errors at start, each naming what is wrong: a bad URL, a missing or

@@ -1,7 +1,7 @@
 """vLLM's offline ``LLM()`` with the chm tier on remote nodes: the documented
 ``kv_transfer_config`` with ``master``, ``secret_file`` and ``nodes`` in
 place of ``path``, a real ``redis-server`` as the Master and a real node
-process (``python -m chm.remote.node``), read over Mooncake Transfer Engine
+process (``chm-emu serve --master``), read over Mooncake Transfer Engine
 (TCP on loopback).
 
 Two engines of model A, two workers of a fleet in two processes, on one

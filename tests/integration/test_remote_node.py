@@ -1,5 +1,5 @@
 """Remote nodes and a worker over the real parts: redis-server, node daemons
-(``python -m chm.remote.node``: the ``chm-emu serve`` daemon with ``--listen``
+(the ``chm-emu serve`` daemon with ``--listen``
 and ``--master``, its memfd DRAM pool registered with Mooncake Transfer
 Engine), and this test process as the worker (its own Transfer Engine; the
 daemon protocol over TCP; all on loopback).
