@@ -300,6 +300,9 @@ def same(a: list[Any], b: list[Any]) -> tuple[bool, float]:
 LOGPROB_TOL = 1e-4  # float32 sums in another order (cached prefix vs. recomputed)
 
 
+# slow tier: about 30 s (vLLM's start-up in a fresh process); the fast tier's vLLM
+# tests are test_integration_vllm.py: the same tier inside vLLM's offloading manager
+@pytest.mark.slow
 @fresh_process
 def test_llm_with_the_documented_tier(
     tmp_path: Path, models: dict[str, Path], engines: list[Engine]
@@ -371,6 +374,9 @@ def test_llm_with_the_documented_tier(
     assert not same(got_b, want[-USERS:])[0]  # B really is another model
 
 
+# slow tier: about 20 s; the fast tier shares a daemon between two tiers and refuses a
+# busy path in test_integration_vllm.py
+@pytest.mark.slow
 @fresh_process
 def test_replicas_share_one_daemon_and_a_path_serves_one_engine(
     tmp_path: Path, models: dict[str, Path], engines: list[Engine], caplog: pytest.LogCaptureFixture
