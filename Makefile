@@ -50,14 +50,12 @@ all: setup
 demo: setup-runtime
 	$(VENV)/bin/chm-emu demo
 
-## test: install what is missing, then the lint (ruff, mypy, clang-format),
-## the fast C tests (plain, ASan/UBSan, TSan) and pytest without the slow tier;
-## any failure fails the whole run
+## test: install what is missing, then the lint (ruff, mypy, clang-format)
+## beside the fast C tests (plain, ASan/UBSan, TSan; -O: each one's output
+## whole), then pytest without the slow tier; any failure fails the whole run
 test: setup
 	@rc=0; \
-	$(MAKE) --no-print-directory lint-py || rc=1; \
-	$(MAKE) --no-print-directory lint-c || rc=1; \
-	$(MAKE) --no-print-directory -j$(JOBS) c-tests || rc=1; \
+	$(MAKE) --no-print-directory -k -j$(JOBS) -O lint-py lint-c c-tests || rc=1; \
 	$(MAKE) --no-print-directory pytest || rc=1; \
 	exit $$rc
 
