@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import chm
 from chm.testing.daemon_proc import DaemonProcess
 
@@ -83,6 +85,11 @@ print(json.dumps(ops))
 """
 
 
+# slow tier: 8 client processes busy for SECONDS each (about 16 s on two CPUs); the
+# fast tier keeps each behaviour alone: clients dropped or killed while holding
+# handles and pins (test_daemon_crash.py, test_daemon_isolation.py), quotas and a
+# flooding client (test_daemon_sessions.py)
+@pytest.mark.slow
 def test_eight_clients_mixed_load(tmp_path: Path) -> None:
     # raw addresses 0..256M (the device's top half), the store below them
     args = ["--target", str(tmp_path / "t0.img"), "--create", "--capacity", "512M",
