@@ -140,8 +140,10 @@ PYTEST_OK5 = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; 
 pytest: ext
 	@$(PYTEST) $(PYTEST_XDIST) -m "not slow"; $(PYTEST_OK5)
 
+# the slow tier runs in one process: its benchmarks judge timings, and its spin
+# runs use every CPU themselves
 pytest-slow: ext
-	@$(PYTEST) $(PYTEST_XDIST) -m slow; $(PYTEST_OK5)
+	@$(PYTEST) -m slow; $(PYTEST_OK5)
 
 # ---- lint: the tools' own settings are in pyproject.toml and .clang-format
 
