@@ -67,6 +67,10 @@ _ENTRY_NAMES = ("addr", "length", "checksum", "epoch", "state", "meta")
 _WAIT_SLICE = 20_000_000  # ns: a load hands staged blocks back at least this often
 _TCP_DATA = 60_000  # bytes of the area or pool in one TCP data request
 _WAIT_CHUNK = 1_000_000_000  # ns: the longest WAIT or FLUSH a client asks in one round trip
+# ns a Unix-socket client polls for an answer before it sleeps: a CPU woken
+# from idle costs tens of us on a VM, more than a short request takes
+# (docs/daemon.md, "The request path")
+SPIN_NS = 100_000
 
 
 class DaemonGone(Cancelled, ConnectionError):
@@ -258,6 +262,7 @@ class RemoteDevice:
             "pid": os.getpid(),
         }
         self.round_trips = 0  # requests sent that waited for an answer
+        self.spin_ns = SPIN_NS  # 0: sleep at once in recv (a TCP client never polls)
         self.quiet_sent = 0  # requests sent that have no answer (RELEASE_QUIET, KV_DONE_QUIET)
         self._armed: float | None = None  # the receive timeout set on the socket
         s: Any
@@ -365,7 +370,7 @@ class RemoteDevice:
                             None, f"{op.name}: {self._broken} ({_oserr(exc)})"
                         ) from None
                 else:
-                    data = self._sock.recv(MAX_FRAME + 1)
+                    data = self._answer()
                 done = True
             except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO ends a blocking recv so
                 self._break(
@@ -399,6 +404,20 @@ class RemoteDevice:
                 self._break(f"answer {rop.name}/{rseq} to {op.name}/{seq}")
                 raise ProtocolError(self._broken)
             return rbody
+
+    def _answer(self) -> bytes:
+        """The next packet: polled for up to ``spin_ns`` (a Unix socket),
+        then waited for in a blocking recv with the armed deadline."""
+        sock = self._sock
+        if self.spin_ns > 0 and not self.tcp:
+            end = time.perf_counter_ns() + self.spin_ns
+            while True:
+                try:
+                    return bytes(sock.recv(MAX_FRAME + 1, socket.MSG_DONTWAIT))
+                except BlockingIOError:
+                    if time.perf_counter_ns() >= end:
+                        break
+        return bytes(sock.recv(MAX_FRAME + 1))
 
     def _arm(self, limit: float) -> None:
         """The socket's deadline for one request's answer: a Unix socket
