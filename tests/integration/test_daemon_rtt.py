@@ -98,6 +98,17 @@ def test_ping_is_one_round_trip_that_changes_nothing(daemon: DaemonProcess) -> N
         dev.release_many([h])  # type: ignore[list-item]
 
 
+def test_a_client_that_does_not_poll_is_served_alike(daemon: DaemonProcess) -> None:
+    """spin_ns = 0: every answer is waited for in a blocking recv (the
+    polling client's fallback once its budget is spent), same answers."""
+    with chm.connect(daemon.socket) as dev:
+        dev.spin_ns = 0
+        addrs = _written(dev)
+        _batch(dev, addrs)
+        assert all(0 < dev.ping() < 10 for _ in range(5))
+        assert _held(dev)["handles"] == 0
+
+
 def test_a_32_key_load_is_one_round_trip(daemon: DaemonProcess) -> None:
     with chm.connect(daemon.socket) as dev:
         kv = dev.kv()
