@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from chm.kv import Namespace, PutStatus
 from chm.remote.master import MasterUnreachable
 from chm.remote.tierstore import NodesStore
 from chm.testing.redisd import RedisServer, free_port, redis_server_path
-from chm.testing.remote import NodeProcess, write_secret
+from chm.testing.remote import NodeProcess
 
 pytestmark = [
     pytest.mark.skipif(redis_server_path() is None, reason="redis-server is not installed"),
@@ -47,19 +46,6 @@ pytestmark = [
 NODE_OPTS = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
 NS = Namespace(model="remote-config")
 BLOCK = 128 << 10
-
-
-@pytest.fixture
-def redis_srv() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    p = tmp_path / "secret"
-    write_secret(p)
-    return p
 
 
 class Lines(logging.Handler):

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,19 +36,6 @@ pytestmark = [
 ]
 
 OPTS = ["--capacity", "64M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M", "--lease", "1"]
-
-
-@pytest.fixture
-def redis_srv() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    p = tmp_path / "secret"
-    write_secret(p)
-    return p
 
 
 def test_welcome_publish_remove_and_lease(

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -60,19 +59,6 @@ NODE_OPTS = [
     "--lease",
     "1.0",
 ]
-
-
-@pytest.fixture
-def redis_srv() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    p = tmp_path / "secret"
-    write_secret(p)
-    return p
 
 
 def _node(
