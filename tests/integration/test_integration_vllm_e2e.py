@@ -39,6 +39,7 @@ Skipped when vLLM is not installed; CHM_REQUIRE_VLLM=1 fails instead.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import logging
 import os
@@ -80,7 +81,8 @@ _CHILD = "CHM_VLLM_E2E_CHILD"
 
 def fresh_process(test: Callable[..., None]) -> Callable[..., None]:
     """Runs ``test`` in a fresh pytest process (see the module doc); in that
-    process, the test itself. The child requires vLLM, so it fails rather
+    process, the test itself (the module it is defined in is run, so other
+    modules use this too). The child requires vLLM, so it fails rather
     than skips, and it must report exactly that one test passed."""
     if os.environ.get(_CHILD) == "1":
         return test
@@ -88,7 +90,7 @@ def fresh_process(test: Callable[..., None]) -> Callable[..., None]:
     def run() -> None:
         env = {**os.environ, _CHILD: "1", "CHM_REQUIRE_VLLM": "1"}
         p = subprocess.run(
-            [sys.executable, "-m", "pytest", f"{__file__}::{test.__name__}", "-q",
+            [sys.executable, "-m", "pytest", f"{inspect.getfile(test)}::{test.__name__}", "-q",
              "-p", "no:cacheprovider", "-m", "", "-rfEs"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False,
         )  # fmt: skip

@@ -60,6 +60,10 @@ from test_integration_vllm_e2e import (  # type: ignore[import-not-found]
     tier_config,
     workload,
 )
+from test_integration_vllm_e2e import fresh_process as _fresh_process
+
+# each scenario runs in a fresh pytest process of this module (the e2e module's doc says why)
+fresh_process: Callable[[Callable[..., None]], Callable[..., None]] = _fresh_process
 
 ROOT = Path(__file__).resolve().parents[2]
 E2E = Path(__file__).resolve().parent / "test_integration_vllm_e2e.py"
@@ -73,32 +77,8 @@ pytestmark = [
     ),
 ]
 
-_CHILD = "CHM_VLLM_E2E_CHILD"
 NODE_OPTS = ["--capacity", "256M", "--dram", "24M", "--wbuf", "8M", "--slot-size", "1M"]
 TIMEOUT = 3.0  # the tier's load_timeout_s: a load on a dead node is a miss by then
-
-
-def fresh_process(test: Callable[..., None]) -> Callable[..., None]:
-    """Runs ``test`` in a fresh pytest process (see the module doc)."""
-    if os.environ.get(_CHILD) == "1":
-        return test
-
-    def run() -> None:
-        env = {**os.environ, _CHILD: "1", "CHM_REQUIRE_VLLM": "1"}
-        p = subprocess.run(
-            [sys.executable, "-m", "pytest", f"{__file__}::{test.__name__}", "-q",
-             "-p", "no:cacheprovider", "-m", "", "-rfEs"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False,
-        )  # fmt: skip
-        out = p.stdout + p.stderr
-        lines = p.stdout.strip().splitlines()
-        summary = lines[-1] if lines else ""
-        ok = re.fullmatch(r"1 passed(, \d+ warnings?)? in .*", summary)
-        assert p.returncode == 0 and ok, out[-6000:]
-
-    run.__name__ = run.__qualname__ = test.__name__
-    run.__doc__ = test.__doc__
-    return run
 
 
 def remote_config(url: str, secret: Path) -> dict[str, Any]:
