@@ -292,6 +292,17 @@ class Client:
             return f"the client went away before its answer ({name}); {self._vanished()}"
         return f"connection error: {exc.strerror or exc} ({name})"
 
+    def hung_up(self) -> bool:
+        """Whether the peer has closed its end (its thread is, or is about
+        to be, cleaning up): a client that reconnects at once must not find
+        its own old connection still counted against max_clients."""
+        try:
+            p = select.poll()
+            p.register(self.sock, select.POLLRDHUP | select.POLLHUP)
+            return bool(p.poll(0))
+        except (OSError, ValueError):  # already closed by its thread
+            return True
+
     def _close(self) -> None:
         self.area_np = None
         if self.area is not None:

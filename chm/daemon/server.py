@@ -351,6 +351,7 @@ class Daemon:
         return self._accept(conn, peer)
 
     def _accept(self, conn: socket.socket, peer: str | None = None) -> bool:
+        self._await_departures()
         with self._lock:
             self._reap()
             if len(self._clients) >= self.opts.max_clients:
@@ -399,6 +400,20 @@ class Daemon:
             self._clients[cid] = (c, t)
         t.start()
         return True
+
+    def _await_departures(self, limit: float = 1.0) -> None:
+        """When the daemon is full, waits (up to ``limit`` s) for the
+        threads of clients that have already hung up to finish their
+        cleanup, so a client closing and reconnecting at once is not refused
+        on account of its own closed connection."""
+        with self._lock:
+            self._reap()
+            if len(self._clients) < self.opts.max_clients:
+                return
+            leaving = [t for c, t in self._clients.values() if c.hung_up()]
+        end = time.monotonic() + limit
+        for t in leaving:
+            t.join(max(0.0, end - time.monotonic()))
 
     def _idlest(self) -> Client | None:
         """The client idle longest, if idle at least idle_reclaim seconds."""

@@ -128,6 +128,20 @@ def test_full_daemon_says_so(tmp_path: Path) -> None:
             assert c.daemon_stats()["daemon"]["clients_refused"] == 1
 
 
+def test_a_client_that_closes_and_reconnects_is_not_refused(tmp_path: Path) -> None:
+    """A full daemon does not count connections whose clients have closed
+    them: reconnecting right after close() is served (the daemon waits for
+    the closed connections' cleanup instead of refusing with EBUSY; 200 of
+    200 such reconnects were refused before)."""
+    with _serve(tmp_path, "--max-clients", "2") as d:
+        for _ in range(50):
+            a, b = chm.connect(d.socket), chm.connect(d.socket)
+            a.close()
+            b.close()
+            with chm.connect(d.socket) as c, chm.connect(d.socket) as e:
+                assert c.ping() > 0 and e.ping() > 0
+
+
 def test_silent_connections_give_way(tmp_path: Path) -> None:
     """Connections that never say HELLO fill every slot; a real client still
     gets in at once (the oldest silent one is dropped), well before the
