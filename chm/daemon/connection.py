@@ -405,8 +405,10 @@ class Client:
             "max_batch": MAX_BATCH,
             "staging_report": True,  # KV_STAGING is understood
         }
-        send_fds(self.sock, encode(Op.HELLO, 0, welcome), [d.pool_ro_fd, self.area_fd])
+        # said HELLO: no longer a silent connection to drop for a new one
+        # (set before the answer, which lets the client connect a next one)
         self.greeted = True
+        send_fds(self.sock, encode(Op.HELLO, 0, welcome), [d.pool_ro_fd, self.area_fd])
         self.d.log.info(
             "client connected",
             extra={
