@@ -39,6 +39,7 @@ BIN_san := $(patsubst tests/c/%.c,$(BUILD)/san/%,$(CTESTS))
 OBJ_tsan := $(patsubst csrc/%.c,$(BUILD)/tsan/obj/%.o,$(CSRC))
 BIN_tsan := $(patsubst tests/c/%.c,$(BUILD)/tsan/%,$(CTESTS))
 c_bins = $(foreach v,plain san tsan,$(patsubst tests/c/%.c,$(BUILD)/$(v)/%,$(1)))
+c_bins_in = $(foreach v,$(2),$(patsubst tests/c/%.c,$(BUILD)/$(v)/%,$(1)))
 
 
 .PHONY: all demo test test-all c-tests-slow pytest-slow setup setup-runtime integrations ext c-build c-tests pytest lint lint-py lint-c format clean distclean
@@ -51,16 +52,17 @@ demo: setup-runtime
 	$(VENV)/bin/chm-emu demo
 
 ## test: install what is missing, then the lint (ruff, mypy, clang-format)
-## beside the fast C tests (plain, ASan/UBSan, TSan; -O: each one's output
-## whole), then pytest without the slow tier; any failure fails the whole run
+## beside the fast C tests (plain and ASan/UBSan builds; -O: each one's output
+## whole), then pytest without the slow tier; any failure fails the whole run.
+## The TSan builds run in test-all (CI runs both)
 test: setup
 	@rc=0; \
 	$(MAKE) --no-print-directory -k -j$(JOBS) -O lint-py lint-c c-tests || rc=1; \
 	$(MAKE) --no-print-directory pytest || rc=1; \
 	exit $$rc
 
-## test-all: the slow tier that `make test` leaves out (C tests marked
-## `/* tier: slow */`, pytest -m slow); CI runs both
+## test-all: the slow tier that `make test` leaves out (the C tests' TSan
+## builds, C tests marked `/* tier: slow */`, pytest -m slow); CI runs both
 test-all: setup
 	@rc=0; \
 	$(MAKE) --no-print-directory -j$(JOBS) c-tests-slow || rc=1; \
@@ -123,10 +125,12 @@ $(BUILD)/san/test_%: tests/c/test_%.c $(BUILD)/san/libchm.a $(HDRS)
 
 c-build: $(BIN_plain) $(BIN_san) $(BIN_tsan)
 
-c-tests: $(call c_bins,$(CTESTS_FAST))
+# the fast tier: plain and ASan/UBSan builds of the fast C tests; the slow
+# tier: their TSan builds, and every build of the slow C tests
+c-tests: $(call c_bins_in,$(CTESTS_FAST),plain san)
 	@CHM_CTEST_JOBS=$(JOBS) scripts/run-c-tests.sh $^
 
-c-tests-slow: $(call c_bins,$(CTESTS_SLOW))
+c-tests-slow: $(call c_bins_in,$(CTESTS_FAST),tsan) $(call c_bins,$(CTESTS_SLOW))
 	@CHM_CTEST_JOBS=$(JOBS) scripts/run-c-tests.sh $^
 
 # ---- Python tests (exit code 5, "no tests collected", counts as success)

@@ -1,6 +1,7 @@
 """The two test tiers are wired as docs/testing.md says: `make test` lints C
-too and leaves the slow tier to `make test-all`, CI runs both, and pytest's
-"no tests collected" is not a failure. Read from `make -n` (nothing runs)."""
+too and leaves the slow tier (with the C tests' TSan builds) to `make
+test-all`, CI runs both, and pytest's "no tests collected" is not a failure.
+Read from `make -n` (nothing runs)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ def _dry(*targets: str, **vars_: str) -> str:
     return proc.stdout
 
 
-def _c_programs(out: str) -> set[str]:
+def _c_runs(out: str) -> set[tuple[str, str]]:
+    """The (build, program) pairs a target's run-c-tests.sh line runs."""
     runs = [line for line in out.splitlines() if "run-c-tests.sh" in line]
     assert len(runs) == 1, out
-    return set(re.findall(r"build/c/\w+/(test_\w+)", runs[0]))
+    return set(re.findall(r"build/c/(\w+)/(test_\w+)", runs[0]))
 
 
 def test_make_test_runs_every_check_of_the_fast_tier() -> None:
@@ -35,14 +37,20 @@ def test_make_test_runs_every_check_of_the_fast_tier() -> None:
     assert "-m slow" in _dry("pytest-slow")
 
 
-def test_slow_c_programs_run_in_test_all_only() -> None:
+def test_slow_c_programs_and_tsan_builds_run_in_test_all_only() -> None:
     sources = sorted((ROOT / "tests" / "c").glob("test_*.c"))
     slow = {p.stem for p in sources if SLOW_LINE in p.read_text().splitlines()}
     assert slow, f"no C test is marked {SLOW_LINE}"
-    fast, slow_run = _c_programs(_dry("c-tests")), _c_programs(_dry("c-tests-slow"))
+    every = {p.stem for p in sources}
+    fast_runs, slow_runs = _c_runs(_dry("c-tests")), _c_runs(_dry("c-tests-slow"))
+    fast = {prog for _, prog in fast_runs}
     assert fast.isdisjoint(slow), sorted(fast & slow)
-    assert slow_run == slow
-    assert fast | slow_run == {p.stem for p in sources}
+    # make test: the plain and ASan/UBSan builds of every fast program
+    assert fast_runs == {(b, p) for b in ("plain", "san") for p in every - slow}
+    # make test-all: the TSan builds of those, and every build of the slow ones
+    assert slow_runs == {("tsan", p) for p in every - slow} | {
+        (b, p) for b in ("plain", "san", "tsan") for p in slow
+    }
 
 
 def test_ci_runs_both_tiers() -> None:
