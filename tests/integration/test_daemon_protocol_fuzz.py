@@ -29,6 +29,11 @@ def _handles(out: list[RemoteHandle | ChmError]) -> list[RemoteHandle]:
     return [h for h in out if isinstance(h, RemoteHandle)]
 
 
+# one daemon for the module, and test_no_internal_errors reads its log after
+# the others: the module runs on one pytest-xdist worker, in order
+pytestmark = pytest.mark.xdist_group("daemon_protocol_fuzz")
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     tmp = tmp_path_factory.mktemp("fuzz")
