@@ -69,30 +69,30 @@ def session_prefetch_one(dev: CData, sess: int, addr: int, length: int, flags: i
     return int(hs[0])
 
 
+def _waited(dev: CData, sess: int, h: int, timeout_ns: int) -> CData:
+    """chm_session_wait() into a new view struct; raises its status."""
+    call = "chm_session_wait"
+    vp = ffi.new("struct chm_view *")
+    try:
+        rc = _sess_wait_c(dev, sess, h, timeout_ns, vp)
+    except OverflowError as exc:
+        raise _arg_error(call, f"handle={h}, timeout_ns={timeout_ns}", exc) from None
+    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={_ns(timeout_ns)}")
+    return vp
+
+
 def session_wait_buffer(
     dev: CData, sess: int, h: int, timeout_ns: int, owner: object = None
 ) -> Buffer:
     """chm_session_wait(): the read-only zero-copy buffer (keeps ``owner``,
     or ``dev`` when None, alive)."""
-    call = "chm_session_wait"
-    vp = ffi.new("struct chm_view *")
-    try:
-        rc = _sess_wait_c(dev, sess, h, timeout_ns, vp)
-    except OverflowError as exc:
-        raise _arg_error(call, f"handle={h}, timeout_ns={timeout_ns}", exc) from None
-    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={_ns(timeout_ns)}")
+    vp = _waited(dev, sess, h, timeout_ns)
     return _view_buffer(vp.data, vp.len, dev if owner is None else owner)
 
 
 def session_wait(dev: CData, sess: int, h: int, timeout_ns: int) -> ViewInfo:
     """chm_session_wait(): the staged object and its place."""
-    call = "chm_session_wait"
-    vp = ffi.new("struct chm_view *")
-    try:
-        rc = _sess_wait_c(dev, sess, h, timeout_ns, vp)
-    except OverflowError as exc:
-        raise _arg_error(call, f"handle={h}, timeout_ns={timeout_ns}", exc) from None
-    _check(rc, call, f"session={sess:#x}, handle={h:#x}, timeout_ns={_ns(timeout_ns)}")
+    vp = _waited(dev, sess, h, timeout_ns)
     n = int(vp.len)
     return ViewInfo(_view_buffer(vp.data, n, dev), n, int(vp.dev_addr), int(vp.pool_offset))
 
