@@ -381,8 +381,7 @@ class RemoteDevice:
             except OSError as exc:
                 if isinstance(exc, DaemonGone):
                     raise
-                self._break(f"{_LOST.get(exc.errno or 0, 'the connection failed')}")
-                raise DaemonGone(None, f"{op.name}: {self._broken} ({_oserr(exc)})") from None
+                raise self._failed(op, exc) from None
             finally:
                 if not done and not self._broken:  # interrupted (KeyboardInterrupt, ...)
                     self._break(f"{op.name} was interrupted before its answer")
@@ -404,6 +403,11 @@ class RemoteDevice:
                 self._break(f"answer {rop.name}/{rseq} to {op.name}/{seq}")
                 raise ProtocolError(self._broken)
             return rbody
+
+    def _failed(self, op: Op, exc: OSError) -> DaemonGone:
+        """Breaks the connection after a socket error on ``op``; the error to raise."""
+        self._break(f"{_LOST.get(exc.errno or 0, 'the connection failed')}")
+        return DaemonGone(None, f"{op.name}: {self._broken} ({_oserr(exc)})")
 
     def _answer(self) -> bytes:
         """The next packet: polled for up to ``spin_ns`` (a Unix socket),
@@ -463,8 +467,7 @@ class RemoteDevice:
             except OSError as exc:
                 if isinstance(exc, DaemonGone):
                     raise
-                self._break(f"{_LOST.get(exc.errno or 0, 'the connection failed')}")
-                raise DaemonGone(None, f"{op.name}: {self._broken} ({_oserr(exc)})") from None
+                raise self._failed(op, exc) from None
             finally:
                 if not done and not self._broken:  # interrupted (KeyboardInterrupt, ...)
                     self._break(f"{op.name} was interrupted")
