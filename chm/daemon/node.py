@@ -19,9 +19,15 @@ in-band:
   is published again. Puts never wait on a Redis that does not answer:
   after a publish found it down they skip publishing for a second, and the
   first publish that works again re-publishes everything. A block the
-  store evicted is unpublished by the first worker that asks for it
-  (:meth:`RedisMaster.drop`): the node answers it as absent, and the worker
-  drops the entry if it still names this node and epoch.
+  store evicts to make room (or drops as corrupt, or after a failed flush)
+  leaves the Master in the same round trip as the put's publish
+  (:meth:`Store.take_drops`, :meth:`RedisMaster.update`: only while the
+  entry is still that very block); with Redis skipped or down they wait
+  (at most ``_GONE_MAX``) for the next publish that works. A stale entry
+  that still gets through (more waiting than that, or a node killed
+  before it told Redis) is dropped by the first worker that asks for it:
+  the node answers it absent, and the worker drops the entry if it still
+  names this node and epoch (:meth:`RedisMaster.drop`).
 
 A TCP client's WELCOME carries ``transfer`` (the engine's endpoint, the
 pool's and this client's area's addresses and sizes) and ``node`` (id,
@@ -52,6 +58,7 @@ __all__ = ["DaemonNode"]
 
 _PUBLISH_STEP = 4096  # entries in one publish round trip at a republish
 _RETRY = 1.0  # seconds puts skip publishing after a publish found Redis down
+_GONE_MAX = 1 << 16  # dropped blocks kept for unpublishing while Redis is skipped
 
 
 class DaemonNode:
@@ -81,9 +88,18 @@ class DaemonNode:
         self.master = RedisMaster(master, lease=lease)
         self._lock = threading.Lock()
         self._areas: dict[int, np.ndarray[Any, Any]] = {}
-        self.counts = {"published": 0, "unpublished": 0, "publish_errors": 0, "publish_skipped": 0}
+        self.counts = {
+            "published": 0,
+            "unpublished": 0,
+            "evicted_unpublished": 0,
+            "publish_errors": 0,
+            "publish_skipped": 0,
+        }
         self._down_at: float | None = None  # when a publish last found Redis down
         self._back = False
+        self._gone: list[tuple[bytes, int]] = []  # (key, put seq) to unpublish, waiting
+        if daemon.store is not None:
+            daemon.store.watch_drops(_GONE_MAX)
         try:
             self.engine: Engine = Engine.get(data_host)
             self._pool = mmap.mmap(
@@ -179,11 +195,49 @@ class DaemonNode:
         with contextlib.suppress(ChmError):
             self.republish()
 
+    def _take_gone(self) -> list[tuple[bytes, int]]:
+        """The blocks the store dropped since the last call, with those
+        still waiting to be unpublished (emptied: the caller puts back what
+        it could not send)."""
+        store = self.d.store
+        got = store.take_drops() if store is not None else None
+        with self._lock:
+            gone, self._gone = self._gone, []
+        if got is not None and got.size:
+            ks = np.empty(got.size, dtype=KEY_DTYPE)
+            ks["hi"], ks["lo"] = got["hi"], got["lo"]
+            gone += zip(key_bytes(ks), got["epoch"].tolist(), strict=True)
+        return gone
+
+    def _keep_gone(self, gone: list[tuple[bytes, int]]) -> None:
+        """Puts back blocks not unpublished yet (the newest ``_GONE_MAX``)."""
+        if gone:
+            with self._lock:
+                self._gone = (gone + self._gone)[-_GONE_MAX:]
+
     def stored(self, ks: np.ndarray[Any, Any], status: list[PutStatus] | list[int]) -> None:
-        """Publishes the blocks a put stored (or found stored already)."""
+        """Publishes the blocks a put stored (or found stored already) and,
+        in the same round trip, unpublishes those the store dropped
+        meanwhile (the put's evictions)."""
         done = [j for j, s in enumerate(status) if s in (PutStatus.STORED, PutStatus.EXISTS)]
-        if done and not self._lease.lost and not self._master_down():
-            self._published(self._publish(self._entries(ks[done])))
+        gone = self._take_gone()
+        if not done and not gone:
+            return
+        if self._lease.lost or self._master_down():
+            self._keep_gone(gone)
+            return
+        ents = self._entries(ks[done]) if done else []
+        n = self.master.update(self.node, self.epoch, ents, gone)
+        with self._lock:
+            if n is None:
+                self.counts["publish_errors"] += 1
+            else:
+                self.counts["published"] += len(ents)
+                self.counts["unpublished"] += n
+                self.counts["evicted_unpublished"] += n
+        if n is None:
+            self._keep_gone(gone)
+        self._published(n is not None)
 
     def removed(self, ks: np.ndarray[Any, Any], gone: list[bool]) -> None:
         """Unpublishes the blocks a remove dropped (when their entries are
@@ -209,6 +263,15 @@ class DaemonNode:
             ents = self._entries(ks[at : at + _PUBLISH_STEP])
             self._publish(ents)
             n += len(ents)
+        gone = self._take_gone()  # what was dropped while Redis was skipped
+        if gone:
+            got = self.master.update(self.node, self.epoch, (), gone)
+            if got is None:
+                self._keep_gone(gone)
+            else:
+                with self._lock:
+                    self.counts["unpublished"] += got
+                    self.counts["evicted_unpublished"] += got
         return n
 
     def _master_back(self) -> tuple[int, int]:
@@ -249,6 +312,7 @@ class DaemonNode:
             "tcp_clients": areas,
             "entries_published": counts["published"],
             "entries_unpublished": counts["unpublished"],
+            "entries_evicted_unpublished": counts["evicted_unpublished"],
             "publish_errors": counts["publish_errors"],
             "publish_skipped": counts["publish_skipped"],
             "engine": self.engine.endpoint,

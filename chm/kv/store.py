@@ -57,7 +57,11 @@ from chm.kv.residency import Admission, make_admission
 from chm.kv.tickets import Ticket
 from chm.kv.window import WINDOW_BYTES, KVManager
 
-__all__ = ["MAX_META", "JournalDamageWarning", "PutStatus", "Store", "StoreStats"]
+__all__ = ["DROP_DTYPE", "MAX_META", "JournalDamageWarning", "PutStatus", "Store", "StoreStats"]
+
+# Store.take_drops(): a block the store dropped on its own (its key and the
+# epoch of the put that stored it)
+DROP_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("epoch", "<u8")])
 
 _T = TypeVar("_T")
 MAX_META = jn.MAX_META  # metadata bytes per key
@@ -393,6 +397,10 @@ class Store:
         self._closing = False  # close() began: new puts are refused
         self._putting = 0  # put calls under way (close waits for them)
         self._idle = threading.Condition(self._lock)  # _putting fell to 0
+        # (hi, lo, epoch) of the blocks dropped on their own, while watch_drops() is on
+        self._drops: list[tuple[int, int, int]] | None = None
+        self._drops_limit = 0
+        self.drops_unreported = 0  # records watch_drops()'s limit discarded
         # The device writes of a put run with the store unlocked, unless they
         # can neither copy nor sleep (the ghost backend on the virtual clock:
         # a replay), where the whole put keeps the lock and its index and
@@ -620,11 +628,14 @@ class Store:
                 same = (e["epoch"][r] == ents["epoch"][b]) & (e["pins"][r] == 0)
                 self._drop_rows(r[same], journal=True)
 
-    def _drop_rows(self, rows: np.ndarray[Any, Any], *, journal: bool) -> None:
-        """Removes rows from the index (lock held); DEL records for durable ones."""
+    def _drop_rows(self, rows: np.ndarray[Any, Any], *, journal: bool, report: bool = True) -> None:
+        """Removes rows from the index (lock held); DEL records for durable
+        ones. ``report``: recorded for take_drops() (a remove() is not)."""
         if rows.size == 0:
             return
         e = self._index.e
+        if report and self._drops is not None:
+            self._note_drops(rows)
         if journal:
             journaled = e["state"][rows] == DURABLE
             if self._syncing:  # their PUT records are in the journal too
@@ -643,6 +654,46 @@ class Store:
         self._alloc.dropped(e["segment"][rows], e["length"][rows])
         self._index.delete_rows(rows)
         self._changes += 1
+
+    def _note_drops(self, rows: Any) -> None:
+        """Records dropped rows for take_drops() (lock held), the oldest
+        discarded (counted) past watch_drops()'s limit."""
+        e = self._index.e
+        r = np.asarray(rows, dtype=np.int64)
+        assert self._drops is not None
+        self._drops.extend(
+            zip(e["hi"][r].tolist(), e["lo"][r].tolist(), e["epoch"][r].tolist(), strict=True)
+        )
+        over = len(self._drops) - self._drops_limit
+        if over > 0:
+            del self._drops[:over]
+            self.drops_unreported += over
+
+    def watch_drops(self, limit: int = 1 << 16) -> None:
+        """Records, from now on, the blocks the store drops on its own: the
+        victims of a put's eviction, the blocks a failed flush() drops and
+        those a load found corrupt (not a remove(): its caller has the
+        answer). :meth:`take_drops` hands them out; past ``limit``
+        unclaimed records the oldest are discarded (``drops_unreported``)."""
+        with self._lock:
+            if self._drops is None:
+                self._drops = []
+            self._drops_limit = max(1, int(limit))
+
+    def take_drops(self) -> np.ndarray[Any, Any]:
+        """The blocks dropped since the last call (``DROP_DTYPE``: key hi,
+        lo and the epoch of the put that stored the block), oldest first;
+        empty unless :meth:`watch_drops` is on. Takes the store lock only to
+        swap the list out, so a caller may use it between puts, and must not
+        hold the store lock itself."""
+        with self._lock:
+            got = self._drops
+            if got:
+                self._drops = []
+        out = np.zeros(len(got) if got else 0, dtype=DROP_DTYPE)
+        if got:
+            out["hi"], out["lo"], out["epoch"] = zip(*got, strict=True)
+        return out
 
     def _segment_row_list(self, segment: int) -> list[int]:
         """:meth:`_segment_rows` as a list (one block a segment: no array work)."""
@@ -1158,6 +1209,8 @@ class Store:
         # record: replay has no PUT of it to drop
         reclaims = [(sg, ep) for sg, ep in reclaims if sg in self._journaled]
         if drop:
+            if self._drops is not None:  # evicted: reported to take_drops()
+                self._note_drops(drop)
             for r in drop:
                 self._pending.pop(r, None)
                 self._syncing.pop(r, None)
@@ -1257,7 +1310,7 @@ class Store:
                     f"remove: key #{j} is pinned (being loaded, or pin()ed)",
                     call="Store.remove",
                 )
-            self._drop_rows(hit, journal=True)
+            self._drop_rows(hit, journal=True, report=False)
             return [bool(r >= 0) for r in rows]
 
     def flush(self, timeout: float | None = None) -> None:

@@ -133,6 +133,24 @@ end
 return n
 """
 
+# KEYS[1] = entries hash; ARGV = node id (4 bytes), node epoch (8 bytes),
+# then per block its 16-byte key and its put sequence (8 bytes), joined.
+# Deletes each entry only while it is still that very block (node, epoch
+# and sequence); returns how many it deleted.
+_DROP_EXACT = """
+local n = 0
+for i = 3, #ARGV do
+  local k = string.sub(ARGV[i], 1, 16)
+  local v = redis.call('HGET', KEYS[1], k)
+  if v and string.sub(v, 57, 60) == ARGV[1] and string.sub(v, 41, 48) == ARGV[2]
+      and string.sub(v, 49, 56) == string.sub(ARGV[i], 17, 24) then
+    redis.call('HDEL', KEYS[1], k)
+    n = n + 1
+  end
+end
+return n
+"""
+
 # KEYS[1] = lease key, KEYS[2] = epoch counter; ARGV = epoch (8 bytes), ttl ms.
 _RENEW = """
 local cur = redis.call('GET', KEYS[2])
@@ -257,6 +275,7 @@ class RedisMaster:
         self._contains = self._r.register_script(_CONTAINS)
         self._renew = self._r.register_script(_RENEW)
         self._drop = self._r.register_script(_DROP)
+        self._drop_exact = self._r.register_script(_DROP_EXACT)
         self._lock = threading.Lock()
         self.stats: dict[str, int] = {
             "lookups": 0,
@@ -428,6 +447,36 @@ class RedisMaster:
         except self._errors_cls:
             self._count("errors")
             return 0
+
+    def update(
+        self,
+        node: int,
+        epoch: int,
+        publish: Sequence[Entry] = (),
+        gone: Sequence[tuple[bytes, int]] = (),
+    ) -> int | None:
+        """A node's changes in one round trip: first deletes the entries of
+        the blocks in ``gone`` (``(key, put sequence)``) while they still
+        name that very block (this node, ``epoch``, that sequence: a later
+        put of the key, here or elsewhere, is left alone), then adds or
+        replaces ``publish``. Returns how many entries it deleted, None
+        when Redis is down (nothing may have changed)."""
+        if not publish and not gone:
+            return 0
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            if gone:
+                args = [struct.pack("<I", node), struct.pack("<Q", epoch)]
+                args += [k + struct.pack("<Q", seq) for k, seq in gone]
+                self._drop_exact(keys=[self._k("e")], args=args, client=pipe)
+            if publish:
+                pipe.hset(self._k("e"), mapping={e.key: e.pack() for e in publish})
+            res = pipe.execute()
+        except self._errors_cls:
+            self._count("errors")
+            return None
+        self._count("published", len(publish))
+        return int(res[0]) if gone else 0
 
     def lookup(
         self,

@@ -564,12 +564,13 @@ def test_evicted_blocks_leave_the_master(
     redis_srv: RedisServer, tmp_path: Path, secret_file: Path
 ) -> None:
     """More blocks than the node's 64 MiB device holds: its store evicts the
-    oldest. A load of an evicted block is a miss (never wrong bytes): the
-    node answers it absent and the worker drops that stale entry from the
-    Master (it still names that node and epoch), so it stops being a hit."""
+    oldest, and the node unpublishes each victim from the Master in the
+    round trip of the put that evicted it, with no worker asking: after the
+    fill the Master lists exactly the blocks the node still holds. A load of
+    an evicted block is a miss (never wrong bytes)."""
     ns = Namespace(model="ev")
     keys = ns.keys(range(320))  # 80 MiB of 256 KiB blocks
-    with _node(redis_srv, tmp_path, secret_file), _tier(redis_srv, secret_file) as tier:
+    with _node(redis_srv, tmp_path, secret_file) as node, _tier(redis_srv, secret_file) as tier:
         for at in range(0, 320, 16):
             todo = list(range(at, at + 16))
             deadline = time.monotonic() + 10
@@ -580,10 +581,18 @@ def test_evicted_blocks_leave_the_master(
                 if todo:
                     time.sleep(0.05)
             assert not todo
+        with chm.connect(node.info["socket"]) as dev:
+            held = dev.kv(ns).contains(keys)
+            ds = dev.daemon_stats()
+        evicted = {k for k, h in zip(key_bytes(keys), held, strict=True) if not h}
+        assert len(evicted) >= 320 - 256  # at least 16 MiB did not fit
+        listed = {e.key for e in tier.master.entries_of(node.info["node"])}
+        assert listed == set(key_bytes(keys)) - evicted  # no evicted key left, no held one lost
+        assert ds["node"]["entries_evicted_unpublished"] == len(evicted)
+        assert tier.stats["dropped"] == 0  # no worker had to drop any
         first = keys[:1]
-        assert tier.master.get(first)[0] is not None  # still published...
-        assert tier.load(first, [np.zeros(BLOCK, np.uint8)]) == 0  # ...but evicted
-        assert tier.master.get(first) == [None]
+        assert key_bytes(first)[0] in evicted
+        assert tier.load(first, [np.zeros(BLOCK, np.uint8)]) == 0
         assert tier.stats["bad_checksums"] == 0
         last = keys[-16:]
         outs = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
