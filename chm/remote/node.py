@@ -42,7 +42,7 @@ from typing import Any
 
 import xxhash
 
-from chm.errors import ChmError, InvalidArgument
+from chm.errors import ChmError, InvalidArgument, error_for
 from chm.kv.buffers import as_dst, as_src
 from chm.kv.store import PutStatus
 from chm.remote.master import Entry, RedisMaster, key_bytes
@@ -53,6 +53,8 @@ __all__ = ["NodeGone", "RemoteTier", "read_secret"]
 
 WAIT_SLICE = 0.02  # seconds one KV_LOAD or WAIT waits for a run of staged blocks
 TELL_TIMEOUT = 0.5  # seconds a request without an answer may take to be sent
+FLUSH_SLICE = 1.0  # seconds one KV_FLUSH may wait on the node's device
+GRACE = 1.0  # seconds a node has to answer beyond a request's own wait
 PIPELINE = 4  # parts a large staged run is read in, so checks and copies overlap reads
 PIPELINE_BYTES = 8 << 20  # smaller runs: one read
 ALIGN = 4096  # blocks in a node's area start at page offsets, as RemoteStore puts them
@@ -100,9 +102,13 @@ class _Link:
     def broken(self) -> bool:
         return self.dev.closed or self.dev._broken is not None
 
-    def call(self, op: Op, body: Any, deadline: float, wait: float = 0.0) -> Any:
+    def call(
+        self, op: Op, body: Any, deadline: float, wait: float = 0.0, *, refusals: bool = False
+    ) -> Any:
         """One request, answered by ``deadline`` (monotonic seconds) or NodeGone
-        (the connection is then closed: the daemon gives back what it held)."""
+        (the connection is then closed: the daemon gives back what it held).
+        ``refusals``: a request the daemon refuses as a whole (a non-fatal
+        ERROR, e.g. Busy) raises that error; the connection stays."""
         with self.lock:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -111,6 +117,8 @@ class _Link:
             try:
                 return self.dev._call(op, body, wait)
             except (ChmError, OSError) as exc:
+                if refusals and isinstance(exc, ChmError) and not self.broken:
+                    raise
                 raise NodeGone(None, f"{op.name}: {exc}") from None
 
     def tell(self, op: Op, body: Any) -> None:
@@ -157,6 +165,14 @@ class RemoteTier:
             f.write(secret)
         self.buf = RegisteredBuffer(engine, buffer)
         self._links: dict[int, _Link] = {}
+        # a second connection per node for removes and flushes: a flush that
+        # waits on the node's device never holds up this tier's loads and saves
+        self._ctl: dict[int, _Link] = {}
+        # the Master's lookup rounds after the first run here, so a load
+        # stages a node's blocks while its later rounds are asked
+        self._lookups = concurrent.futures.ThreadPoolExecutor(
+            4, thread_name_prefix="chm-remote-lookup"
+        )
         self._post = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="chm-remote-verify"
         )
@@ -174,16 +190,29 @@ class RemoteTier:
             "dropped": 0,
             "saved": 0,
             "skipped": 0,
+            "windows": 0,
+            "early_windows": 0,
+            "removed": 0,
+            "flushes": 0,
         }
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.stats[name] += n
 
-    def _link(self, node: int, epoch: int | None = None, deadline: float | None = None) -> _Link:
-        """The connection to ``node`` (at ``epoch``, if given), made on first use."""
+    def _link(
+        self,
+        node: int,
+        epoch: int | None = None,
+        deadline: float | None = None,
+        *,
+        control: bool = False,
+    ) -> _Link:
+        """The connection to ``node`` (at ``epoch``, if given), made on first
+        use; ``control``: the one for removes and flushes."""
+        links = self._ctl if control else self._links
         with self._lock:
-            got = self._links.get(node)
+            got = links.get(node)
         if got is not None and not got.broken and (epoch is None or got.epoch == epoch):
             return got
         info = self.master.node(node)
@@ -198,13 +227,13 @@ class RemoteTier:
             raise NodeGone(None, f"node {node} restarted: epoch {link.epoch}, not {epoch}")
         drop: _Link | None
         with self._lock:
-            old = self._links.get(node)
+            old = links.get(node)
             if old is not None and old is not got and not old.broken and old.epoch == link.epoch:
                 # another thread connected meanwhile: use its link (closing
                 # it here would pull the area from under its transfers)
                 keep, drop = old, link
             else:
-                self._links[node] = keep = link
+                links[node] = keep = link
                 drop = old
         if drop is not None:
             drop.close()
@@ -548,7 +577,10 @@ class RemoteTier:
                 return err
             self.buf.give(base, o)
             if status != OK:
+                # the node's engine is gone (a node killed or restarted has
+                # a new one): the next save connects anew
                 self._count("node_errors")
+                link.abort("a write into the area failed")
                 return err
             items = [[*p, x, b.size] for p, x, b in zip(_pairs(ks), offs, bufs, strict=True)]
             try:
@@ -561,12 +593,69 @@ class RemoteTier:
             return err
         return [PutStatus(s) for s in st]
 
+    # ---- removes and flushes (the node's store itself)
+
+    def remove(self, node: int, keys: Any, timeout: float | None = None) -> list[bool]:
+        """Removes blocks from ``node``'s store (``KV_REMOVE``, at most
+        ``MAX_BATCH`` keys a request): per key whether the node held it.
+        The node unpublishes them from the Master. A key another client is
+        loading refuses its request as a whole: Busy, that request's keys
+        all kept (earlier requests of the call stay done). NodeGone when
+        the node does not answer within ``timeout``."""
+        ks = key_bytes(keys)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        link = self._link(node, None, deadline, control=True)
+        out: list[bool] = []
+        for at in range(0, len(ks), MAX_BATCH):
+            got = link.call(Op.KV_REMOVE, _pairs(ks[at : at + MAX_BATCH]), deadline, refusals=True)
+            out += [bool(g) for g in got]
+        self._count("removed", sum(out))
+        return out
+
+    def epoch_of(self, node: int) -> int | None:
+        """The epoch of ``node`` this tier's connection to it was made at
+        (None: not connected)."""
+        with self._lock:
+            lk = self._links.get(node)
+        return None if lk is None else lk.epoch
+
+    def flush_node(
+        self, node: int, timeout: float | None = None, *, epoch: int | None = None
+    ) -> None:
+        """Makes every block ``node``'s store holds durable there
+        (``KV_FLUSH``, asked in slices of at most ``FLUSH_SLICE`` seconds):
+        when it returns, they survive a crash of the node. ``epoch``: the
+        node's epoch when the caller put its blocks; NodeGone when the node
+        restarted since (what it had not flushed may be lost), does not
+        answer, or is gone; WaitTimeout past ``timeout`` (None: no limit
+        while the node answers); the node's error (e.g. DeviceIOError) when
+        its flush failed."""
+        now = time.monotonic()
+        end = float("inf") if timeout is None else now + timeout
+        link = self._link(node, epoch, min(end, now + self.timeout), control=True)
+        while True:
+            left = max(0.0, end - time.monotonic())
+            step = min(left, FLUSH_SLICE)
+            rc = int(
+                link.call(Op.KV_FLUSH, int(step * 1e9), time.monotonic() + step + GRACE, wait=step)
+            )
+            if rc == -errno.ETIMEDOUT and step < left:
+                continue
+            if rc:
+                raise error_for(-rc)(
+                    -rc, f"flush of node {node}: {os.strerror(-rc)}", call="KV_FLUSH"
+                )
+            self._count("flushes")
+            return
+
     def close(self) -> None:
         with self._lock:
-            links = list(self._links.values())
+            links = list(self._links.values()) + list(self._ctl.values())
             self._links.clear()
+            self._ctl.clear()
         for lk in links:
             lk.close()
+        self._lookups.shutdown(wait=True)
         self._post.shutdown(wait=True)
         self.buf.close()
         shutil.rmtree(self._secret_dir, ignore_errors=True)

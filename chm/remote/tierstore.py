@@ -27,9 +27,17 @@ tier (``chm.integrations._tier.open_tier`` with ``master``):
 - **loads** are :meth:`RemoteTier.load`: the leading hits, byte-exact
   (XXH3-64 checked), a node that dies or stops answering turns its blocks
   into misses within the timeout;
-- ``remove`` drops the Master's entries (the node keeps the bytes until it
-  evicts them); ``flush`` has nothing to do: every node flushes its own
-  store (``chm-emu serve --flush-interval``).
+- ``remove`` removes the blocks from the nodes that hold them
+  (``KV_REMOVE``; each node unpublishes its own), then drops whatever
+  entry still names that node and epoch; a key another client is loading
+  is Busy, as on one daemon;
+- ``flush`` is a barrier: it asks every node that took puts of this store
+  since its last flush to flush its own store (``KV_FLUSH``), side by
+  side; when it returns, every put acknowledged before the call is durable
+  on its node (found after the node is killed and restarted). A node that
+  died or restarted since it took them raises NodeGone (the barrier cannot
+  vouch for them); each node also flushes on its own
+  (``chm-emu serve --flush-interval``).
 """
 
 from __future__ import annotations
@@ -148,6 +156,11 @@ class NodesStore:
         self._rr = 0
         self._live: tuple[float, list[int]] = (-1e18, [])
         self._closed = False
+        # node -> the epoch it was at when it first took a put since its last
+        # flush; and a count of puts per node, so a flush forgets only nodes
+        # that took no put while it ran
+        self._dirty: dict[int, int] = {}
+        self._puts_to: dict[int, int] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="chm-nodes-get")
         self._c = dict.fromkeys(
             ("puts", "put_blocks", "exists_blocks", "skipped_blocks", "error_blocks", "no_node"),
@@ -390,6 +403,8 @@ class NodesStore:
                     st = [PutStatus.SKIPPED] * len(items)
                 except (NodeGone, ChmError):
                     st = [PutStatus.ERROR] * len(items)
+                if PutStatus.STORED in st or PutStatus.EXISTS in st:
+                    self._took(node)
             rank = {PutStatus.EXISTS: 0, PutStatus.STORED: 1, PutStatus.SKIPPED: 2}
             for (j, _, _), s in zip(items, st, strict=True):
                 s = PutStatus(s)
@@ -405,20 +420,86 @@ class NodesStore:
             )
         return out
 
+    def _took(self, node: int) -> None:
+        """``node`` acknowledged a put of this store: the next flush asks it."""
+        epoch = self.save_tier.epoch_of(node)
+        with self._lock:
+            if epoch is not None:
+                self._dirty.setdefault(node, epoch)  # the oldest: a restart since is seen
+            self._puts_to[node] = self._puts_to.get(node, 0) + 1
+
     def remove(self, keys: Any) -> list[bool]:
-        """Drops the Master's entries of ``keys`` (and their metadata): per key
-        whether it was present. The nodes keep the bytes until they evict them."""
+        """Removes ``keys`` from the nodes that hold them (the Master says
+        which), nodes side by side: per key whether it was present. Busy
+        when another client is loading one of a node's keys (that node
+        keeps them; the other nodes' removes are done); NodeGone when a
+        node does not answer (its keys stay). Entries of removed blocks
+        leave the Master (the node unpublishes them; what still names that
+        node and epoch is dropped here too)."""
         ks = self._keys(keys)
         if not ks:
             return []
-        present = [e is not None for e in self._entries(ks)]
-        if not self.master.remove(ks + [_meta_key(k) for k in ks]):
-            raise MasterUnreachable(None, f"remove: the Master's Redis at {self.master.url}")
-        return present
+        ents = self._entries(ks + [_meta_key(k) for k in ks])
+        by_node: dict[tuple[int, int], list[int]] = {}
+        for j, e in enumerate(ents):
+            if e is not None:
+                by_node.setdefault((e.node, e.epoch), []).append(j)
+        allk = ks + [_meta_key(k) for k in ks]
+        out = [False] * len(ks)
+
+        def one(node: int, epoch: int, todo: list[int]) -> None:
+            got = self.tier.remove(node, [allk[j] for j in todo])
+            for j, g in zip(todo, got, strict=True):
+                if j < len(ks):
+                    out[j] = out[j] or g
+            self.master.drop([allk[j] for j in todo], node, epoch)
+
+        futs = [self._pool.submit(one, n, ep, todo) for (n, ep), todo in by_node.items()]
+        errs = [f.exception() for f in futs]
+        for exc in errs:
+            if exc is not None:
+                raise exc
+        return out
 
     def flush(self, timeout: float | None = None) -> None:
-        """Nothing to do here: each node flushes its own store."""
-        return None
+        """Every put this store had acknowledged before the call is durable
+        on its node when this returns: each node that took puts since the
+        last flush flushes its store (``KV_FLUSH``), the nodes side by side.
+        Raises NodeGone for a node that died or restarted since it took
+        them (or does not answer), WaitTimeout past ``timeout`` (None: no
+        limit while the nodes answer), the node's error when its flush
+        failed; the first of them, after every node was asked. A node that
+        failed stays to be flushed, except one that restarted (asking it
+        again cannot vouch for what it lost)."""
+        with self._lock:
+            todo = dict(self._dirty)
+            seen = dict(self._puts_to)
+
+        def one(node: int, epoch: int) -> None:
+            try:
+                self.save_tier.flush_node(node, timeout, epoch=epoch)
+            except NodeGone:
+                try:
+                    restarted = self.master.node(node).epoch != epoch
+                except ChmError:
+                    restarted = False
+                if restarted:
+                    self._forget(node, epoch, seen.get(node, 0), force=True)
+                raise
+            self._forget(node, epoch, seen.get(node, 0))
+
+        futs = [self._pool.submit(one, n, ep) for n, ep in todo.items()]
+        errs = [f.exception() for f in futs]
+        for exc in errs:
+            if exc is not None:
+                raise exc
+
+    def _forget(self, node: int, epoch: int, puts: int, *, force: bool = False) -> None:
+        """A flushed node leaves the dirty set unless it took a put since
+        the flush began (``force``: its restart was reported)."""
+        with self._lock:
+            if self._dirty.get(node) == epoch and (force or self._puts_to.get(node) == puts):
+                del self._dirty[node]
 
     # ---- stats and lifecycle
 
