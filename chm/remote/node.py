@@ -8,7 +8,9 @@ in the Master. Workers speak the daemon's own protocol to it over TCP
 move the bytes with the engine.
 
 **Worker** (:class:`RemoteTier`): looks keys up in the Master (prefix, at
-most 32 per round trip), asks the node's daemon to stage them (``KV_LOOKUP``:
+most 32 per round trip; the rounds after the first on a helper thread, each
+round's hits staged while the next rounds are asked), asks the node's daemon
+to stage them (``KV_LOOKUP``:
 pins and prefetches; ``WAIT``: each staged object's pool offset), reads them
 all with one batched engine transfer out of the node's pool into its
 registered buffer, hands them back (``KV_DONE``), verifies each block's
@@ -33,6 +35,7 @@ import concurrent.futures
 import contextlib
 import errno
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -45,7 +48,7 @@ import xxhash
 from chm.errors import ChmError, InvalidArgument, error_for
 from chm.kv.buffers import as_dst, as_src
 from chm.kv.store import PutStatus
-from chm.remote.master import Entry, RedisMaster, key_bytes
+from chm.remote.master import LOOKUP_BATCH, Entry, RedisMaster, key_bytes
 from chm.remote.protocol import MAX_BATCH, Op, read_secret
 from chm.remote.transfer import OK, TIMEOUT, Engine, RegisteredBuffer
 
@@ -134,6 +137,89 @@ class _Link:
     def close(self) -> None:
         with contextlib.suppress(ChmError, OSError):
             self.dev.close()
+
+
+def _settle(parts: list[tuple[int, concurrent.futures.Future[int]]]) -> int:
+    """Waits for every part's checks and copies: how many leading blocks of
+    them were verified and copied out."""
+    loaded, whole = 0, True
+    for n, fut in parts:
+        got = fut.result()
+        if whole:
+            loaded += got
+            whole = got == n
+    return loaded
+
+
+class _Stopped(Exception):
+    """The load no longer wants the lookup's rounds."""
+
+
+class _Hits:
+    """One load's Master lookup (prefix semantics): the first round of
+    ``LOOKUP_BATCH`` keys on the caller's thread, the later rounds on the
+    tier's lookup thread, which hands each round's hits over as soon as it
+    is answered. ``hits`` grows (on the caller's thread, in :meth:`more`);
+    ``ended``: no more will come. With ``node``: only the leading hits on
+    that node."""
+
+    def __init__(self, tier: RemoteTier, ks: list[bytes], node: int | None) -> None:
+        self.hits: list[Entry] = []
+        self.ended = False
+        self._node = node
+        self._stopped = False
+        self._q: queue.SimpleQueue[list[Entry] | None] = queue.SimpleQueue()
+        first = ks[:LOOKUP_BATCH]
+        got = tier.master.lookup(first)
+        self._add(got)
+        if not self.ended and len(got) == len(first) and len(ks) > len(first):
+            tier._lookups.submit(self._rest, tier.master, ks[LOOKUP_BATCH:])
+        else:
+            self.ended = True
+
+    def _add(self, got: list[Entry]) -> None:
+        if self._node is not None:
+            mine = [h.node == self._node for h in got]
+            if False in mine:
+                got = got[: mine.index(False)]
+                self.ended = True
+        self.hits.extend(got)
+
+    def _rest(self, master: RedisMaster, ks: list[bytes]) -> None:
+        try:
+            master.lookup(ks, on_hits=self._round)
+        except _Stopped:
+            pass
+        finally:
+            self._q.put(None)
+
+    def _round(self, got: list[Entry]) -> None:
+        if self._stopped:
+            raise _Stopped  # no further round trips for a load that ended
+        self._q.put(got)
+
+    def more(self, deadline: float | None) -> bool:
+        """Takes the rounds answered so far; with ``deadline``, waits for
+        the next one first (False when none came by then)."""
+        while not self.ended:
+            try:
+                if deadline is None:
+                    got = self._q.get_nowait()
+                else:
+                    got = self._q.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return deadline is None
+            deadline = None  # one came: take the rest without waiting
+            if got is None:
+                self.ended = True
+            else:
+                self._add(got)
+        return True
+
+    def stop(self) -> None:
+        """The load is over: the lookup thread asks no further round."""
+        self._stopped = True
+        self.ended = True
 
 
 class RemoteTier:
@@ -253,7 +339,10 @@ class RemoteTier:
 
         Stops at the first key that is not a hit (with ``node``: not a hit on
         that node), cannot be staged or read in time, or fails its checksum.
-        Never waits much past ``timeout``.
+        Never waits much past ``timeout``. The Master is asked in rounds of
+        ``LOOKUP_BATCH`` keys: the first on this thread, the later ones on a
+        helper thread, and each round's hits are staged as soon as they are
+        known, while the next rounds are asked (``stats["early_windows"]``).
         """
         t = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + t
@@ -262,61 +351,73 @@ class RemoteTier:
             raise InvalidArgument(None, f"load: {len(ks)} keys but {len(dsts)} buffers")
         outs = [as_dst(d, f"buffer {j}") for j, d in enumerate(dsts[: len(ks)])]
         self._count("loads")
-        hits = self.master.lookup(ks)
-        if node is not None:
-            mine = [h.node == node for h in hits]
-            hits = hits[: mine.index(False)] if False in mine else hits
-        self._count("hits", len(hits))
-        done = 0
-        while done < len(hits):
-            nd, epoch = hits[done].node, hits[done].epoch
-            end = done
-            while end < len(hits) and hits[end].node == nd and hits[end].epoch == epoch:
-                end += 1
-            got = self._load_run(hits[done:end], outs[done:end], deadline)
-            done += got
-            if done < end:
-                break
+        feed = _Hits(self, ks, node)
+        try:
+            done = self._load_hits(feed, outs, deadline)
+        finally:
+            feed.stop()
+        self._count("hits", len(feed.hits))
         self._count("loaded", done)
         return done
 
-    def _load_run(self, ents: list[Entry], outs: list[Any], deadline: float) -> int:
-        """Loads one node's run of entries, in windows of at most MAX_BATCH
-        keys and half the buffer; each part's checksums and copies run on a
-        helper thread while the next part is staged and read."""
-        try:
-            link = self._link(ents[0].node, ents[0].epoch, deadline)
-        except ChmError:
-            self._count("node_errors")
-            return 0
-        done = 0
+    def _load_hits(self, feed: _Hits, outs: list[Any], deadline: float) -> int:
+        """Loads the hits ``feed`` hands over, in order: each node's run in
+        windows of at most MAX_BATCH keys and half the buffer, a window
+        started with the hits known so far; each part's checksums and copies
+        run on a helper thread while the next part is staged and read.
+        Returns how many leading hits were loaded and verified."""
+        hits = feed.hits
+        done = 0  # verified hits of the runs before the current one
+        run = read = 0  # the current run starts at ``run``; ``read``: staged and read
+        link: _Link | None = None
         parts: list[tuple[int, concurrent.futures.Future[int]]] = []
         try:
-            while done < len(ents):
+            while True:
+                if read == len(hits):
+                    if feed.ended:
+                        break
+                    if not feed.more(deadline):
+                        self._count("timeouts")
+                        break
+                    continue
+                feed.more(None)  # what else is known by now: a fuller window
+                h = hits[read]
+                if link is None or h.node != hits[run].node or h.epoch != hits[run].epoch:
+                    if link is not None:  # the run before ends here
+                        got, parts = _settle(parts), []
+                        done += got
+                        if got < read - run:
+                            break
+                    run = read
+                    try:
+                        link = self._link(h.node, h.epoch, deadline)
+                    except ChmError:
+                        self._count("node_errors")
+                        break
                 win, total = 0, 0
                 while (
-                    done + win < len(ents)
+                    read + win < len(hits)
                     and win < MAX_BATCH
-                    and total + ents[done + win].length <= self.buf.nbytes // 2
+                    and hits[read + win].node == h.node
+                    and hits[read + win].epoch == h.epoch
+                    and total + hits[read + win].length <= self.buf.nbytes // 2
                 ):
-                    total += (ents[done + win].length + 63) & ~63
+                    total += (hits[read + win].length + 63) & ~63
                     win += 1
                 if win == 0:
                     break  # a block larger than half the buffer
+                self._count("windows")
+                if not feed.ended:
+                    self._count("early_windows")
                 n = self._load_window(
-                    link, ents[done : done + win], outs[done : done + win], deadline, parts
+                    link, hits[read : read + win], outs[read : read + win], deadline, parts
                 )
-                done += n
+                read += n
                 if n < win:
                     break
         finally:
-            loaded, whole = 0, True
-            for n, fut in parts:  # every part's verify-and-copy ends before the load returns
-                got = fut.result()
-                if whole:
-                    loaded += got
-                    whole = got == n
-        return loaded
+            done += _settle(parts)  # every part's verify-and-copy ends before the load returns
+        return done
 
     def _load_window(
         self,

@@ -597,3 +597,67 @@ def test_evicted_blocks_leave_the_master(
         last = keys[-16:]
         outs = [np.zeros(BLOCK, np.uint8) for _ in range(16)]
         assert tier.load(last, outs) == 16
+
+
+class _HeldMaster(RedisMaster):
+    """The real Master on the test's redis-server, with a hook on its lookup
+    round trips: the last round of a lookup of ``rounds`` rounds is asked
+    only once the tier has started staging a window (``tier.stats
+    ["windows"]``), or after 3 s. ``seen`` says whether staging had begun."""
+
+    def __init__(self, url: str, rounds: int) -> None:
+        super().__init__(url, lease=1.0)
+        self.tier: RemoteTier | None = None
+        self.asked = 0
+        self.seen: bool | None = None
+        inner = self._lookup
+
+        def round_trip(keys: Any, args: Any) -> Any:
+            self.asked += 1
+            if self.asked == rounds:
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline:
+                    if self.tier is not None and self.tier.stats.get("windows", 0) > 0:
+                        break
+                    time.sleep(0.005)
+                self.seen = self.tier is not None and self.tier.stats.get("windows", 0) > 0
+            return inner(keys=keys, args=args)
+
+        self._lookup = round_trip
+
+
+def test_load_stages_while_later_lookup_rounds_are_asked(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """100 keys are 4 Master rounds (32 keys each): the load stages the
+    first round's hits on the node before the last round is even asked (the
+    hook holds that round until a window started), and the result is the
+    same byte-exact prefix."""
+    keys = Namespace(model="early").keys(range(100))
+    data = _blocks(100, 9)
+    with _node(redis_srv, tmp_path, secret_file):
+        master = _HeldMaster(redis_srv.url, rounds=4)
+        with RemoteTier(
+            master, Engine.get("127.0.0.1"), read_secret(secret_file), buffer=8 << 20, timeout=10
+        ) as tier:
+            todo = list(range(100))
+            deadline = time.monotonic() + 20
+            while todo:  # the node's 8 MiB write buffer: what it skipped is offered again
+                assert time.monotonic() < deadline
+                st = tier.save("r", keys[todo], [data[j] for j in todo])
+                assert PutStatus.ERROR not in st
+                todo = [j for j, s in zip(todo, st, strict=True) if s == PutStatus.SKIPPED]
+                time.sleep(0.05 if todo else 0)
+            master.tier, master.asked = tier, 0
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(100)]
+            assert tier.load(keys, outs) == 100
+            assert master.asked == 4 and master.seen is True
+            assert tier.stats["early_windows"] >= 1
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+            # a prefix that ends in a later round: the leading hits, exact
+            assert tier.remove(tier.master.get(keys[70:71])[0].node, keys[70:71]) == [True]  # type: ignore[union-attr]
+            for o in outs:
+                o[:] = 0
+            assert tier.load(keys, outs) == 70
+            assert all(np.array_equal(o, d) for o, d in zip(outs[:70], data[:70], strict=True))
+            assert not outs[70].any()
