@@ -14,6 +14,7 @@ A TOML file has the serve settings at the top level and the device options
     hello_timeout = 2.0        # seconds a new connection has to say HELLO
     idle_timeout = 0           # seconds a client may stay silent (0: forever)
     idle_reclaim = 60          # when full, a client idle this long gives way (0: never)
+    poll_us = 2000             # us a connection may poll for its client's next request (0: never)
     listen = "10.0.0.5:7464"   # TCP clients too (optional; needs secret_file)
     secret_file = "/etc/chm/secret"
     master = "redis://10.0.0.1:6379/0"  # a remote storage node (needs listen, node_name)
@@ -46,6 +47,7 @@ else:  # pragma: no cover
 
 from chm.daemon.devices import FORCE_KEYS
 from chm.daemon.metrics import parse_listen
+from chm.daemon.options import POLL_US
 from chm.daemon.server import Daemon, ServeError, ServeOptions, setup_logging
 from chm.daemon.tcp import parse_hostport
 from chm.errors import ChmError, InvalidArgument
@@ -72,6 +74,7 @@ _TOP = {
     "hello_timeout",
     "idle_timeout",
     "idle_reclaim",
+    "poll_us",
     "listen",
     "secret_file",
     "master",
@@ -129,6 +132,12 @@ def _seconds(value: Any, what: str, above: float | None) -> float:
     if not ok or (value <= above if above is not None else value < 0):
         raise click.UsageError(f"{what}: a number of seconds, not {value!r}")
     return float(value)
+
+
+def _poll_us(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
+        raise click.UsageError(f"poll_us: an integer 0..1000000 (microseconds), not {value!r}")
+    return value
 
 
 def _count(value: Any, what: str) -> int:
@@ -195,6 +204,14 @@ def _count(value: Any, what: str) -> int:
     type=click.FloatRange(min=0),
     help="At max_clients, the client idle longest gives way to a new one once idle this "
     "many seconds; 0: never [default: 60].",
+)
+@click.option(
+    "--poll-us",
+    type=click.IntRange(min=0, max=1_000_000),
+    help="Microseconds a connection's thread may poll for its client's next request before "
+    "it sleeps; the window follows the client's recent gaps between requests and is none "
+    "for a client that asks less often (an idle daemon never polls); 0: never poll "
+    "[default: 2000].",
 )
 @click.option(
     "--listen",
@@ -318,6 +335,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
             _first(flags["idle_reclaim"], data.get("idle_reclaim"), 60.0), "idle_reclaim", None
         ),
         client_quota=_quota(flags["client_quota"] or data.get("client_quota")),
+        poll_us=_poll_us(_first(flags["poll_us"], data.get("poll_us"), POLL_US)),
     )
     log = setup_logging(flags["log_level"] or data.get("log_level", "info"))
     d = Daemon(opts, log)

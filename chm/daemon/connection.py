@@ -8,6 +8,7 @@ whatever reason.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
@@ -47,9 +48,14 @@ __all__ = ["Client"]
 
 _FOREVER = 2**64 - 1  # a timeout_ns that never ends (UINT64_MAX)
 _SLICE_NS = 50_000_000  # a wait re-checks the connection and shutdown this often
-# ns a connection polls for the next request of a client that asks in a
-# loop before its thread sleeps (Client._polled)
-_SPIN_NS = 50_000
+# A connection's thread polls for its client's next request before it
+# sleeps (a thread woken from sleep costs tens of us on a VM), for a window
+# learnt from the client's recent gaps between an answer and its next
+# request (Client._learn): up to ServeOptions.poll_us, never when the
+# client's gaps are all longer than that, so an idle client costs no CPU.
+_GAPS = 8  # the gaps a window is learnt from
+_MIN_WINDOW_NS = 50_000  # the shortest window, when it polls at all
+_SLACK_NS = 20_000  # beyond 1.5 times the longest recent gap
 
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_GROW", 4)
@@ -144,7 +150,9 @@ class Client:
         self.greeted = False  # HELLO answered
         self.busy = False  # a request is being served
         self.last_active = time.monotonic()
-        self._hot = False  # poll for the next request (see _polled)
+        self._gaps: collections.deque[int] = collections.deque(maxlen=_GAPS)
+        self._window = 0  # ns to poll for the next request (see _learn)
+        self._done = 0  # perf_counter_ns when the last request was served
         self.evicted: str | None = None  # why the daemon ended it before HELLO
         self.staging: dict[str, int] | None = None  # its last KV_STAGING report
 
@@ -169,12 +177,14 @@ class Client:
                 if op in QUIET:  # no answer: the client does not wait for one
                     self._quiet(op, body)
                     self.d.metrics.observe(op.name, time.perf_counter() - t0)
+                    self._done = time.perf_counter_ns()
                     continue
                 try:
                     reply = self._dispatch(op, body)
                 except ChmError as exc:  # the request failed: this client's answer
                     self._check_alone(op)
                     self._fail(op, exc.errno or errno.EIO, exc.strerror or str(exc))
+                    self._done = time.perf_counter_ns()
                     continue
                 except (ProtocolError, _Gone, OSError):
                     raise
@@ -184,10 +194,12 @@ class Client:
                     )
                     self._check_alone(op)
                     self._fail(op, errno.EIO, f"internal error: {type(exc).__name__}: {exc}")
+                    self._done = time.perf_counter_ns()
                     continue
                 self.d.metrics.observe(op.name, time.perf_counter() - t0)
                 self._check_alone(op)
                 self.sock.send(encode(op, seq, reply))
+                self._done = time.perf_counter_ns()
         except _Gone as gone:
             reason = gone.reason
         except _Idle as idle:
@@ -326,9 +338,8 @@ class Client:
             self.sock.send(encode(Op.ERROR, self.seq, body))
 
     def _recv(self, timeout: float | None = None, hello: bool = False) -> tuple[Op, int, Any]:
-        got = self._polled() if self._hot else None
+        got = self._polled(self._window) if self._window else None
         if got is None:
-            slept = time.perf_counter_ns()
             if timeout is not None:
                 r, _, _ = select.select([self.sock], [], [], timeout)
                 if not r:
@@ -336,8 +347,8 @@ class Client:
                         raise ProtocolError(f"no HELLO within {timeout:g} s")
                     raise _Idle(f"idle for {timeout:g} s (idle_timeout): the connection is closed")
             got = self.sock.recvmsg(MAX_FRAME + 1)
-            # a client asking again this soon is in a loop: poll for its next
-            self._hot = time.perf_counter_ns() - slept < 4 * _SPIN_NS
+        if self._done:
+            self._learn(time.perf_counter_ns() - self._done)
         data, _, flags, _ = got
         if not data:
             raise _Gone(self._vanished())
@@ -345,19 +356,44 @@ class Client:
             raise ProtocolError(f"oversized packet (more than {MAX_FRAME} bytes)")
         return decode(data)
 
-    def _polled(self) -> Any:
-        """The next packet if it arrives within _SPIN_NS of polling, else
-        None: a thread woken from sleep costs tens of us on a VM, more than
-        a short request takes (docs/daemon.md, "The request path"). Only a
-        client that asked again soon after its last answer is polled for."""
-        end = time.perf_counter_ns() + _SPIN_NS
-        while True:
-            try:
-                return self.sock.recvmsg(MAX_FRAME + 1, 0, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                if time.perf_counter_ns() >= end:
-                    self._hot = False
-                    return None
+    def _learn(self, gap: int) -> None:
+        """Sets the next poll window from this client's last gaps (ns from
+        serving a request to its next one): 1.5 times the longest of those
+        within the cap (plus a margin, at least _MIN_WINDOW_NS), capped at
+        ``poll_us``; none when every recent gap was longer than the cap (a
+        client that asks seldom is not polled for: its thread sleeps)."""
+        cap = self.d.poll_ns
+        self._gaps.append(gap)
+        near = [g for g in self._gaps if g <= cap]
+        if not near:
+            self._window = 0
+            return
+        self._window = min(cap, max(_MIN_WINDOW_NS, max(near) * 3 // 2 + _SLACK_NS))
+
+    def _polled(self, window: int) -> Any:
+        """The next packet if it arrives within ``window`` ns of polling,
+        else None: a thread woken from sleep costs tens of us on a VM, more
+        than a short request takes (docs/daemon.md, "The request path").
+        At most Host.pollers threads poll at once (the others sleep at
+        once), and each yields its CPU between polls, so a client or another
+        connection waiting for that CPU runs first."""
+        if not self.d.pollers.acquire(blocking=False):
+            return None
+        got = None
+        start = time.perf_counter_ns()
+        end = start + window
+        try:
+            while True:
+                try:
+                    got = self.sock.recvmsg(MAX_FRAME + 1, 0, socket.MSG_DONTWAIT)
+                    return got
+                except BlockingIOError:
+                    if time.perf_counter_ns() >= end:
+                        return None
+                    os.sched_yield()
+        finally:
+            self.d.pollers.release()
+            self.d.polled(got is not None, time.perf_counter_ns() - start)
 
     def _hello(self) -> None:
         op, seq, body = self._recv(self.d.opts.hello_timeout, hello=True)
@@ -409,6 +445,7 @@ class Client:
         # (set before the answer, which lets the client connect a next one)
         self.greeted = True
         send_fds(self.sock, encode(Op.HELLO, 0, welcome), [d.pool_ro_fd, self.area_fd])
+        self._done = time.perf_counter_ns()
         self.d.log.info(
             "client connected",
             extra={

@@ -21,7 +21,12 @@ from chm.kv import Store
 from .metrics import Metrics
 from .sessions import Scopes
 
-__all__ = ["Host", "NodeHooks", "ServeError", "ServeOptions"]
+__all__ = ["POLL_US", "Host", "NodeHooks", "ServeError", "ServeOptions"]
+
+
+# the default cap of a connection's poll window (ServeOptions.poll_us): the
+# gap of a client that does about a millisecond of work between requests
+POLL_US = 2000
 
 
 class ServeError(Exception):
@@ -68,6 +73,10 @@ class ServeOptions:
     # at max_clients, the client idle longest gives way to a new one if it
     # has been idle this long (0: never)
     idle_reclaim: float = 60.0
+    # the longest a connection's thread polls for its client's next request
+    # before it sleeps (us; 0: never polls); the window adapts to the
+    # client's recent gaps between requests (docs/daemon.md, "The request path")
+    poll_us: int = POLL_US
 
 
 class NodeHooks(Protocol):
@@ -112,6 +121,8 @@ class Host(Protocol):
     raw_base: int
     raw_bytes: int
     staging_lock: threading.Lock  # guards each client's KV_STAGING report
+    poll_ns: int  # the cap of a connection's poll window (opts.poll_us)
+    pollers: threading.BoundedSemaphore  # taken by a connection's thread while it polls
 
     @property
     def node(self) -> NodeHooks | None:
@@ -136,6 +147,11 @@ class Host(Protocol):
 
     def count(self, name: str, n: int = 1) -> None:
         """Add n to one of the daemon's counters."""
+        ...
+
+    def polled(self, hit: bool, ns: int) -> None:
+        """Count one poll of a connection for its client's next request:
+        whether the request came while polling, and the ns it lasted."""
         ...
 
     def retire_staging(self, report: dict[str, int] | None) -> None:

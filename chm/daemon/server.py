@@ -122,11 +122,21 @@ class Daemon:
             "idle_reclaimed": 0,
             "handshakes_dropped": 0,
             "tcp_bytes_staged": 0,
+            # connection threads polling for their client's next request
+            # (connection.Client._polled): requests found by polling, polls
+            # that ended without one, and the ns spent polling
+            "poll_hits": 0,
+            "poll_misses": 0,
+            "poll_ns": 0,
         }
         self._condemned: set[tuple[int, int]] = set()
         # clients' staging-queue reports (KV_STAGING): the live ones are read
         # from each client; a gone client's counters are folded in here
         self.staging_lock = threading.Lock()
+        # connection threads polling for their client's next request at once:
+        # at most all CPUs but one, so polling never takes every CPU
+        self.poll_ns = max(0, int(opts.poll_us)) * 1000
+        self.pollers = threading.BoundedSemaphore(max(1, (os.cpu_count() or 1) - 1))
         self._staging_gone: dict[str, int] = dict.fromkeys(_STAGING_TOTALS, 0)
         self._refusing = threading.BoundedSemaphore(16)
         self.raw_base = 0
@@ -619,6 +629,11 @@ class Daemon:
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counts[name] += n
+
+    def polled(self, hit: bool, ns: int) -> None:
+        with self._lock:
+            self._counts["poll_hits" if hit else "poll_misses"] += 1
+            self._counts["poll_ns"] += ns
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

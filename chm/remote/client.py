@@ -411,7 +411,9 @@ class RemoteDevice:
 
     def _answer(self) -> bytes:
         """The next packet: polled for up to ``spin_ns`` (a Unix socket),
-        then waited for in a blocking recv with the armed deadline."""
+        then waited for in a blocking recv with the armed deadline. The poll
+        yields the CPU between tries: on a busy machine the daemon's thread
+        may be waiting for this very CPU to answer."""
         sock = self._sock
         if self.spin_ns > 0 and not self.tcp:
             end = time.perf_counter_ns() + self.spin_ns
@@ -421,6 +423,7 @@ class RemoteDevice:
                 except BlockingIOError:
                     if time.perf_counter_ns() >= end:
                         break
+                    os.sched_yield()
         return bytes(sock.recv(MAX_FRAME + 1))
 
     def _arm(self, limit: float) -> None:
