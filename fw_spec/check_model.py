@@ -48,6 +48,10 @@ class Run:
     ltl: str | None  # None: safety run
     what: str
     model: str = "staging.pml"  # the real model of the run, in fw_spec/
+    # gcc optimisation for this run's pan.c when none is asked for: -O0 for
+    # a search of a few thousand states (pan ends in milliseconds, and -O1
+    # spends 12 s of CPU compiling pan.c where -O0 spends 1.5 s)
+    cc_opt: str = "-O1"
 
 
 # Sizes: 3 slots, refill queue 1, 2 requesters with 2 handles each (one
@@ -73,6 +77,7 @@ RUNS: dict[str, Run] = {
             ("-DSTAGING=0",),
             None,
             "write buffer safety: writer, flusher with failing batches, close",
+            cc_opt="-O0",
         ),
         Run(
             "combined",
@@ -270,8 +275,9 @@ def model_for(model: Path, run: Run) -> Path:
     return Path(model)
 
 
-def _check_group(model: Path, runs: list[Run], cc_opt: str) -> list[Result]:
-    """Runs that share -D settings and mode share one build."""
+def _check_group(model: Path, runs: list[Run], cc_opt: str | None) -> list[Result]:
+    """Runs that share -D settings and mode share one build (cc_opt, or
+    else the runs' own)."""
     model = model_for(model, runs[0])
     results = [Result(run=r, model=Path(model)) for r in runs]
     missing = tools_missing()
@@ -281,7 +287,8 @@ def _check_group(model: Path, runs: list[Run], cc_opt: str) -> list[Result]:
         return results
     with tempfile.TemporaryDirectory(prefix=f"chm-spin-{runs[0].name}-") as tmp:
         t0 = time.monotonic()
-        copy, problem = _build(Path(model), runs[0].defines, runs[0].ltl is None, cc_opt, Path(tmp))
+        opt = cc_opt or runs[0].cc_opt
+        copy, problem = _build(Path(model), runs[0].defines, runs[0].ltl is None, opt, Path(tmp))
         build_s = time.monotonic() - t0
         for run, res in zip(runs, results, strict=True):
             res.elapsed_s = build_s
@@ -292,19 +299,20 @@ def _check_group(model: Path, runs: list[Run], cc_opt: str) -> list[Result]:
     return results
 
 
-def check(model: Path, run: Run, cc_opt: str = "-O1") -> Result:
-    """Runs one verification of model; never raises for a failed check."""
+def check(model: Path, run: Run, cc_opt: str | None = None) -> Result:
+    """Runs one verification of model (pan.c built with cc_opt, by default
+    the run's own); never raises for a failed check."""
     return _check_group(model, [run], cc_opt)[0]
 
 
 def check_many(
-    model: Path, runs: list[Run], jobs: int | None = None, cc_opt: str = "-O1"
+    model: Path, runs: list[Run], jobs: int | None = None, cc_opt: str | None = None
 ) -> list[Result]:
     """Runs several verifications, builds shared and in parallel; the
     results are in the order of runs."""
-    groups: dict[tuple[tuple[str, ...], bool, str], list[Run]] = {}
+    groups: dict[tuple[tuple[str, ...], bool, str, str], list[Run]] = {}
     for r in runs:
-        groups.setdefault((r.defines, r.ltl is None, r.model), []).append(r)
+        groups.setdefault((r.defines, r.ltl is None, r.model, r.cc_opt), []).append(r)
     jobs = jobs or min(len(groups), os.cpu_count() or 1)
     by_run: dict[str, Result] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as ex:
@@ -360,9 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "-O",
         dest="cc_opt",
-        default="-O1",
-        help="gcc optimisation for pan.c (default -O1: pan.c is "
-        "large, -O2 compiles slower than these searches gain)",
+        default=None,
+        help="gcc optimisation for pan.c (default: the run's own, -O1, or -O0 for the "
+        "small write-buffer run; pan.c is large, and -O2 compiles slower than these "
+        "searches gain)",
     )
     ap.add_argument(
         "-v", "--verbose", action="store_true", help="print pan's summary and the whole replay"
