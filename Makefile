@@ -42,7 +42,7 @@ c_bins = $(foreach v,plain san tsan,$(patsubst tests/c/%.c,$(BUILD)/$(v)/%,$(1))
 c_bins_in = $(foreach v,$(2),$(patsubst tests/c/%.c,$(BUILD)/$(v)/%,$(1)))
 
 
-.PHONY: all demo test test-all c-tests-slow pytest-slow setup setup-runtime integrations ext c-build c-tests pytest lint lint-py lint-c format clean distclean
+.PHONY: all demo test test-all c-tests-slow pytest-slow pytest-workers pytest-engines setup setup-runtime integrations ext c-build c-tests pytest lint lint-py lint-c format clean distclean
 
 all: setup
 
@@ -137,17 +137,28 @@ c-tests-slow: $(call c_bins_in,$(CTESTS_FAST),tsan) $(call c_bins,$(CTESTS_SLOW)
 # PYTEST_JOBS pytest-xdist workers; tests marked xdist_group("name") share one
 # worker (--dist loadgroup), for what must not run beside itself.
 
-PYTEST = $(VENV)/bin/python -m pytest tests -q
+PYTEST = $(VENV)/bin/python -m pytest -q
 PYTEST_XDIST = -n $(PYTEST_JOBS) --dist loadgroup
 PYTEST_OK5 = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+# The serving engines' tests import torch and the engines when collected
+# (about 20 s of CPU), and every pytest-xdist worker collects every file it
+# is given: the fast tier runs them in one process of their own, beside the
+# workers that run the rest.
+ENGINE_TESTS := $(sort $(wildcard $(foreach e,lmcache sglang vllm,tests/integration/test_integration_$(e)*.py)))
 
 pytest: ext
-	@$(PYTEST) $(PYTEST_XDIST) -m "not slow"; $(PYTEST_OK5)
+	@$(MAKE) --no-print-directory -k -j2 -O pytest-workers pytest-engines
+
+pytest-workers:
+	@$(PYTEST) tests $(PYTEST_XDIST) -m "not slow" $(addprefix --ignore=,$(ENGINE_TESTS)); $(PYTEST_OK5)
+
+pytest-engines:
+	@$(PYTEST) $(ENGINE_TESTS) -m "not slow"; $(PYTEST_OK5)
 
 # the slow tier runs in one process: its benchmarks judge timings, and its spin
 # runs use every CPU themselves
 pytest-slow: ext
-	@$(PYTEST) -m slow; $(PYTEST_OK5)
+	@$(PYTEST) tests -m slow; $(PYTEST_OK5)
 
 # ---- lint: the tools' own settings are in pyproject.toml and .clang-format
 

@@ -203,6 +203,18 @@ class StoreMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class LongStoreMachine(StoreMachine):
+    """The same machine, run for LONG_EXAMPLES examples in the slow tier."""
+
+
+# the fast tier's examples, and the slow tier's; the nightly profile sets both
+EXAMPLES, LONG_EXAMPLES = 20, 200
 if os.environ.get("HYPOTHESIS_PROFILE") != "nightly":
-    StoreMachine.TestCase.settings = settings(settings(), max_examples=40, stateful_step_count=40)
+    StoreMachine.TestCase.settings = settings(
+        settings(), max_examples=EXAMPLES, stateful_step_count=40
+    )
+    LongStoreMachine.TestCase.settings = settings(
+        settings(), max_examples=LONG_EXAMPLES, stateful_step_count=40
+    )
 TestStoreMachine = StoreMachine.TestCase
+TestLongStoreMachine = pytest.mark.slow(LongStoreMachine.TestCase)

@@ -71,32 +71,40 @@ def _workers(out: Path, kind: str) -> set[str]:
     return {p.read_text() for p in out.glob(f"{kind}-*")}
 
 
-def test_grouped_tests_share_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
-    proc, out = _run(tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_grouped_tests_share_one_worker_the_rest_spread_and_a_failure_fails(
+    tmp_path: Path,
+) -> None:
+    """One real run (three workers start, so one run, not one per property)."""
+    proc, out = _run(tmp_path, "\n\ndef test_fails():\n    assert False, 'the failing probe'\n")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"1 failed, 12 passed", proc.stdout), proc.stdout
     assert len(list(out.glob("grouped-*"))) == 6 and len(list(out.glob("free-*"))) == 6
     assert len(_workers(out, "grouped")) == 1, _workers(out, "grouped")
     # load scheduling hands each of the 3 workers tests at once: not one worker
     assert len(_workers(out, "free") | _workers(out, "grouped")) > 1
 
 
-def test_a_failure_on_a_worker_fails_the_run(tmp_path: Path) -> None:
-    proc, _ = _run(tmp_path, "\n\ndef test_fails():\n    assert False, 'the failing probe'\n")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert re.search(r"1 failed, 12 passed", proc.stdout), proc.stdout
-
-
 def test_make_runs_pytest_with_the_groups() -> None:
-    """The fast tier on workers, with the groups; the slow tier in one process."""
+    """The fast tier on workers, with the groups, and the serving engines'
+    files in one process of their own beside them (only it imports torch and
+    the engines); the slow tier in one process."""
 
-    def run_line(target: str) -> str:
+    def run_lines(target: str) -> list[str]:
         dry = subprocess.run(
             ["make", "-n", "--no-print-directory", target],
             cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
         ).stdout  # fmt: skip
-        (line,) = [x for x in dry.splitlines() if " -m pytest " in x]
-        return line
+        return [x for x in dry.splitlines() if " -m pytest " in x]
 
-    fast = run_line("pytest")
-    assert re.search(r" -n [1-9]\d* ", fast) and "--dist loadgroup" in fast, fast
-    assert " -n " not in run_line("pytest-slow")
+    workers, engines = sorted(run_lines("pytest"), key=lambda x: " -n " not in x)
+    assert re.search(r" -n [1-9]\d* ", workers) and "--dist loadgroup" in workers, workers
+    assert " -n " not in engines and '-m "not slow"' in engines, engines
+    files = {
+        str(p.relative_to(ROOT))
+        for e in ("lmcache", "sglang", "vllm")
+        for p in (ROOT / "tests" / "integration").glob(f"test_integration_{e}*.py")
+    }
+    assert files and files == set(re.findall(r"(tests/\S+\.py)", engines))
+    assert files == set(re.findall(r"--ignore=(\S+\.py)", workers))
+    (slow,) = run_lines("pytest-slow")
+    assert " -n " not in slow and " tests " in slow
