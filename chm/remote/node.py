@@ -47,9 +47,9 @@ import xxhash
 
 from chm.errors import ChmError, InvalidArgument, error_for
 from chm.kv.buffers import as_dst, as_src
-from chm.kv.store import PutStatus
+from chm.kv.store import MAX_META, PutStatus, check_meta
 from chm.remote.master import LOOKUP_BATCH, Entry, RedisMaster, key_bytes
-from chm.remote.protocol import MAX_BATCH, Op, read_secret
+from chm.remote.protocol import MAX_BATCH, MAX_FRAME, Op, read_secret
 from chm.remote.transfer import OK, TIMEOUT, Engine, RegisteredBuffer
 
 __all__ = ["NodeGone", "RemoteTier", "read_secret"]
@@ -58,6 +58,9 @@ WAIT_SLICE = 0.02  # seconds one KV_LOAD or WAIT waits for a run of staged block
 TELL_TIMEOUT = 0.5  # seconds a request without an answer may take to be sent
 FLUSH_SLICE = 1.0  # seconds one KV_FLUSH may wait on the node's device
 GRACE = 1.0  # seconds a node has to answer beyond a request's own wait
+_WIRE_BUDGET = MAX_FRAME - 8192  # metadata bytes one KV_PUT (or its answer) may carry
+_ENTRIES_STEP = _WIRE_BUDGET // (MAX_META + 96)  # keys per KV_ENTRIES: its answer fits a packet
+_ENTRY_NAMES = ("addr", "length", "checksum", "epoch", "state", "meta")
 PIPELINE = 4  # parts a large staged run is read in, so checks and copies overlap reads
 PIPELINE_BYTES = 8 << 20  # smaller runs: one read
 ALIGN = 4096  # blocks in a node's area start at page offsets, as RemoteStore puts them
@@ -606,10 +609,19 @@ class RemoteTier:
             self._placed.pop(request, None)
 
     def save(
-        self, request: object, keys: Any, srcs: Sequence[Any], *, node: int | None = None
+        self,
+        request: object,
+        keys: Any,
+        srcs: Sequence[Any],
+        *,
+        node: int | None = None,
+        meta: Sequence[bytes | None] | None = None,
     ) -> list[PutStatus]:
         """Writes blocks to the request's node (or to ``node``) and puts them
-        there (the node publishes them): a status per key.
+        there (the node publishes them): a status per key. ``meta``: per key
+        a small metadata field (at most ``MAX_META`` bytes; None or b"" for
+        none) the node's store keeps with the block (``KV_PUT``'s fifth
+        element; :meth:`entries` reads it back).
 
         Blocks that do not fit the node's area in one go are put in several;
         a node that fails makes the rest ERROR (never a hang).
@@ -617,6 +629,7 @@ class RemoteTier:
         ks = key_bytes(keys)
         if len(srcs) != len(ks):
             raise InvalidArgument(None, f"save: {len(ks)} keys but {len(srcs)} buffers")
+        metas = check_meta(meta, len(ks))
         bufs = [as_src(s, f"buffer {j}") for j, s in enumerate(srcs)]
         out: list[PutStatus] = []
         deadline = time.monotonic() + self.timeout
@@ -628,15 +641,23 @@ class RemoteTier:
         room = min(link.area_bytes, self.buf.nbytes)
         at = 0
         while at < len(ks):
-            win, total = 0, 0
-            while at + win < len(ks) and win < MAX_BATCH and total + bufs[at + win].size <= room:
+            win, total, wire = 0, 0, 0
+            while (
+                at + win < len(ks)
+                and win < MAX_BATCH
+                and total + bufs[at + win].size <= room
+                and wire + len(metas[at + win]) + 64 <= _WIRE_BUDGET
+            ):
                 total += -(-bufs[at + win].size // ALIGN) * ALIGN
+                wire += len(metas[at + win]) + 64
                 win += 1
             if win == 0:
                 out.append(PutStatus.ERROR)  # larger than the area
                 at += 1
                 continue
-            st = self._save_window(link, ks[at : at + win], bufs[at : at + win], deadline)
+            st = self._save_window(
+                link, ks[at : at + win], bufs[at : at + win], metas[at : at + win], deadline
+            )
             out.extend(st)
             at += win
             if PutStatus.ERROR in st:
@@ -647,7 +668,7 @@ class RemoteTier:
         return out
 
     def _save_window(
-        self, link: _Link, ks: list[bytes], bufs: list[Any], deadline: float
+        self, link: _Link, ks: list[bytes], bufs: list[Any], metas: list[bytes], deadline: float
     ) -> list[PutStatus]:
         err = [PutStatus.ERROR] * len(ks)
         offs, o = [], 0
@@ -683,7 +704,10 @@ class RemoteTier:
                 self._count("node_errors")
                 link.abort("a write into the area failed")
                 return err
-            items = [[*p, x, b.size] for p, x, b in zip(_pairs(ks), offs, bufs, strict=True)]
+            items: list[list[Any]] = [
+                [*p, x, b.size, m] if m else [*p, x, b.size]
+                for p, x, b, m in zip(_pairs(ks), offs, bufs, metas, strict=True)
+            ]
             try:
                 st = link.call(Op.KV_PUT, items, deadline)
             except NodeGone:
@@ -711,6 +735,21 @@ class RemoteTier:
             got = link.call(Op.KV_REMOVE, _pairs(ks[at : at + MAX_BATCH]), deadline, refusals=True)
             out += [bool(g) for g in got]
         self._count("removed", sum(out))
+        return out
+
+    def entries(
+        self, node: int, keys: Any, timeout: float | None = None
+    ) -> list[dict[str, Any] | None]:
+        """Per key the entry ``node``'s store holds (``KV_ENTRIES``: ``addr``,
+        ``length``, ``checksum``, ``epoch``, ``state``, ``meta``) or None;
+        NodeGone when the node does not answer within ``timeout``."""
+        ks = key_bytes(keys)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        link = self._link(node, None, deadline, control=True)
+        out: list[dict[str, Any] | None] = []
+        for at in range(0, len(ks), _ENTRIES_STEP):
+            for e in link.call(Op.KV_ENTRIES, _pairs(ks[at : at + _ENTRIES_STEP]), deadline):
+                out.append(None if e is None else dict(zip(_ENTRY_NAMES, e, strict=True)))
         return out
 
     def epoch_of(self, node: int) -> int | None:

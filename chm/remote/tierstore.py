@@ -21,9 +21,12 @@ tier (``chm.integrations._tier.open_tier`` with ``master``):
   a full node write buffer (or this worker's put buffer, busy with
   another put) is SKIPPED, never waited for; puts and loads have a
   transfer buffer each, so neither takes the other's room; a node that fails is ERROR;
-- **metadata** (``put(..., meta)``) is a small block of its own, under a
-  key derived from the block's key, saved in the same call (so on the same
-  node); a key whose metadata cannot be read answers None (a miss);
+- **metadata** (``put(..., meta)``, at most ``MAX_META`` bytes a key) goes
+  with the block in the same ``KV_PUT`` and lives in the node's store
+  beside its entry (``Store.meta``), so one put is one block; ``meta``
+  reads it with ``KV_ENTRIES`` from the node the Master names, and a key
+  whose node does not answer, or holds other bytes under it now, answers
+  None (a miss);
 - **loads** are :meth:`RemoteTier.load`: the leading hits, byte-exact
   (XXH3-64 checked), a node that dies or stops answering turns its blocks
   into misses within the timeout;
@@ -52,7 +55,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
-import xxhash
 
 from chm.errors import ChmError, InvalidArgument, NoSpace, NotFound
 from chm.kv.buffers import as_dst
@@ -65,7 +67,6 @@ from chm.remote.transfer import Engine
 
 __all__ = ["NodesStore", "check_master_url", "local_address", "open_secret"]
 
-_META_TAG = b"chm-meta\0"
 _SCHEMES = ("redis", "rediss", "unix")
 _PLACE_EVERY = 1.0  # seconds a placement's view of the live nodes is reused
 
@@ -118,10 +119,6 @@ def local_address(url: str) -> str:
             return str(s.getsockname()[0])
     except OSError:
         return "127.0.0.1"
-
-
-def _meta_key(key: bytes) -> bytes:
-    return xxhash.xxh3_128_digest(_META_TAG + key)
 
 
 class NodesStore:
@@ -277,20 +274,38 @@ class NodesStore:
         return None
 
     def meta(self, keys: Any) -> list[bytes | None]:
-        """Per key its metadata (b"": put without), None when absent or unreadable."""
+        """Per key its metadata (b"": put without), None when absent or
+        unreadable: asked of the node the Master names (``KV_ENTRIES``), nodes
+        side by side; the node's entry must be the block the Master lists
+        (same length and checksum)."""
         ks = self._keys(keys)
         if not ks:
             return []
-        mks = [_meta_key(k) for k in ks]
-        ents = self._entries(ks + mks)
-        data, metas = ents[: len(ks)], ents[len(ks) :]
-        out: list[bytes | None] = [None if d is None else b"" for d in data]
-        want = [j for j, (d, m) in enumerate(zip(data, metas, strict=True)) if d and m]
-        if want:
-            bufs = [np.empty(int(metas[j].length), np.uint8) for j in want]  # type: ignore[union-attr]
-            got = self._get([mks[j] for j in want], bufs, self.timeout)
-            for j, ok, b in zip(want, got, bufs, strict=True):
-                out[j] = b.tobytes() if ok else None
+        ents = self._entries(ks)
+        out: list[bytes | None] = [None] * len(ks)
+        by_node: dict[int, list[int]] = {}
+        for j, e in enumerate(ents):
+            if e is not None:
+                by_node.setdefault(e.node, []).append(j)
+
+        def one(node: int, todo: list[int]) -> None:
+            try:
+                got = self.tier.entries(node, [ks[j] for j in todo], self.timeout)
+            except ChmError:
+                return  # the node does not answer: misses
+            for j, g in zip(todo, got, strict=True):
+                e = ents[j]
+                if g is None or e is None or g["length"] != e.length:
+                    continue
+                if g["checksum"] == e.checksum:  # the very block the Master lists
+                    out[j] = bytes(g["meta"] or b"")
+
+        groups = list(by_node.items())
+        if len(groups) == 1:
+            one(*groups[0])
+        else:
+            for f in [self._pool.submit(one, n, todo) for n, todo in groups]:
+                f.result()
         return out
 
     # ---- loads
@@ -378,38 +393,32 @@ class NodesStore:
         if len(srcs) != len(ks):
             raise InvalidArgument(None, f"put: {len(ks)} keys but {len(srcs)} buffers")
         metas = check_meta(meta, len(ks))
-        mks = [_meta_key(k) for k in ks]
-        ents = self._entries(ks + mks)
-        have, mhave = ents[: len(ks)], ents[len(ks) :]
+        have = self._entries(ks)
         out = [PutStatus.EXISTS] * len(ks)
-        items: list[tuple[int, bytes, Any]] = []  # (index, key, bytes), each block then its meta
-        for j in range(len(ks)):
-            if have[j] is None:
-                items.append((j, ks[j], srcs[j]))
-            if metas[j] and mhave[j] is None:
-                items.append((j, mks[j], np.frombuffer(metas[j], np.uint8)))
+        todo = [j for j in range(len(ks)) if have[j] is None]
         self._count("puts")
-        if items:
+        if todo:
             node = self._place()
             if node is None:
                 self._count("no_node")
-                st = [PutStatus.ERROR] * len(items)
+                st = [PutStatus.ERROR] * len(todo)
             else:
                 try:
                     st = self.save_tier.save(
-                        None, [k for _, k, _ in items], [b for _, _, b in items], node=node
+                        None,
+                        [ks[j] for j in todo],
+                        [srcs[j] for j in todo],
+                        node=node,
+                        meta=[metas[j] for j in todo],
                     )
                 except NoSpace:  # the put buffer is busy (another put call): not now
-                    st = [PutStatus.SKIPPED] * len(items)
+                    st = [PutStatus.SKIPPED] * len(todo)
                 except (NodeGone, ChmError):
-                    st = [PutStatus.ERROR] * len(items)
+                    st = [PutStatus.ERROR] * len(todo)
                 if PutStatus.STORED in st or PutStatus.EXISTS in st:
                     self._took(node)
-            rank = {PutStatus.EXISTS: 0, PutStatus.STORED: 1, PutStatus.SKIPPED: 2}
-            for (j, _, _), s in zip(items, st, strict=True):
-                s = PutStatus(s)
-                if rank.get(s, 3) > rank.get(out[j], 3):
-                    out[j] = s  # a key is as bad as the worse of its block and its meta
+            for j, x in zip(todo, st, strict=True):
+                out[j] = PutStatus(x)
         for s in out:
             self._count(
                 {
@@ -439,20 +448,17 @@ class NodesStore:
         ks = self._keys(keys)
         if not ks:
             return []
-        ents = self._entries(ks + [_meta_key(k) for k in ks])
         by_node: dict[tuple[int, int], list[int]] = {}
-        for j, e in enumerate(ents):
+        for j, e in enumerate(self._entries(ks)):
             if e is not None:
                 by_node.setdefault((e.node, e.epoch), []).append(j)
-        allk = ks + [_meta_key(k) for k in ks]
         out = [False] * len(ks)
 
         def one(node: int, epoch: int, todo: list[int]) -> None:
-            got = self.tier.remove(node, [allk[j] for j in todo])
+            got = self.tier.remove(node, [ks[j] for j in todo])
             for j, g in zip(todo, got, strict=True):
-                if j < len(ks):
-                    out[j] = out[j] or g
-            self.master.drop([allk[j] for j in todo], node, epoch)
+                out[j] = g
+            self.master.drop([ks[j] for j in todo], node, epoch)
 
         futs = [self._pool.submit(one, n, ep, todo) for (n, ep), todo in by_node.items()]
         errs = [f.exception() for f in futs]

@@ -345,3 +345,40 @@ def test_flush_is_a_barrier_across_a_node_kill(
     finally:
         store.close()
         node.stop()
+
+
+def test_metadata_is_kept_with_the_block_on_its_node(
+    redis_srv: RedisServer, secret_file: Path, tmp_path: Path
+) -> None:
+    """put(..., meta) sends each key's metadata with its block in one KV_PUT:
+    one put is one block in the node's store and one entry in the Master,
+    and meta() reads it back from the node (b"" for a key put without,
+    None for an absent key); a removed key's metadata goes with it."""
+    with NodeProcess(
+        redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS
+    ) as node:
+        store = NodesStore.open(
+            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", timeout=2.0
+        )
+        try:
+            data = [np.full(BLOCK, j + 1, np.uint8) for j in range(4)]
+            metas = [b"m0", bytes(range(256)) * 4, None, b"\x00three"]
+            assert store.put(list(range(4)), data, metas) == [PutStatus.STORED] * 4
+            assert store.meta(list(range(5))) == [
+                b"m0",
+                bytes(range(256)) * 4,
+                b"",
+                b"\x00three",
+                None,
+            ]
+            with chm.connect(node.info["socket"]) as dev:
+                assert dev.daemon_stats()["kv"]["entries"] == 4  # no block of its own per metadata
+                assert dev.kv(NS).meta([0, 3]) == [b"m0", b"\x00three"]
+            assert len(list(store.master.entries_of(int(node.info["node"])))) == 4
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
+            assert store.load_prefix(list(range(4)), outs) == 4
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+            assert store.remove([0]) == [True]
+            assert store.meta([0, 1]) == [None, bytes(range(256)) * 4]
+        finally:
+            store.close()
