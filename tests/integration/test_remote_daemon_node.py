@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -269,3 +270,74 @@ def test_loads_through_the_node_keep_hot_blocks_resident(
         with chm.connect(node.info["socket"]) as dev:
             st = dev.daemon_stats()["device"]
         assert st["resident_retained"] >= 4 and st["resident_hits"] >= 4, st
+
+
+def test_blocks_evicted_while_redis_is_stopped_leave_the_master_after(
+    redis_srv: RedisServer, tmp_path: Path
+) -> None:
+    """Redis stopped (SIGSTOP) while puts overfill the node: the puts do not
+    wait on it (each at most one Redis timeout), and the blocks the store
+    evicted meanwhile, published before the stop, leave the Master with the
+    first put after it answers again (and the skipped publishes go in), with
+    no worker asking: the Master then lists exactly what the node holds."""
+    import os
+    import signal
+
+    from chm.remote.master import key_bytes
+
+    secret = tmp_path / "secret"
+    write_secret(secret)
+    node = NodeProcess(redis_srv.url, "e1", tmp_path / "e1", secret, options=OPTS).start()
+    ns = Namespace(model="stall-evict")
+    keys = ns.keys(range(320))  # 80 MiB of 256 KiB blocks on a 64 MiB device
+    master = RedisMaster(redis_srv.url, lease=1.0)
+    blk = np.arange(256 << 10, dtype=np.uint32).astype(np.uint8)
+
+    def fill(kv: Any, lo: int, hi: int) -> float:
+        worst = 0.0
+        for j in range(lo, hi):
+            deadline = time.monotonic() + 10
+            while True:
+                t0 = time.monotonic()
+                (st,) = kv.put(keys[j : j + 1], [blk])
+                worst = max(worst, time.monotonic() - t0)
+                if st != PutStatus.SKIPPED:
+                    break
+                assert time.monotonic() < deadline, "the write buffer never took it"
+                time.sleep(0.02)
+            assert st == PutStatus.STORED, (j, st)
+        return worst
+
+    try:
+        with chm.connect(node.info["socket"]) as dev:
+            kv = dev.kv(ns)
+            fill(kv, 0, 64)
+            before = {e.key for e in master.entries_of(int(node.info["node"]))}
+            assert before == set(key_bytes(keys[:64]))
+            assert redis_srv.proc is not None
+            os.kill(redis_srv.proc.pid, signal.SIGSTOP)
+            try:
+                worst = fill(kv, 64, 320)
+            finally:
+                os.kill(redis_srv.proc.pid, signal.SIGCONT)
+            assert worst < 1.0, worst  # a put waits at most one 0.5 s Redis timeout
+            # the rule for a Redis that did not answer: puts skip it for a
+            # second, then the next put's publish that works sends what waited
+            time.sleep(1.1)
+            assert kv.put(keys[319:], [blk]) == [PutStatus.EXISTS]
+            held = dict(zip(key_bytes(keys), kv.contains(keys), strict=True))
+            assert not all(held[k] for k in before)  # some published blocks were evicted
+            want = {k for k, h in held.items() if h}
+            deadline = time.monotonic() + 15
+            while {e.key for e in master.entries_of(int(node.info["node"]))} != want:
+                if time.monotonic() > deadline:
+                    got = {e.key for e in master.entries_of(int(node.info["node"]))}
+                    raise AssertionError(
+                        f"Master lists {len(got - want)} blocks not held, lacks {len(want - got)};"
+                        f" stats {dev.daemon_stats()['node']}"
+                    )
+                time.sleep(0.2)
+            assert dev.daemon_stats()["node"]["entries_evicted_unpublished"] >= 1
+    finally:
+        node.kill()
+        master.close()
