@@ -7,8 +7,9 @@
 
 :class:`NodeStore` gives :class:`chm.kv.AddressSpace` what it calls on a
 store (``contains``, ``prefix_len``, ``put``, ``load_prefix``, ``stats``,
-``flush``, ``close``), over a :class:`chm.remote.node.RemoteTier` and one
-node id, so request-level placement (round-robin or least-outstanding) is
+``flush``: the node's own flush, ``close``), over a
+:class:`chm.remote.node.RemoteTier` and one node id, so request-level
+placement (round-robin or least-outstanding) is
 the same code for local devices and remote nodes. Keys are engine keys in
 ``namespace`` (as for a local :class:`chm.kv.Store`). A node error counts
 in ``stats().io_errors``, which takes the node out of the address space.
@@ -84,7 +85,11 @@ class NodeStore:
         return NodeStoreStats(io_errors=self._errors)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Nothing to do here: a node flushes its own write buffer."""
+        """Makes every block the node holds durable there (``KV_FLUSH``):
+        what was put before the call survives a crash of the node. NodeGone
+        (which takes the node out of an AddressSpace) when it does not
+        answer; WaitTimeout past ``timeout``."""
+        self.tier.flush_node(self.node, timeout)
 
     def close(self) -> None:
         """The tier is shared by every NodeStore of it: closed by its owner."""

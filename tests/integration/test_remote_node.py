@@ -661,3 +661,39 @@ def test_load_stages_while_later_lookup_rounds_are_asked(
             assert tier.load(keys, outs) == 70
             assert all(np.array_equal(o, d) for o, d in zip(outs[:70], data[:70], strict=True))
             assert not outs[70].any()
+
+
+def test_address_space_flush_is_durable_on_the_node(
+    redis_srv: RedisServer, tmp_path: Path, secret_file: Path
+) -> None:
+    """AddressSpace.flush over a remote node (NodeStore) flushes the node's
+    store: with the node's own flusher off (every 100,000 s), what was saved
+    before it survives SIGKILL of the node and its restart, byte-exact."""
+    from chm.kv.space import AddressSpace
+    from chm.remote.nodestore import NodeStore
+
+    ns = Namespace(model="space-flush")
+    data = _blocks(6, 21)
+    node = NodeProcess(
+        redis_srv.url,
+        "nf",
+        tmp_path / "nf",
+        secret_file,
+        options=[*NODE_OPTS, "--flush-interval", "100000"],
+    ).start()
+    try:
+        with _tier(redis_srv, secret_file, timeout=3.0) as tier:
+            space = AddressSpace(cast("list[Store]", [NodeStore(tier, node.info["node"], ns)]))
+            assert space.save("r", list(range(6)), data) == [PutStatus.STORED] * 6
+            space.flush(10)
+            assert tier.stats["flushes"] == 1
+            node.kill()
+            node.start()
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(6)]
+            deadline = time.monotonic() + 10
+            while space.load("r", list(range(6)), outs, timeout=2.0) < 6:
+                assert time.monotonic() < deadline, "the restarted node does not serve them"
+                time.sleep(0.1)
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+    finally:
+        node.kill()
