@@ -225,3 +225,34 @@ def test_node_by_id_and_drop_only_a_nodes_own_entries(master: RedisMaster) -> No
     assert master.get(keys)[:2] == [None, None] and master.get(keys)[2] is not None
     assert master.drop(keys, b) == 1  # any epoch of b
     assert master.get(keys) == [None, None, None]
+
+
+def test_update_drops_only_that_very_block_then_publishes(master: RedisMaster) -> None:
+    """RedisMaster.update (a node's put: its evicted blocks out, its new
+    entries in, one script call): an entry is deleted only while it names
+    the node, its epoch and the block's put sequence, so a later put of the
+    key (a new sequence), another node's entry and an older epoch's are left
+    alone; the published entries are set after the drops; more than 4,096
+    drops take several calls and all land."""
+    from dataclasses import replace
+
+    node, epoch = master.register("u1")
+    ks = _keys(6, "upd")
+    mine = [replace(e, seq=10 + i) for i, e in enumerate(_entries(ks, node, epoch))]
+    assert master.publish(mine[:4])
+    assert master.publish([replace(_entries(ks[4:5], node + 1, epoch)[0], seq=14)])  # another node
+    assert master.publish([replace(_entries(ks[5:6], node, epoch - 1)[0], seq=15)])  # older epoch
+    gone = [(k, 10 + i) for i, k in enumerate(ks)]  # every key, at the sequences above
+    gone[1] = (ks[1], 99)  # key 1 was put again since (sequence 11 now): not this block
+    again = replace(mine[0], seq=20, addr=1 << 30)  # key 0 put again, in the same call
+    assert master.update(node, epoch, [again], gone) == 3  # keys 0, 2 and 3
+    got = master.get(ks)
+    assert got[0] == again  # dropped, then published anew
+    assert got[1] == mine[1]
+    assert got[2] is None and got[3] is None
+    raw = master._r.hmget(master._k("e"), ks[4], ks[5])
+    assert all(v is not None for v in raw)  # another node's and an older epoch's stay
+    many = _keys(5000, "upd-many")
+    assert master.publish([replace(e, seq=7) for e in _entries(many, node, epoch)])
+    assert master.update(node, epoch, [], [(k, 7) for k in many]) == 5000
+    assert master.get(many[:32]) == [None] * 32 and master.get(many[-32:]) == [None] * 32
