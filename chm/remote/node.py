@@ -720,6 +720,37 @@ class RemoteTier:
 
     # ---- removes and flushes (the node's store itself)
 
+    def _ask(
+        self,
+        node: int,
+        epoch: int | None,
+        deadline: float,
+        op: Op,
+        body: Any,
+        *,
+        wait: float = 0.0,
+        grace: float | None = None,
+        refusals: bool = False,
+    ) -> Any:
+        """One request on the node's control connection (at ``epoch``, if
+        given), connected by ``deadline`` and answered by then (with
+        ``grace``: within ``wait + grace`` seconds of asking). A kept
+        connection that turns out dead (the node restarted since, or
+        dropped it) is replaced once: a restarted node then says so
+        (NodeGone naming the epochs)."""
+        with self._lock:
+            kept = self._ctl.get(node)
+        link = self._link(node, epoch, deadline, control=True)
+        by = deadline if grace is None else time.monotonic() + wait + grace
+        try:
+            return link.call(op, body, by, wait, refusals=refusals)
+        except NodeGone:
+            if link is not kept or not link.broken:
+                raise
+        link = self._link(node, epoch, deadline, control=True)
+        by = deadline if grace is None else time.monotonic() + wait + grace
+        return link.call(op, body, by, wait, refusals=refusals)
+
     def remove(self, node: int, keys: Any, timeout: float | None = None) -> list[bool]:
         """Removes blocks from ``node``'s store (``KV_REMOVE``, at most
         ``MAX_BATCH`` keys a request): per key whether the node held it.
@@ -729,10 +760,10 @@ class RemoteTier:
         the node does not answer within ``timeout``."""
         ks = key_bytes(keys)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        link = self._link(node, None, deadline, control=True)
         out: list[bool] = []
         for at in range(0, len(ks), MAX_BATCH):
-            got = link.call(Op.KV_REMOVE, _pairs(ks[at : at + MAX_BATCH]), deadline, refusals=True)
+            body = _pairs(ks[at : at + MAX_BATCH])
+            got = self._ask(node, None, deadline, Op.KV_REMOVE, body, refusals=True)
             out += [bool(g) for g in got]
         self._count("removed", sum(out))
         return out
@@ -745,10 +776,10 @@ class RemoteTier:
         NodeGone when the node does not answer within ``timeout``."""
         ks = key_bytes(keys)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        link = self._link(node, None, deadline, control=True)
         out: list[dict[str, Any] | None] = []
         for at in range(0, len(ks), _ENTRIES_STEP):
-            for e in link.call(Op.KV_ENTRIES, _pairs(ks[at : at + _ENTRIES_STEP]), deadline):
+            body = _pairs(ks[at : at + _ENTRIES_STEP])
+            for e in self._ask(node, None, deadline, Op.KV_ENTRIES, body):
                 out.append(None if e is None else dict(zip(_ENTRY_NAMES, e, strict=True)))
         return out
 
@@ -772,12 +803,20 @@ class RemoteTier:
         its flush failed."""
         now = time.monotonic()
         end = float("inf") if timeout is None else now + timeout
-        link = self._link(node, epoch, min(end, now + self.timeout), control=True)
+        connect = min(end, now + self.timeout)
         while True:
             left = max(0.0, end - time.monotonic())
             step = min(left, FLUSH_SLICE)
             rc = int(
-                link.call(Op.KV_FLUSH, int(step * 1e9), time.monotonic() + step + GRACE, wait=step)
+                self._ask(
+                    node,
+                    epoch,
+                    connect,
+                    Op.KV_FLUSH,
+                    int(step * 1e9),
+                    wait=step,
+                    grace=GRACE,
+                )
             )
             if rc == -errno.ETIMEDOUT and step < left:
                 continue

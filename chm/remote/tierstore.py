@@ -35,9 +35,10 @@ tier (``chm.integrations._tier.open_tier`` with ``master``):
   entry still names that node and epoch; a key another client is loading
   is Busy, as on one daemon;
 - ``flush`` is a barrier: it asks every node that took puts of this store
-  since its last flush to flush its own store (``KV_FLUSH``), side by
-  side; when it returns, every put acknowledged before the call is durable
-  on its node (found after the node is killed and restarted). A node that
+  (or holds blocks a put found there already: EXISTS) since its last flush
+  to flush its own store (``KV_FLUSH``), side by side; when it returns,
+  every put acknowledged before the call is durable on its node (found
+  after the node is killed and restarted). A node that
   died or restarted since it took them raises NodeGone (the barrier cannot
   vouch for them); each node also flushes on its own
   (``chm-emu serve --flush-interval``).
@@ -396,6 +397,8 @@ class NodesStore:
         have = self._entries(ks)
         out = [PutStatus.EXISTS] * len(ks)
         todo = [j for j in range(len(ks)) if have[j] is None]
+        for e in {(e.node, e.epoch) for e in have if e is not None}:
+            self._took(*e)  # EXISTS: durable once its node flushed, whoever put it
         self._count("puts")
         if todo:
             node = self._place()
@@ -429,9 +432,11 @@ class NodesStore:
             )
         return out
 
-    def _took(self, node: int) -> None:
-        """``node`` acknowledged a put of this store: the next flush asks it."""
-        epoch = self.save_tier.epoch_of(node)
+    def _took(self, node: int, epoch: int | None = None) -> None:
+        """``node`` (at ``epoch``; default: the put connection's) holds a
+        block a put of this store acknowledged: the next flush asks it."""
+        if epoch is None:
+            epoch = self.save_tier.epoch_of(node)
         with self._lock:
             if epoch is not None:
                 self._dirty.setdefault(node, epoch)  # the oldest: a restart since is seen
@@ -486,12 +491,17 @@ class NodesStore:
                 self.save_tier.flush_node(node, timeout, epoch=epoch)
             except NodeGone:
                 try:
-                    restarted = self.master.node(node).epoch != epoch
+                    now = self.master.node(node).epoch
                 except ChmError:
-                    restarted = False
-                if restarted:
-                    self._forget(node, epoch, seen.get(node, 0), force=True)
-                raise
+                    now = epoch
+                if now == epoch:
+                    raise
+                self._forget(node, epoch, seen.get(node, 0), force=True)
+                raise NodeGone(
+                    None,
+                    f"flush: node {node} restarted (epoch {epoch} -> {now}) since it took "
+                    "puts of this store; what it had not flushed may be lost",
+                ) from None
             self._forget(node, epoch, seen.get(node, 0))
 
         futs = [self._pool.submit(one, n, ep) for n, ep in todo.items()]

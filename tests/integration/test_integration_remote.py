@@ -305,7 +305,8 @@ def test_flush_is_a_barrier_across_a_node_kill(
 ) -> None:
     """The node flushes on its own only every 100,000 s here: what
     NodesStore.flush returned for survives SIGKILL of the node daemon and a
-    restart on the same files, byte-exact. Puts a node took before it was
+    restart on the same files, byte-exact (a block a put found there already
+    included). Puts a node took before it was
     killed and restarted without a flush cannot be vouched for: flush raises
     NodeGone (once), then flushes again as usual."""
     node = NodeProcess(
@@ -319,9 +320,20 @@ def test_flush_is_a_barrier_across_a_node_kill(
     try:
         rng = np.random.default_rng(5)
         data = [rng.integers(0, 256, BLOCK, dtype=np.uint8) for _ in range(6)]
-        assert store.put(list(range(6)), data) == [PutStatus.STORED] * 6
+        assert store.put(list(range(5)), data[:5]) == [PutStatus.STORED] * 5
         store.flush(10)
         assert store.stats()["remote_flushes"] == 1
+        # key 5 put by this store, not flushed; another worker's put of it is
+        # EXISTS, and that worker's flush makes it durable all the same
+        assert store.put([5], [data[5]]) == [PutStatus.STORED]
+        other = NodesStore.open(
+            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", timeout=3
+        )
+        try:
+            assert other.put([5], [data[5]]) == [PutStatus.EXISTS]
+            other.flush(10)
+        finally:
+            other.close()
         node.kill()
         node.start()
         outs = [np.zeros(BLOCK, np.uint8) for _ in range(6)]
@@ -337,7 +349,7 @@ def test_flush_is_a_barrier_across_a_node_kill(
         ]
         node.kill()
         node.start()
-        with pytest.raises(NodeGone, match=r"restarted|epoch"):
+        with pytest.raises(NodeGone, match=r"node \d+ restarted \(epoch \d+ -> \d+\)"):
             store.flush(10)
         store.flush(10)  # reported once; nothing else to flush
         with chm.connect(node.info["socket"]) as dev:
