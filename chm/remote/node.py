@@ -55,6 +55,7 @@ from chm.remote.transfer import OK, TIMEOUT, Engine, RegisteredBuffer
 __all__ = ["NodeGone", "RemoteTier", "read_secret"]
 
 WAIT_SLICE = 0.02  # seconds one KV_LOAD or WAIT waits for a run of staged blocks
+GROW_SLICE = 0.002  # the same while the Master's later rounds may still grow the window
 TELL_TIMEOUT = 0.5  # seconds a request without an answer may take to be sent
 FLUSH_SLICE = 1.0  # seconds one KV_FLUSH may wait on the node's device
 GRACE = 1.0  # seconds a node has to answer beyond a request's own wait
@@ -365,15 +366,35 @@ class RemoteTier:
 
     def _load_hits(self, feed: _Hits, outs: list[Any], deadline: float) -> int:
         """Loads the hits ``feed`` hands over, in order: each node's run in
-        windows of at most MAX_BATCH keys and half the buffer, a window
-        started with the hits known so far; each part's checksums and copies
-        run on a helper thread while the next part is staged and read.
-        Returns how many leading hits were loaded and verified."""
+        windows of at most MAX_BATCH keys and half the buffer. A window
+        starts with the hits known so far and, while the Master's later
+        rounds come in, grows by them (their prefetches issued at once), so
+        an early start costs no extra window; each part's checksums and
+        copies run on a helper thread while the next part is staged and
+        read. Returns how many leading hits were loaded and verified."""
         hits = feed.hits
         done = 0  # verified hits of the runs before the current one
         run = read = 0  # the current run starts at ``run``; ``read``: staged and read
         link: _Link | None = None
         parts: list[tuple[int, concurrent.futures.Future[int]]] = []
+        half = self.buf.nbytes // 2
+
+        def fit(start: int, n: int, total: int) -> int:
+            """How many of the known hits from ``start`` join a window of
+            ``n`` hits and ``total`` bytes on the run's node."""
+            h = hits[run]
+            k = 0
+            while (
+                start + k < len(hits)
+                and n + k < MAX_BATCH
+                and hits[start + k].node == h.node
+                and hits[start + k].epoch == h.epoch
+                and total + hits[start + k].length <= half
+            ):
+                total += (hits[start + k].length + 63) & ~63
+                k += 1
+            return k
+
         try:
             while True:
                 if read == len(hits):
@@ -397,57 +418,55 @@ class RemoteTier:
                     except ChmError:
                         self._count("node_errors")
                         break
-                win, total = 0, 0
-                while (
-                    read + win < len(hits)
-                    and win < MAX_BATCH
-                    and hits[read + win].node == h.node
-                    and hits[read + win].epoch == h.epoch
-                    and total + hits[read + win].length <= self.buf.nbytes // 2
-                ):
-                    total += (hits[read + win].length + 63) & ~63
-                    win += 1
+                win = fit(read, 0, 0)
                 if win == 0:
                     break  # a block larger than half the buffer
                 self._count("windows")
+
+                def grow(
+                    n: int, total: int, block: bool, start: int = read
+                ) -> tuple[list[Entry], list[Any]] | None:
+                    """The hits the Master answered since that join the window
+                    (``block``: waits for the next round first); None when no
+                    more can (the lookup ended, or the next hit does not fit)."""
+                    if not feed.more(deadline if block else None):
+                        return None  # no round came by the deadline
+                    k = fit(start + n, n, total)
+                    if k == 0 and (feed.ended or start + n < len(hits)):
+                        return None
+                    return hits[start + n : start + n + k], outs[start + n : start + n + k]
+
                 if not feed.ended:
                     self._count("early_windows")
-                n = self._load_window(
-                    link, hits[read : read + win], outs[read : read + win], deadline, parts
+                n, whole = self._load_window(
+                    link,
+                    hits[read : read + win],
+                    outs[read : read + win],
+                    deadline,
+                    parts,
+                    None if feed.ended else grow,
                 )
                 read += n
-                if n < win:
+                if not whole:
                     break
         finally:
             done += _settle(parts)  # every part's verify-and-copy ends before the load returns
         return done
 
-    def _load_window(
-        self,
-        link: _Link,
-        ents: list[Entry],
-        outs: list[Any],
-        deadline: float,
-        parts: list[tuple[int, concurrent.futures.Future[int]]],
-    ) -> int:
-        """Stages a window on the node and reads it as it comes out staged.
-
-        ``KV_LOAD`` pins and prefetches the window and waits a short slice
-        (one round trip); then, as long as the blocks come out staged in
-        order, each staged run is read with batched engine reads (in up to
-        ``PIPELINE`` parts when large, so one part's checks and copies
-        overlap the next part's read) and handed back (``KV_DONE_QUIET``, no
-        round trip), so its slots stage the blocks after it; ``WAIT``, in
-        short slices, for the rest. Returns how many blocks were read; their
-        checks and copies are in ``parts``."""
-        pairs = _pairs([e.key for e in ents])
+    def _issue(
+        self, link: _Link, ents: list[Entry], pairs: list[list[int]], deadline: float, wait: float
+    ) -> tuple[int, list[Any]]:
+        """``KV_LOAD`` of ``ents`` (pins, prefetches, waits up to ``wait``):
+        ``(how many leading blocks are held and still the Master's bytes,
+        their answers)``; what is held past them is handed back at once.
+        Asks again while every slot is held by others."""
         while True:
-            step = min(WAIT_SLICE, max(0.0, deadline - time.monotonic()))
+            step = min(wait, max(0.0, deadline - time.monotonic()))
             try:
                 ans = link.call(Op.KV_LOAD, [int(step * 1e9), pairs, False], deadline, wait=step)
             except NodeGone:
                 self._count("node_errors")
-                return 0
+                return 0, []
             n = 0
             while n < len(ents):
                 rc, tok, ln, ck, _off = ans[n]
@@ -463,31 +482,88 @@ class RemoteTier:
                 # evicted or removed: not a hit while the entry names this node and epoch
                 self._count("dropped", self.master.drop([ents[n].key], ents[n].node, ents[n].epoch))
             if n or ans[0][1] or ans[0][0] not in _BUSY or time.monotonic() >= deadline:
-                break
+                return n, ans
             self._count("busy")
             time.sleep(0.001)  # every slot is held (by other workers): ask again
+
+    def _load_window(
+        self,
+        link: _Link,
+        ents: list[Entry],
+        outs: list[Any],
+        deadline: float,
+        parts: list[tuple[int, concurrent.futures.Future[int]]],
+        grow: Any = None,
+    ) -> tuple[int, bool]:
+        """Stages a window on the node and reads it as it comes out staged.
+
+        ``KV_LOAD`` pins and prefetches the window and waits a short slice
+        (one round trip); then, as long as the blocks come out staged in
+        order, each staged run is read with batched engine reads (in up to
+        ``PIPELINE`` parts when large, so one part's checks and copies
+        overlap the next part's read) and handed back (``KV_DONE_QUIET``, no
+        round trip), so its slots stage the blocks after it; ``WAIT``, in
+        short slices, for the rest. ``grow(n, bytes)`` (while the Master's
+        later rounds come in) gives hits that join the window: their
+        ``KV_LOAD`` is sent at once, with no wait, and the slices stay short
+        (``GROW_SLICE``) while it may give more. Returns ``(how many blocks
+        were read, whether that is the whole window)``; their checks and
+        copies are in ``parts``."""
+        ents, outs = list(ents), list(outs)
+        pairs = _pairs([e.key for e in ents])
+        n, ans = self._issue(link, ents, pairs, deadline, 0.0 if grow else WAIT_SLICE)
+        whole = n == len(ents)
         toks = [int(a[1]) for a in ans[:n]]
         rcs = [int(a[0]) for a in ans[:n]]
         offs = [int(a[4]) for a in ans[:n]]
+        del ents[n:], outs[n:], pairs[n:]
+        total = sum((e.length + 63) & ~63 for e in ents)
         at = 0  # tokens [at, n) are still held
+        if not whole:
+            grow = None
         try:
-            while at < n:
+            while True:
+                if grow is not None:  # hits the Master answered since join the window
+                    g = grow(n, total, at == n)
+                    if g is None:
+                        grow = None
+                    elif g[0]:
+                        more, mouts = g
+                        mp = _pairs([e.key for e in more])
+                        k, mans = self._issue(link, more, mp, deadline, 0.0)
+                        if k < len(more):
+                            whole, grow = False, None
+                        ents += more[:k]
+                        outs += mouts[:k]
+                        pairs += mp[:k]
+                        toks += [int(x[1]) for x in mans[:k]]
+                        rcs += [int(x[0]) for x in mans[:k]]
+                        offs += [int(x[4]) for x in mans[:k]]
+                        total += sum((e.length + 63) & ~63 for e in more[:k])
+                        n += k
+                if at == n:
+                    if grow is None:
+                        break
+                    continue  # all read; the next round is waited for in grow()
                 m = 0
                 while at + m < n and rcs[at + m] == 0:
                     m += 1
                 if m == 0:
                     if rcs[at] != -errno.ETIMEDOUT:
                         self._count("node_errors")  # the node could not read it
+                        whole = False
                         break
                     left = deadline - time.monotonic()
                     if left <= 0:
                         self._count("timeouts")
+                        whole = False
                         break
-                    step = min(left, WAIT_SLICE)
+                    step = min(left, GROW_SLICE if grow is not None else WAIT_SLICE)
                     try:
                         res = link.call(Op.WAIT, [int(step * 1e9), toks[at:n]], deadline, wait=step)
                     except NodeGone:
                         self._count("node_errors")
+                        whole = False
                         break
                     for j, (rc, off, ln, _addr) in enumerate(res, at):
                         rcs[j] = int(rc) if rc or ln == ents[j].length else -errno.EIO
@@ -506,12 +582,12 @@ class RemoteTier:
                 link.tell(Op.KV_DONE_QUIET, [[*pairs[j], toks[j], 0] for j in range(at, at + m)])
                 at += m
                 if got < m:
-                    return at - m + got
+                    return at - m + got, False
         finally:
             if at < n:  # what was staged but not read goes back
                 with contextlib.suppress(NodeGone):
                     link.tell(Op.KV_DONE_QUIET, [[*pairs[j], toks[j], 0] for j in range(at, n)])
-        return at
+        return at, whole and at == n
 
     def _read_part(
         self,
