@@ -19,6 +19,7 @@ import select
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,7 +45,7 @@ from .sessions import RETAIN
 if TYPE_CHECKING:
     from .options import Host
 
-__all__ = ["Client"]
+__all__ = ["Client", "poll_window"]
 
 _FOREVER = 2**64 - 1  # a timeout_ns that never ends (UINT64_MAX)
 _SLICE_NS = 50_000_000  # a wait re-checks the connection and shutdown this often
@@ -53,9 +54,17 @@ _SLICE_NS = 50_000_000  # a wait re-checks the connection and shutdown this ofte
 # learnt from the client's recent gaps between an answer and its next
 # request (Client._learn): up to ServeOptions.poll_us, never when the
 # client's gaps are all longer than that, so an idle client costs no CPU.
-_GAPS = 8  # the gaps a window is learnt from
+_GAPS = 16  # the gaps a window is learnt from
 _MIN_WINDOW_NS = 50_000  # the shortest window, when it polls at all
 _SLACK_NS = 20_000  # beyond 1.5 times the longest recent gap
+# a try of a poll that comes back this late found the CPU wanted by
+# something else (the client itself, when it shares the CPU, another
+# thread or process): the thread sleeps
+_CONTENDED_NS = 50_000
+# this late: something else ran for a scheduler slice; the thread does not
+# poll again for _BACKOFF_NS
+_TAKEN_NS = 500_000
+_BACKOFF_NS = 100_000_000
 
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 _SEALS = getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_GROW", 4)
@@ -71,6 +80,18 @@ class _Gone(Exception):
 
 class _Idle(Exception):
     """The client sent nothing for idle_timeout seconds."""
+
+
+def poll_window(gaps: Iterable[int], cap: int) -> int:
+    """ns to poll for a client's next request, from its recent gaps (ns
+    from serving a request to its next one): 1.5 times the longest gap
+    within ``cap`` plus a margin (at least _MIN_WINDOW_NS), at most ``cap``;
+    0 (sleep at once) when every gap was longer than ``cap``, so a client
+    that asks seldom, or has gone quiet, is not polled for."""
+    near = [g for g in gaps if g <= cap]
+    if not near:
+        return 0
+    return min(cap, max(_MIN_WINDOW_NS, max(near) * 3 // 2 + _SLACK_NS))
 
 
 def _errname(err: int) -> str:
@@ -153,6 +174,7 @@ class Client:
         self._gaps: collections.deque[int] = collections.deque(maxlen=_GAPS)
         self._window = 0  # ns to poll for the next request (see _learn)
         self._done = 0  # perf_counter_ns when the last request was served
+        self._calm_at = 0  # perf_counter_ns before which it does not poll (_polled)
         self.evicted: str | None = None  # why the daemon ended it before HELLO
         self.staging: dict[str, int] | None = None  # its last KV_STAGING report
 
@@ -338,7 +360,8 @@ class Client:
             self.sock.send(encode(Op.ERROR, self.seq, body))
 
     def _recv(self, timeout: float | None = None, hello: bool = False) -> tuple[Op, int, Any]:
-        got = self._polled(self._window) if self._window else None
+        poll = self._window and time.perf_counter_ns() >= self._calm_at
+        got = self._polled(self._window) if poll else None
         if got is None:
             if timeout is not None:
                 r, _, _ = select.select([self.sock], [], [], timeout)
@@ -358,42 +381,48 @@ class Client:
 
     def _learn(self, gap: int) -> None:
         """Sets the next poll window from this client's last gaps (ns from
-        serving a request to its next one): 1.5 times the longest of those
-        within the cap (plus a margin, at least _MIN_WINDOW_NS), capped at
-        ``poll_us``; none when every recent gap was longer than the cap (a
-        client that asks seldom is not polled for: its thread sleeps)."""
-        cap = self.d.poll_ns
+        serving a request to its next one), see :func:`poll_window`."""
         self._gaps.append(gap)
-        near = [g for g in self._gaps if g <= cap]
-        if not near:
-            self._window = 0
-            return
-        self._window = min(cap, max(_MIN_WINDOW_NS, max(near) * 3 // 2 + _SLACK_NS))
+        self._window = poll_window(self._gaps, self.d.poll_ns)
 
     def _polled(self, window: int) -> Any:
         """The next packet if it arrives within ``window`` ns of polling,
         else None: a thread woken from sleep costs tens of us on a VM, more
         than a short request takes (docs/daemon.md, "The request path").
         At most Host.pollers threads poll at once (the others sleep at
-        once), and each yields its CPU between polls, so a client or another
-        connection waiting for that CPU runs first."""
+        once). A poll yields its CPU between tries, so a client or another
+        connection waiting for that CPU runs first; a try that comes back
+        late because something else ran ends the poll (the thread sleeps),
+        and one that comes back a scheduler slice late (another process
+        wants this CPU) stops polling for _BACKOFF_NS: polling only uses a
+        CPU nothing else wants, a busy CPU wakes a sleeping thread cheaply
+        anyway (no idle vCPU to bring back), and a woken thread is
+        scheduled sooner than one that keeps yielding."""
         if not self.d.pollers.acquire(blocking=False):
             return None
         got = None
-        start = time.perf_counter_ns()
+        start = last = now = time.perf_counter_ns()
         end = start + window
         try:
             while True:
                 try:
                     got = self.sock.recvmsg(MAX_FRAME + 1, 0, socket.MSG_DONTWAIT)
+                    now = time.perf_counter_ns()
                     return got
                 except BlockingIOError:
-                    if time.perf_counter_ns() >= end:
+                    now = time.perf_counter_ns()
+                    if now >= end or now - last > _CONTENDED_NS:
                         return None
+                    last = now
                     os.sched_yield()
         finally:
             self.d.pollers.release()
-            self.d.polled(got is not None, time.perf_counter_ns() - start)
+            # something else took this CPU for a scheduler slice: no polling
+            # for a while (a woken thread is scheduled sooner than a yielding one)
+            contended = now - last > _TAKEN_NS
+            if contended:
+                self._calm_at = now + _BACKOFF_NS
+            self.d.polled(got is not None, now - start, contended)
 
     def _hello(self) -> None:
         op, seq, body = self._recv(self.d.opts.hello_timeout, hello=True)

@@ -149,9 +149,10 @@ class Host(Protocol):
         """Add n to one of the daemon's counters."""
         ...
 
-    def polled(self, hit: bool, ns: int) -> None:
+    def polled(self, hit: bool, ns: int, gave_way: bool = False) -> None:
         """Count one poll of a connection for its client's next request:
-        whether the request came while polling, and the ns it lasted."""
+        whether the request came while polling, the ns it lasted, and
+        whether it gave way to something else wanting the CPU."""
         ...
 
     def retire_staging(self, report: dict[str, int] | None) -> None:

@@ -124,9 +124,11 @@ class Daemon:
             "tcp_bytes_staged": 0,
             # connection threads polling for their client's next request
             # (connection.Client._polled): requests found by polling, polls
-            # that ended without one, and the ns spent polling
+            # that ended without one (of which those that gave way to
+            # something else wanting the CPU), and the ns spent polling
             "poll_hits": 0,
             "poll_misses": 0,
+            "poll_gave_way": 0,
             "poll_ns": 0,
         }
         self._condemned: set[tuple[int, int]] = set()
@@ -630,10 +632,11 @@ class Daemon:
         with self._lock:
             self._counts[name] += n
 
-    def polled(self, hit: bool, ns: int) -> None:
+    def polled(self, hit: bool, ns: int, gave_way: bool = False) -> None:
         with self._lock:
             self._counts["poll_hits" if hit else "poll_misses"] += 1
             self._counts["poll_ns"] += ns
+            self._counts["poll_gave_way"] += gave_way
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -71,6 +71,9 @@ _WAIT_CHUNK = 1_000_000_000  # ns: the longest WAIT or FLUSH a client asks in on
 # from idle costs tens of us on a VM, more than a short request takes
 # (docs/daemon.md, "The request path")
 SPIN_NS = 100_000
+# a try of that poll that comes back this late found the CPU wanted by
+# something else: the client sleeps in recv instead
+_CONTENDED_NS = 50_000
 
 
 class DaemonGone(Cancelled, ConnectionError):
@@ -412,17 +415,21 @@ class RemoteDevice:
     def _answer(self) -> bytes:
         """The next packet: polled for up to ``spin_ns`` (a Unix socket),
         then waited for in a blocking recv with the armed deadline. The poll
-        yields the CPU between tries: on a busy machine the daemon's thread
-        may be waiting for this very CPU to answer."""
+        yields the CPU between tries (on a busy machine the daemon's thread
+        may be waiting for this very CPU to answer) and stops as soon as a
+        try comes back late because something else ran."""
         sock = self._sock
         if self.spin_ns > 0 and not self.tcp:
-            end = time.perf_counter_ns() + self.spin_ns
+            last = time.perf_counter_ns()
+            end = last + self.spin_ns
             while True:
                 try:
                     return bytes(sock.recv(MAX_FRAME + 1, socket.MSG_DONTWAIT))
                 except BlockingIOError:
-                    if time.perf_counter_ns() >= end:
+                    now = time.perf_counter_ns()
+                    if now >= end or now - last > _CONTENDED_NS:
                         break
+                    last = now
                     os.sched_yield()
         return bytes(sock.recv(MAX_FRAME + 1))
 

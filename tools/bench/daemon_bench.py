@@ -171,6 +171,19 @@ def _rtt(rem: Any, emb: Any, iters: int) -> dict[str, list[float]]:
     return {**out, "trips_batched": trips["batched"], "trips_staged": trips["staged"]}
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _requests(rem: Any) -> int:
+    """The requests a client has sent, answered or not."""
+    return int(rem.round_trips + rem.quiet_sent)
+
+
 def _clients(sock: str, k: int, n: int) -> float:
     """Aggregate bandwidth of k client processes loading disjoint objects."""
     per = n // k
@@ -207,6 +220,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--rtt-iters", type=int, default=400)
     ap.add_argument("--backend", default="auto", choices=["auto", "uring", "pread"])
+    ap.add_argument(
+        "--poll-us",
+        type=int,
+        help="the daemon's --poll-us (default: the daemon's default)",
+    )
     ap.add_argument("--quick", action="store_true", help="64 objects, 3 reps, 100 round trips")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--target-ratio", type=float, default=0.9)
@@ -230,6 +248,8 @@ def main() -> int:
         args = ["--target", str(srv_file), "--backend", a.backend, "--no-kv"]
         args += ["--capacity", str(opts["capacity"]), "--dram", str(opts["dram"])]
         args += ["--slot-size", str(OBJ), "--config", str(tmp / "serve.toml")]
+        if a.poll_us is not None:
+            args += ["--poll-us", str(a.poll_us)]
         (tmp / "serve.toml").write_text(
             f'[device]\nwbuf = {opts["wbuf"]}\nslots = 32\nstripe_unit = "1M"\n'
         )
@@ -251,7 +271,17 @@ def main() -> int:
             anon.close()
             for _ in range(10):  # warm both paths
                 _rtt(rem, emb, 1)
+            c0, r0, t0 = _cpu_s(d.pid), _requests(rem), time.perf_counter()
             rt = _rtt(rem, emb, a.rtt_iters)
+            # the daemon's CPU per request over the alternating runs (its
+            # polling included), and over 1 s with the client connected, idle
+            cpu_req = (_cpu_s(d.pid) - c0) / (_requests(rem) - r0)
+            busy_s = time.perf_counter() - t0
+            time.sleep(0.1)
+            c0 = _cpu_s(d.pid)
+            time.sleep(1.0)
+            cpu_idle = _cpu_s(d.pid) - c0
+            polls = rem.daemon_stats()["daemon"]
             rem.close()
             emb.close()
             one, four = [], []
@@ -296,6 +326,19 @@ def main() -> int:
                 ["32 x 4 KiB, embedded, per object", "-",
                  f"{q(rt['embedded'], 0.5) * 1e6:.0f} us",
                  f"{q(rt['embedded'], 0.99) * 1e6:.0f} us"],
+            ],
+        )  # fmt: skip
+        table(
+            f"daemon CPU (poll_us {'default' if a.poll_us is None else a.poll_us}; "
+            f"the runs above took "
+            f"{busy_s:.1f} s)",
+            ["what", "figure"],
+            [
+                ["CPU s per 1000 requests, the runs above", f"{cpu_req * 1000:.3f} s"],
+                ["CPU s over 1 s, client connected and idle", f"{cpu_idle:.3f} s"],
+                ["requests found by polling / polls missed",
+                 f"{polls.get('poll_hits', '-')} / {polls.get('poll_misses', '-')}"],
+                ["time spent polling, all runs", f"{polls.get('poll_ns', 0) / 1e9:.2f} s"],
             ],
         )  # fmt: skip
         rtt_us = float(q(rt["ping"], 0.5)) * 1e6
@@ -344,6 +387,11 @@ def main() -> int:
                         "batch_embedded_s": {
                             "median": q(rt["embedded"], 0.5),
                             "p99": q(rt["embedded"], 0.99),
+                        },
+                        "daemon_cpu_s_per_request": cpu_req,
+                        "daemon_cpu_s_idle_1s": cpu_idle,
+                        "daemon_polls": {
+                            k: polls.get(k) for k in ("poll_hits", "poll_misses", "poll_ns")
                         },
                         "loadavg": [load0, loadavg()],
                         "verdicts": v.to_dict(),
