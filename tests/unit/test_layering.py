@@ -55,6 +55,7 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 # a top-level definition: a name and "(" on a line that starts at column 0,
 # not a declaration (those end in ";") and not a static one
 _FUNC = re.compile(r"^(?!static\b)(?![ \t#])[^;{}()\n]*?\b([A-Za-z_]\w*)\s*\([^;{]*?\)\s*\{", re.M)
+_IDENT = re.compile(r"(?<!struct )\b([A-Za-z_]\w*)")
 _MODE = re.compile(r"CHM_MODE_(?:PREFETCH|LRU|DIRECT)\b")
 _TABLE = re.compile(r"^(?!static\b)const\s+struct\s+\w+\s+([A-Za-z_]\w*)\s*=", re.M)
 
@@ -92,10 +93,11 @@ def graph(root: Path) -> dict[str, set[tuple[str, str]]]:
                 edges[mod].add((target, f'{p.name} includes "{inc}"'))
         if p.suffix != ".c":
             continue  # a header declares; only code calls
+        # a call or a reference (a hook in a table); "struct chm_stats"
+        # names the type, not the function
+        used = set(_IDENT.findall(code[p]))
         for name, owner in defined.items():
-            # a call or a reference (a hook in a table); "struct chm_stats"
-            # names the type, not the function
-            if owner != mod and re.search(rf"(?<!struct )\b{re.escape(name)}\b", code[p]):
+            if owner != mod and name in used:
                 edges[mod].add((owner, f"{p.name} uses {name}() of {owner}"))
     return edges
 
@@ -237,6 +239,7 @@ def test_files_have_a_header_comment(name: str) -> None:
 # commands (and the tests) start.
 
 import ast  # noqa: E402 - the Python half of the file keeps its own imports
+import functools  # noqa: E402
 
 PY_GROUPS: dict[str, str] = {
     # module prefix -> group; the longest matching prefix wins
@@ -321,22 +324,35 @@ def py_modules(root: Path) -> dict[str, Path]:
     return out
 
 
+@functools.cache
+def _import_nodes(text: str) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """(level, module, names) of every import in a source text: -1 for
+    ``import a, b``. Parsed once per text: most tests check the same files."""
+    out: list[tuple[int, str, tuple[str, ...]]] = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            out.append((-1, "", tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module or "", tuple(a.name for a in node.names)))
+    return tuple(out)
+
+
 def py_imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The project modules name imports, anywhere in the file."""
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                mod = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                mod = node.module or ""
-            for a in node.names:  # `from pkg import module` names the module
-                sub = f"{mod}.{a.name}"
-                found.add(sub if sub in known else mod)
+    for level, module, names in _import_nodes(path.read_text()):
+        if level < 0:
+            found.update(names)
+            continue
+        if level:
+            base = pkg.split(".")[: len(pkg.split(".")) - level + 1]
+            mod = ".".join([*base, *([module] if module else [])])
+        else:
+            mod = module
+        for a in names:  # `from pkg import module` names the module
+            sub = f"{mod}.{a}"
+            found.add(sub if sub in known else mod)
     return {m for m in found if m.split(".")[0] in ("chm", "chm_emu") and m != name}
 
 
