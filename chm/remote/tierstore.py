@@ -40,8 +40,8 @@ tier (``chm.integrations._tier.open_tier`` with ``master``):
   every put acknowledged before the call is durable on its node (found
   after the node is killed and restarted). A node that
   died or restarted since it took them raises NodeGone (the barrier cannot
-  vouch for them); each node also flushes on its own
-  (``chm-emu serve --flush-interval``).
+  vouch for them); ``close`` flushes the same way first; each node also
+  flushes on its own (``chm-emu serve --flush-interval``).
 """
 
 from __future__ import annotations
@@ -546,16 +546,23 @@ class NodesStore:
         return self._closed
 
     def close(self, *, flush: bool = True) -> None:
+        """Flushes (``flush``: every node that took puts since the last
+        flush, within the store's timeout) and closes; idempotent. A flush
+        that fails is raised after everything is closed, as a Store's."""
         if self._closed:
             return
-        self._closed = True
-        self._pool.shutdown(wait=True)
         try:
-            self.tier.close()
-            if self.save_tier is not self.tier:
-                self.save_tier.close()
+            if flush:
+                self.flush(self.timeout)
         finally:
-            self.master.close()
+            self._closed = True
+            self._pool.shutdown(wait=True)
+            try:
+                self.tier.close()
+                if self.save_tier is not self.tier:
+                    self.save_tier.close()
+            finally:
+                self.master.close()
 
     def __enter__(self) -> NodesStore:
         return self

@@ -308,7 +308,7 @@ def test_flush_is_a_barrier_across_a_node_kill(
     restart on the same files, byte-exact (a block a put found there already
     included). Puts a node took before it was
     killed and restarted without a flush cannot be vouched for: flush raises
-    NodeGone (once), then flushes again as usual."""
+    NodeGone (once), then flushes again as usual. close() flushes too."""
     node = NodeProcess(
         redis_srv.url,
         "node-a",
@@ -354,6 +354,22 @@ def test_flush_is_a_barrier_across_a_node_kill(
         store.flush(10)  # reported once; nothing else to flush
         with chm.connect(node.info["socket"]) as dev:
             assert dev.kv(NS).contains([10]) == [False]  # lost with the kill, as reported
+        # close() flushes, as a Store's does
+        for _ in range(2):  # (the first put after the restart may find its old connection dead)
+            if store.put([11], [data[1]]) == [PutStatus.STORED]:
+                break
+        store.close()
+        node.kill()
+        node.start()
+        store = NodesStore.open(
+            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", timeout=3
+        )
+        out = [np.zeros(BLOCK, np.uint8)]
+        deadline = time.monotonic() + 10
+        while store.load_prefix([11], out) < 1:
+            assert time.monotonic() < deadline, "a block closed with flush is lost"
+            time.sleep(0.1)
+        assert np.array_equal(out[0], data[1])
     finally:
         store.close()
         node.stop()
