@@ -14,7 +14,7 @@ A TOML file has the serve settings at the top level and the device options
     hello_timeout = 2.0        # seconds a new connection has to say HELLO
     idle_timeout = 0           # seconds a client may stay silent (0: forever)
     idle_reclaim = 60          # when full, a client idle this long gives way (0: never)
-    poll_us = 2000             # us a connection may poll for its client's next request (0: never)
+    poll_us = 200              # us a connection may poll for its client's next request (0: never)
     listen = "10.0.0.5:7464"   # TCP clients too (optional; needs secret_file)
     secret_file = "/etc/chm/secret"
     master = "redis://10.0.0.1:6379/0"  # a remote storage node (needs listen, node_name)
@@ -211,7 +211,7 @@ def _count(value: Any, what: str) -> int:
     help="Microseconds a connection's thread may poll for its client's next request before "
     "it sleeps; the window follows the client's recent gaps between requests and is none "
     "for a client that asks less often (an idle daemon never polls); 0: never poll "
-    "[default: 2000].",
+    "[default: 200].",
 )
 @click.option(
     "--listen",

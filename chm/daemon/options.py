@@ -24,9 +24,11 @@ from .sessions import Scopes
 __all__ = ["POLL_US", "Host", "NodeHooks", "ServeError", "ServeOptions"]
 
 
-# the default cap of a connection's poll window (ServeOptions.poll_us): the
-# gap of a client that does about a millisecond of work between requests
-POLL_US = 2000
+# the default cap of a connection's poll window (ServeOptions.poll_us):
+# clients asking within 200 us of an answer are polled for; longer windows
+# bought no latency on a shared 2-vCPU VM for their CPU (docs/daemon.md,
+# "Request path performance")
+POLL_US = 200
 
 
 class ServeError(Exception):

@@ -17,7 +17,10 @@
     release of 4 KiB staged objects through the daemon, alternating with
     the same batch on the embedded device: median and p99, and the round
     trips the client counted for it (target <= 2; ``prefetch_many(wait=True)``
-    alongside);
+    alongside); the daemon's CPU seconds (``/proc/<pid>/stat``) per 1000
+    requests over these runs, its polling counters, and its CPU over 1 s
+    with the client connected and idle (``--poll-us N`` starts the daemon
+    with that poll cap instead of its default);
 (c) 4 client processes loading disjoint objects at once vs 1 client alone:
     aggregate bandwidth ratio (target >= 0.9).
 
