@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import logging
 import os
 import stat
 import threading
@@ -64,6 +65,7 @@ __all__ = ["DROP_DTYPE", "MAX_META", "JournalDamageWarning", "PutStatus", "Store
 DROP_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("epoch", "<u8")])
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
 MAX_META = jn.MAX_META  # metadata bytes per key
 _ENTRY_FIELDS = ("addr", "length", "checksum", "epoch", "segment", "device", "pins", "state")
 _hash = xxhash.xxh3_64_intdigest
@@ -1541,8 +1543,17 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc is None:
+            self.close()
+            return
+        # the exception already leaving the block is the one to see; a close
+        # that fails meanwhile (a flush on a full disk, writes the device
+        # lost) must not replace it, nor pass unreported
+        try:
+            self.close()
+        except ChmError as failed:
+            _log.error("closing %r after %s: %s", self, type(exc).__name__, failed)
 
     def __repr__(self) -> str:
         return (

@@ -489,3 +489,41 @@ def test_a_device_collected_without_close_keeps_its_writes(tmp_path: Path) -> No
     gc.collect()
     with chm.Device.open(targets=[target], **SMALL) as again:
         assert bytes(again.read(0, 1 << 20)) == b"\x07" * (1 << 20)
+
+
+def test_a_store_closing_under_another_exception_keeps_it_and_logs_the_failure(
+    tiny_fs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Leaving a KV store's with block on an exception: the close's flush
+    finds the filesystem full. The exception already leaving stays the one
+    raised (the NoSpace replaced it before), and the failed close is logged
+    at ERROR, naming the file; without an exception the close raises it."""
+    from chm.kv import Store
+
+    for raising in (True, False):
+        dev, target, _, _ = _fill_past_free(tiny_fs, "prefetch")
+        # the journal off the full filesystem
+        st = Store(
+            dev,
+            journal=tiny_fs.parent / f"j{raising}.kvjournal",
+            block_bytes=1 << 20,
+            segment_bytes=4 << 20,
+        )
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="chm.kv.store"):
+            if raising:
+                with pytest.raises(KeyError, match="first"), st:
+                    raise KeyError("first")
+            else:
+                with pytest.raises(errors.NoSpace), st:
+                    pass
+        assert st.closed
+        logged = [r.getMessage() for r in caplog.records if r.name == "chm.kv.store"]
+        if raising:
+            assert len(logged) == 1 and "after KeyError" in logged[0], logged
+            assert str(target) in logged[0] and "no space left" in logged[0], logged
+        else:
+            assert logged == []
+        (tiny_fs / "ballast").unlink()  # room again: the device closes clean
+        dev.close()
+        target.unlink()
