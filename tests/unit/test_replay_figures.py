@@ -238,6 +238,56 @@ def test_every_figure_command_runs_quick(fig: str, tmp_path: Path) -> None:
     assert (tmp_path / "per_request.csv").stat().st_size > 0
 
 
+@pytest.mark.parametrize("fig", ["fig8", "fig12"])
+def test_quick_json_without_out_holds_the_verdicts(fig: str, tmp_path: Path) -> None:
+    out = tmp_path / f"{fig}.json"
+    p = subprocess.run(
+        [sys.executable, str(TOOL), fig, "--quick", "--no-plots", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip().splitlines()[-1].startswith(f"{fig}: all ")
+    doc = json.loads(out.read_text())
+    assert doc["figure"] == fig and doc["parameters"]["scale"] == 64
+    v = doc["verdicts"]
+    assert v["quick"] is True and v["all_met"] is True
+    assert len(v["targets"]) == len(doc["claims"]) > 0
+    assert all("--quick smoke target" in t["name"] for t in v["targets"])
+    assert "environment" in doc and doc["summary"]
+
+
+def test_json_beside_out_is_results_json(tmp_path: Path) -> None:
+    js = tmp_path / "r.json"
+    args = ["fig9", "--quick", "--no-plots", "--out", str(tmp_path / "o"), "--json", str(js)]
+    p = subprocess.run(
+        [sys.executable, str(TOOL), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(js.read_text()) == json.loads((tmp_path / "o" / "results.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--quick", "--json", "/nonexistent-chm-dir/r.json"], "does not exist"),
+        (["--quick", "--json", "."], "is a directory"),
+        ([], "Missing option '--out'"),
+    ],
+)
+def test_bad_json_path_or_no_destination_is_a_usage_error(args: list[str], message: str) -> None:
+    p = subprocess.run(
+        [sys.executable, str(TOOL), "fig12", *args], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert message in p.stderr and "Traceback" not in p.stderr
+    assert "parameters:" not in p.stdout  # refused before replaying
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 def test_real_redis_under_noeviction_refuses_stores_when_full(tmp_path: Path) -> None:
     """The store-failure policy (LruBlocks(evict=False)) is Redis's own: a

@@ -2,7 +2,8 @@
 """The paper's figures 8, 9, 10 and 12, one command each (chm.sim.replay.figures).
 
 Each subcommand prints its parameters (every one overridable with --set
-NAME=VALUE), replays the figure's systems, writes to --out
+NAME=VALUE), replays the figure's systems, writes to --out (with --json PATH,
+results.json's document also goes to PATH)
 
     results.json     parameters, summary, claims with their verdicts
     per_request.csv  one row per (system, request); CXL-HM rows add device columns
@@ -12,19 +13,21 @@ NAME=VALUE), replays the figure's systems, writes to --out
 and prints the verdicts against the paper's statements last (exit 1 when
 one is missed). --quick replays a small workload on a scaled device, a
 smoke test: too small for the paper's statements, it is judged on producing
-every figure, each printed beside its full-run target.
+every figure, each printed beside its full-run target (sizes and policy:
+chm.sim.replay.quick); without --out it writes to a temporary directory.
 
     python tools/replay/figures.py fig8 --out out/fig8
     python tools/replay/figures.py fig9 --out out/fig9 --timeouts 0.1,2
     python tools/replay/figures.py fig10 --out out/fig10 --buffers 5G,10G,20G,40G,80G
     python tools/replay/figures.py fig12 --out out/fig12 --set redis_bytes=32G
+    python tools/replay/figures.py fig12 --quick --json out/fig12-quick.json
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +42,7 @@ import _benchlib as bl
 
 from chm.errors import InvalidArgument
 from chm.sim.replay import figures as F
+from chm.sim.replay import quick as Q
 from chm.sim.replay.params import apply_overrides, param_rows, parse_overrides
 from chm.sim.replay.results import write_csv, write_json
 from chm.sizes import parse_size
@@ -46,17 +50,9 @@ from chm.sizes import parse_size
 console = Console(highlight=False, markup=False)
 T = TypeVar("T")
 
-QUICK = {
-    "users": "3",
-    "turns": "3",
-    "user_tokens_min": "1000",
-    "user_tokens_max": "2000",
-    "scale": "64",
-}
 
-
-def _params(default: T, quick: bool, sets: tuple[str, ...], extra_quick: dict[str, str]) -> T:
-    over = dict(QUICK) | extra_quick if quick else {}
+def _params(default: T, quick: bool, sets: tuple[str, ...], figure: str) -> T:
+    over = Q.QUICK_OVERRIDES | Q.QUICK_FIGURE_OVERRIDES[figure] if quick else {}
     try:
         over |= parse_overrides(sets)
         return apply_overrides(default, over)
@@ -69,10 +65,11 @@ def _run(
     params: Any,
     work: Callable[[Callable[[int], None]], F.FigureData],
     total: int,
-    out: Path,
+    out: Path | None,
     no_plots: bool,
     plot: Callable[[F.FigureData, Path], None],
     quick: bool,
+    json_path: str | None,
 ) -> None:
     console.print(f"{name} parameters:")
     for pname, value, unit, meaning in param_rows(params):
@@ -103,37 +100,13 @@ def _run(
         if key in fig.summary:
             console.print(f"  {key} = {fig.summary[key]:.4f} s")
     console.print(f"replayed in {wall:.1f} s wall, {cpu:.1f} s CPU")
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "figure": fig.figure,
-        "parameters": dataclasses.asdict(params),
-        "summary": fig.summary,
-        "claims": [dataclasses.asdict(c) | {"met": c.met} for c in fig.claims],
-        "wall_s": wall,
-        "cpu_s": cpu,
-    }
-    write_json(out / "results.json", doc)
-    write_csv(out / "per_request.csv", fig.rows())
-    write_csv(out / "per_turn.csv", [t.row() for t in turns])
-    if not no_plots:
-        try:
-            plot(fig, out / f"{fig.figure}.png")
-        except ImportError as exc:
-            console.print(f"no plot: {exc}")
-    console.print(f"wrote results to {out}")
-    v = bl.Verdicts(name)
+    v = bl.Verdicts(name, quick=quick)
     for c in fig.claims:
         if quick:
             # a smoke run's workload is too small for the paper's statements:
             # it is judged on producing the figure; the full target is shown
-            op = ">=" if c.higher else "<="
-            v.check(
-                f"{c.name} measured (--quick smoke target; this run {c.value:.3g}, "
-                f"a full run's target {op} {c.target:.3g})",
-                float(math.isfinite(c.value)),
-                1.0,
-                fmt=lambda x: "yes" if x >= 1 else "no",
-            )
+            label, met = Q.smoke_claim(c.name, c.value, c.target, higher=c.higher)
+            v.check(label, float(met), 1.0, fmt=lambda x: "yes" if x >= 1 else "no")
             continue
         v.check(
             f"{c.name} (paper: {c.paper})",
@@ -142,6 +115,32 @@ def _run(
             higher=c.higher,
             fmt=lambda x: f"{x:.3g}",
         )
+    doc = {
+        "figure": fig.figure,
+        "environment": bl.environment(),
+        "parameters": dataclasses.asdict(params),
+        "summary": fig.summary,
+        "claims": [dataclasses.asdict(c) | {"met": c.met} for c in fig.claims],
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "verdicts": v.to_dict(),
+    }
+    with tempfile.TemporaryDirectory(prefix=f"chm-{name}-") as tmp:
+        where = out if out is not None else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        write_json(where / "results.json", doc)
+        write_csv(where / "per_request.csv", fig.rows())
+        write_csv(where / "per_turn.csv", [t.row() for t in turns])
+        if not no_plots:
+            try:
+                plot(fig, where / f"{fig.figure}.png")
+            except ImportError as exc:
+                console.print(f"no plot: {exc}")
+        if out is not None:
+            console.print(f"wrote results to {out}")
+        else:
+            console.print("no --out: results, CSV files and plots written to a temporary directory")
+    bl.write_json(json_path, doc)
     sys.exit(v.finish())
 
 
@@ -158,10 +157,49 @@ _common = [
     click.option(
         "--set", "sets", multiple=True, metavar="NAME=VALUE", help="Override a parameter."
     ),
-    click.option("--quick", is_flag=True, help="A small workload on a scaled device (smoke test)."),
+    click.option(
+        "--quick",
+        is_flag=True,
+        help="A smoke run: a small workload on a scaled device, each figure judged on "
+        "being measured (--out defaults to a temporary directory).",
+    ),
     click.option("--no-plots", is_flag=True),
-    click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True),
+    click.option(
+        "--out",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Directory for results.json, the CSV files and the plot (required unless "
+        "--quick or --json; without it they go to a temporary directory).",
+    ),
+    click.option(
+        "--json",
+        "json_path",
+        default=None,
+        callback=lambda ctx, param, value: _json_path(value),
+        help="Write the results as JSON here (results.json's document: parameters, "
+        "summary, claims, verdicts).",
+    ),
 ]
+
+
+def _json_path(value: str | None) -> str | None:
+    """--json's file must be creatable: its directory exists (checked before replaying)."""
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        raise click.BadParameter(f"{value!r} is a directory", param_hint="--json")
+    if not p.resolve().parent.is_dir():
+        raise click.BadParameter(
+            f"{value!r}: directory {str(p.resolve().parent)!r} does not exist",
+            param_hint="--json",
+        )
+    return value
+
+
+def _need_out(out: Path | None, quick: bool, json_path: str | None) -> None:
+    if out is None and not quick and json_path is None:
+        raise click.UsageError("Missing option '--out' (needed unless --quick or --json is given).")
 
 
 def common(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -196,10 +234,12 @@ def fig8(
     sets: tuple[str, ...],
     quick: bool,
     no_plots: bool,
-    out: Path,
+    out: Path | None,
+    json_path: str | None,
 ) -> None:
     """Fig. 8: PD-disaggregated 4P-1D-1S, Qwen2.5-32B, against Mooncake's 1 TB pool."""
-    p = _params(F.PdParams(), quick, sets, {"late_turn": "3"})
+    _need_out(out, quick, json_path)
+    p = _params(F.PdParams(), quick, sets, "fig8")
     rates = _floats(session_rates)
     total = p.users * p.turns * 4
     _run(
@@ -211,6 +251,7 @@ def fig8(
         no_plots,
         _plot_turns("Fig. 8: PD 4P-1D-1S, Qwen2.5-32B"),
         quick,
+        json_path,
     )
 
 
@@ -229,9 +270,17 @@ def _floats(text: str) -> list[float]:
     help="Load timeouts (s) the NVMe-oF systems are also replayed with.",
 )
 @common
-def fig9(timeouts: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out: Path) -> None:
+def fig9(
+    timeouts: str,
+    sets: tuple[str, ...],
+    quick: bool,
+    no_plots: bool,
+    out: Path | None,
+    json_path: str | None,
+) -> None:
     """Fig. 9: NVMe-oF raw block device vs XFS, with the timeout fallback."""
-    p = _params(F.NvmeofParams(), quick, sets, {"load_timeout_s": "0.02"})
+    _need_out(out, quick, json_path)
+    p = _params(F.NvmeofParams(), quick, sets, "fig9")
     ts = _floats(timeouts)
     total = p.users * p.turns * 4
 
@@ -240,7 +289,8 @@ def fig9(timeouts: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out:
 
         plot_per_turn(fig.turns(), path, title=f"Fig. 9: NVMe-oF, timeout {p.load_timeout_s:g} s")
 
-    _run("fig9", p, lambda prog: F.fig9_nvmeof(p, ts, prog), total, out, no_plots, plot, quick)
+    work = lambda prog: F.fig9_nvmeof(p, ts, prog)  # noqa: E731
+    _run("fig9", p, work, total, out, no_plots, plot, quick, json_path)
 
 
 @main.command()
@@ -258,17 +308,23 @@ def fig9(timeouts: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out:
 )
 @common
 def fig10(
-    buffers: str, drains: str, sets: tuple[str, ...], quick: bool, no_plots: bool, out: Path
+    buffers: str,
+    drains: str,
+    sets: tuple[str, ...],
+    quick: bool,
+    no_plots: bool,
+    out: Path | None,
+    json_path: str | None,
 ) -> None:
     """Fig. 10: host transfer-buffer sweep, Mooncake vs HyMCache."""
-    quick_knee = {"late_turn": "3", "knee_bytes": "1G"}
-    p = _params(F.TransferBufferParams(), quick, sets, quick_knee)
+    _need_out(out, quick, json_path)
+    p = _params(F.TransferBufferParams(), quick, sets, "fig10")
     try:
         bufs = [parse_size(b.strip()) for b in buffers.split(",") if b.strip()]
     except InvalidArgument as exc:
         raise click.BadParameter(f"--buffers {buffers!r}: {exc.strerror}") from None
     if quick and buffers == "5G,10G,20G,40G,80G":
-        bufs = [512 << 20, 1 << 30, 4 << 30]
+        bufs = list(Q.QUICK_TRANSFER_BUFFERS)
     total = p.users * p.turns * 2 * len(bufs)
 
     def plot(fig: F.FigureData, path: Path) -> None:
@@ -284,15 +340,21 @@ def fig10(
 
     ds = _floats(drains)
     work = lambda prog: F.fig10_transfer_buffer(p, bufs, prog, ds)  # noqa: E731
-    _run("fig10", p, work, total, out, no_plots, plot, quick)
+    _run("fig10", p, work, total, out, no_plots, plot, quick, json_path)
 
 
 @main.command()
 @common
-def fig12(sets: tuple[str, ...], quick: bool, no_plots: bool, out: Path) -> None:
+def fig12(
+    sets: tuple[str, ...],
+    quick: bool,
+    no_plots: bool,
+    out: Path | None,
+    json_path: str | None,
+) -> None:
     """Fig. 12: Redis-backed LMCache (store failures when full) vs HyMCache."""
-    quick_redis = {"late_turn": "3", "redis_bytes": "256M", "local_dram_bytes": "128M"}
-    p = _params(F.RedisParams(), quick, sets, quick_redis)
+    _need_out(out, quick, json_path)
+    p = _params(F.RedisParams(), quick, sets, "fig12")
     total = p.users * p.turns * 3
     _run(
         "fig12",
@@ -303,6 +365,7 @@ def fig12(sets: tuple[str, ...], quick: bool, no_plots: bool, out: Path) -> None
         no_plots,
         _plot_turns("Fig. 12: Redis-backed LMCache vs HyMCache"),
         quick,
+        json_path,
     )
 
 

@@ -17,7 +17,8 @@ and the sweep's repeatability (verdicts last, exit 1 on a miss). The ratio
 depends on modeling choices (--lru-line, --scale, --timing): its verdict
 names the choice used and the ratio under each alternative of
 --sweep-lru-lines, --sweep-scales and --sweep-timings, one varied at a time
-(chm.sim.replay.sensitivity). Writes to --out:
+(chm.sim.replay.sensitivity). Writes to --out (with --json PATH, results.json's
+document also goes to PATH):
 
     results.json     setup, per-turn summaries, the ratio
     per_request.csv  one row per (system, request); CXL-HM rows add device columns
@@ -28,12 +29,21 @@ names the choice used and the ratio under each alternative of
 
     python tools/replay/paper_scale.py --out out/paper
     python tools/replay/paper_scale.py --scale 4 --out out/paper-4   # 4 MiB device blocks
+    python tools/replay/paper_scale.py --quick --json out/paper-quick.json   # a smoke run
+
+--quick replays 3 users x 3 turns of 1,000-2,000 new tokens on a device
+scaled / 64 with a 64 MiB G1 (chm.sim.replay.quick), in a few seconds: too
+small for the paper's ratio, which is judged on being measured (printed
+beside its full-run target); every system replayed, the results written and
+the sweep's repeatability keep their targets. Without --out it writes to a
+temporary directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +62,7 @@ from chm.sim.replay import RequestResult, configure, per_turn, simulate, write_c
 from chm.sim.replay.cxlhm import CxlhmRequest
 from chm.sim.replay.cxlhm_run import GhostSetup, replay_virtual
 from chm.sim.replay.cxlhm_run import wbuf_sweep as run_wbuf_sweep
+from chm.sim.replay.quick import QUICK_HBM_KV_BYTES, QUICK_SCALE, quick_chat, smoke_claim
 from chm.sim.replay.sensitivity import Choice, RatioPoint, describe, one_at_a_time, ratio_sweep
 from chm.sim.workloads import ChatWorkload, generate_chat
 from chm.sizes import format_size, parse_size
@@ -96,9 +107,8 @@ def _ints(opt: str, text: str) -> list[int]:
 @click.option(
     "--scale",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Divide device sizes and blocks by this (1: the paper's sizes).",
+    default=None,
+    help="Divide device sizes and blocks by this [1, the paper's sizes; quick 64].",
 )
 @click.option(
     "--pinned-prefix",
@@ -111,8 +121,8 @@ def _ints(opt: str, text: str) -> list[int]:
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option(
     "--hbm-kv",
-    default="0",
-    help="G1 (HBM) KV bytes per worker for every system; 0: from the GPU preset.",
+    default=None,
+    help="G1 (HBM) KV bytes per worker for every system [0: from the GPU preset; quick 64M].",
 )
 @click.option(
     "--wbuf-sweep",
@@ -143,16 +153,36 @@ def _ints(opt: str, text: str) -> list[int]:
     help="Timing presets the ratio is also replayed with ('' for none).",
 )
 @click.option("--no-plots", is_flag=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="A smoke run of a few seconds: 3 users x 3 turns on a device scaled / 64, the "
+    "ratio judged on being measured (--out defaults to a temporary directory).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory for results.json, the CSV files and the plots (required unless --quick "
+    "or --json; without it they go to a temporary directory).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    default=None,
+    callback=lambda ctx, param, value: _json_path(value),
+    help="Write the results as JSON here (results.json's document: setup, summaries, "
+    "the ratio, verdicts).",
+)
 def main(
     users: int,
     turns: int,
     workers: int,
     loop: str,
-    scale: int,
+    scale: int | None,
     pinned_prefix: int,
     seed: int,
-    hbm_kv: str,
+    hbm_kv: str | None,
     wbuf_sweep: str,
     lru_line: str,
     timing: str,
@@ -160,13 +190,22 @@ def main(
     sweep_scales: str,
     sweep_timings: str,
     no_plots: bool,
-    out: Path,
+    quick: bool,
+    out: Path | None,
+    json_path: str | None,
 ) -> None:
     """Replay the paper-scale workload through all seven systems."""
-    try:
-        hbm = parse_size(hbm_kv)
-    except InvalidArgument as exc:
-        raise click.BadParameter(f"--hbm-kv {hbm_kv!r}: {exc.strerror}") from None
+    if out is None and not quick and json_path is None:
+        raise click.UsageError("Missing option '--out' (needed unless --quick or --json is given).")
+    if scale is None:
+        scale = QUICK_SCALE if quick else 1
+    if hbm_kv is None:
+        hbm = QUICK_HBM_KV_BYTES if quick else 0
+    else:
+        try:
+            hbm = parse_size(hbm_kv)
+        except InvalidArgument as exc:
+            raise click.BadParameter(f"--hbm-kv {hbm_kv!r}: {exc.strerror}") from None
     wbufs = _sizes("--wbuf-sweep", wbuf_sweep)
     (line,) = _sizes("--lru-line", lru_line) or [64 << 10]
     alt_lines = _sizes("--sweep-lru-lines", sweep_lru_lines)
@@ -180,6 +219,8 @@ def main(
         output_tokens=(200, 1000),
         seed=seed,
     )
+    if quick:
+        wl = quick_chat(wl)
     requests = generate_chat(wl)
     setup = configure("llama-3.1-8b", "a100-80g")
     if hbm:
@@ -290,7 +331,7 @@ def main(
     for n in names:
         table.add_column(n, justify="right")
     by = {(t.system, t.turn): t for t in turns_summary}
-    for turn in range(turns):
+    for turn in range(wl.turns):
         table.add_row(str(turn + 1), *(f"{by[(n, turn)].hit_rate:.0%}" for n in names))
     console.print(table)
     lru_bw, pf_bw = _bw(cx["cxlhm-lru"]), _bw(cx["cxlhm-prefetch"])
@@ -354,10 +395,12 @@ def main(
                 "load_s": load,
                 "mean_ttft_s": ttft,
             }
-    out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
+        "environment": bl.environment(),
+        "quick": quick,
         "workload": dataclasses.asdict(wl) | {"requests": len(requests), "blocks": blocks},
         "ghost": dataclasses.asdict(ghost),
+        "hbm_kv_bytes": hbm,
         "workers": workers,
         "loop": loop,
         "load_bw_Bps": {"cxlhm-lru": lru_bw, "cxlhm-prefetch": pf_bw},
@@ -380,43 +423,16 @@ def main(
         "pinned_prefix_blocks": pinned_prefix,
         "host_prefix": prefix_doc,
     }
-    write_json(out / "results.json", doc)
-    rows = [r.row() for r in results if r.system not in cx]
-    extra = [r.row() for rs in cx.values() for r in rs]
-    cols = list(extra[0])
-    write_csv(out / "per_request.csv", [{c: row.get(c, "") for c in cols} for row in rows + extra])
-    write_csv(out / "per_turn.csv", [t.row() for t in turns_summary])
-    if not no_plots:
-        try:
-            from chm.sim.replay.plots import plot_load_bandwidth, plot_per_turn, plot_wbuf_sweep
-
-            plot_per_turn(turns_summary, out / "per_turn.png", title="Llama-3.1-8B, 32x8 chat")
-            plot_load_bandwidth(
-                {
-                    s: [(r.clock_end_s, r.load_bw_Bps) for r in rs if r.device_load_s > 0]
-                    for s, rs in cx.items()
-                },
-                out / "load_bw.png",
-                xlabel="simulated time (s)",
-                title="CXL-HM load bandwidth per request",
-            )
-            if sweep:
-                plot_wbuf_sweep(
-                    [(p.wbuf_bytes, p.skip_rate, p.load_bw_Bps) for p in sweep],
-                    out / "wbuf.png",
-                    title=f"prefetch mode, sizes / {scale}",
-                )
-        except ImportError as exc:
-            console.print(f"no plots: {exc}")
-    console.print(f"wrote results to {out}")
-    v = bl.Verdicts("paper_scale")
-    v.check(
+    v = bl.Verdicts("paper_scale", quick=quick)
+    ratio_name = (
         f"prefetch/lru load bandwidth [{loop} loop, {workers} workers; "
-        f"{describe(sens, TARGET_RATIO)}]",
-        ratio,
-        TARGET_RATIO,
-        fmt=bl.fmt_ratio,
+        f"{describe(sens, TARGET_RATIO)}]"
     )
+    if quick:
+        label, met = smoke_claim(ratio_name, ratio, TARGET_RATIO)
+        v.check(label, float(met), 1.0, fmt=lambda x: "yes" if x >= 1 else "no")
+    else:
+        v.check(ratio_name, ratio, TARGET_RATIO, fmt=bl.fmt_ratio)
     if sweep:
         v.check(
             "write-buffer sweep identical across two runs",
@@ -424,7 +440,83 @@ def main(
             1.0,
             fmt=lambda x: "yes" if x >= 1 else "no",
         )
+    per_system = {n: sum(r.system == n for r in results) for n in names}
+    v.check(
+        f"systems replayed with a result for each of the {len(requests)} requests",
+        sum(c == len(requests) for c in per_system.values()),
+        len(names),
+        fmt=lambda x: f"{x:.0f}",
+    )
+    rows = [r.row() for r in results if r.system not in cx]
+    extra = [r.row() for rs in cx.values() for r in rs]
+    cols = list(extra[0])
+    with tempfile.TemporaryDirectory(prefix="chm-paper-scale-") as tmp:
+        where = out if out is not None else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        write_csv(
+            where / "per_request.csv", [{c: row.get(c, "") for c in cols} for row in rows + extra]
+        )
+        write_csv(where / "per_turn.csv", [t.row() for t in turns_summary])
+        if not no_plots:
+            try:
+                from chm.sim.replay.plots import (
+                    plot_load_bandwidth,
+                    plot_per_turn,
+                    plot_wbuf_sweep,
+                )
+
+                plot_per_turn(
+                    turns_summary,
+                    where / "per_turn.png",
+                    title=f"Llama-3.1-8B, {wl.users}x{wl.turns} chat",
+                )
+                plot_load_bandwidth(
+                    {
+                        s: [(r.clock_end_s, r.load_bw_Bps) for r in rs if r.device_load_s > 0]
+                        for s, rs in cx.items()
+                    },
+                    where / "load_bw.png",
+                    xlabel="simulated time (s)",
+                    title="CXL-HM load bandwidth per request",
+                )
+                if sweep:
+                    plot_wbuf_sweep(
+                        [(p.wbuf_bytes, p.skip_rate, p.load_bw_Bps) for p in sweep],
+                        where / "wbuf.png",
+                        title=f"prefetch mode, sizes / {scale}",
+                    )
+            except ImportError as exc:
+                console.print(f"no plots: {exc}")
+        written = [f for f in ("per_request.csv", "per_turn.csv") if (where / f).stat().st_size]
+        v.check(
+            "result files written (per_request.csv, per_turn.csv)",
+            len(written),
+            2,
+            fmt=lambda x: f"{x:.0f}",
+        )
+        doc["verdicts"] = v.to_dict()
+        write_json(where / "results.json", doc)
+        if out is not None:
+            console.print(f"wrote results to {out}")
+        else:
+            console.print("no --out: results, CSV files and plots written to a temporary directory")
+    bl.write_json(json_path, doc)
     sys.exit(v.finish())
+
+
+def _json_path(value: str | None) -> str | None:
+    """--json's file must be creatable: its directory exists (checked before replaying)."""
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        raise click.BadParameter(f"{value!r} is a directory", param_hint="--json")
+    if not p.resolve().parent.is_dir():
+        raise click.BadParameter(
+            f"{value!r}: directory {str(p.resolve().parent)!r} does not exist",
+            param_hint="--json",
+        )
+    return value
 
 
 if __name__ == "__main__":
