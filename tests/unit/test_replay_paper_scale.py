@@ -105,6 +105,21 @@ def test_quick_is_a_smoke_run_judged_on_smoke_targets_with_json(tmp_path: Path) 
     assert wall < 60, wall
 
 
+def test_quick_misses_its_smoke_target_when_nothing_was_measured() -> None:
+    """With the GPU preset's G1 (--hbm-kv 0) the 9 smoke requests never reach
+    the device: no load bandwidth, no ratio, and the smoke target says so."""
+    p = subprocess.run(
+        [sys.executable, str(TOOL), "--quick", "--no-plots", "--hbm-kv", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 1, p.stdout + p.stderr
+    missed = next(ln for ln in p.stdout.splitlines() if ln.strip().startswith("MISSED:"))
+    assert "prefetch/lru load bandwidth" in missed and "this run nan" in missed
+    assert p.stdout.strip().splitlines()[-1].startswith("paper_scale: MISSED 1 of 4 targets")
+
+
 def test_quick_with_out_writes_the_same_document_there(tmp_path: Path) -> None:
     out, js = tmp_path / "out", tmp_path / "r.json"
     p = subprocess.run(
