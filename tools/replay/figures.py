@@ -14,7 +14,7 @@ and prints the verdicts against the paper's statements last (exit 1 when
 one is missed). --quick replays a small workload on a scaled device, a
 smoke test: too small for the paper's statements, it is judged on producing
 every figure, each printed beside its full-run target (sizes and policy:
-chm.sim.replay.quick); without --out it writes to a temporary directory.
+chm.sim.replay.quick); without --out it writes to a temporary directory, removed at exit.
 
     python tools/replay/figures.py fig8 --out out/fig8
     python tools/replay/figures.py fig9 --out out/fig9 --timeouts 0.1,2
@@ -139,7 +139,7 @@ def _run(
         if out is not None:
             console.print(f"wrote results to {out}")
         else:
-            console.print("no --out: results, CSV files and plots written to a temporary directory")
+            console.print("no --out: the files went to a temporary directory, removed at exit")
     bl.write_json(json_path, doc)
     sys.exit(v.finish())
 
@@ -169,7 +169,7 @@ _common = [
         type=click.Path(file_okay=False, path_type=Path),
         default=None,
         help="Directory for results.json, the CSV files and the plot (required unless "
-        "--quick or --json; without it they go to a temporary directory).",
+        "--quick or --json; without it they go to a temporary directory, removed at exit).",
     ),
     click.option(
         "--json",

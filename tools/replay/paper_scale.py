@@ -36,7 +36,7 @@ scaled / 64 with a 64 MiB G1 (chm.sim.replay.quick), in a few seconds: too
 small for the paper's ratio, which is judged on being measured (printed
 beside its full-run target); every system replayed, the results written and
 the sweep's repeatability keep their targets. Without --out it writes to a
-temporary directory.
+temporary directory, removed at exit.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def _ints(opt: str, text: str) -> list[int]:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Directory for results.json, the CSV files and the plots (required unless --quick "
-    "or --json; without it they go to a temporary directory).",
+    "or --json; without it they go to a temporary directory, removed at exit).",
 )
 @click.option(
     "--json",
@@ -499,7 +499,7 @@ def main(
         if out is not None:
             console.print(f"wrote results to {out}")
         else:
-            console.print("no --out: results, CSV files and plots written to a temporary directory")
+            console.print("no --out: the files went to a temporary directory, removed at exit")
     bl.write_json(json_path, doc)
     sys.exit(v.finish())
 
