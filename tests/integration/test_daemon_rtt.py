@@ -116,11 +116,15 @@ def test_a_32_key_load_is_one_round_trip(daemon: DaemonProcess) -> None:
         blocks = [np.frombuffer(_pattern(i), np.uint8) for i in range(N)]
         kv.put(keys, blocks)
         kv.flush()
-        for _ in range(3):
+        for turn in range(4):
             outs = [np.zeros(K4, np.uint8) for _ in range(N + 1)]
             n0, q0 = dev.round_trips, dev.quiet_sent
             assert kv.load_prefix([*keys, b"absent"], outs, timeout=10.0) == N
-            assert dev.round_trips - n0 == 1  # KV_LOAD
+            # the first load reads the blocks from the backing file: on a
+            # busy machine that can outlast KV_LOAD's wait slice, and a WAIT
+            # follows; the later ones find them in device DRAM
+            trips = dev.round_trips - n0
+            assert trips == 1 if turn else 1 <= trips <= 3, (turn, trips)  # KV_LOAD
             assert dev.quiet_sent - q0 == 1  # KV_DONE_QUIET
             assert all(outs[i].tobytes() == _pattern(i) for i in range(N))
             n0 = dev.round_trips

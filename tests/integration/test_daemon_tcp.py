@@ -123,7 +123,12 @@ def test_wrong_or_no_secret_is_refused_before_any_request(
         pass
     junk.close()
     with chm.connect(d.socket) as local:
-        st = local.daemon_stats()
+        # the daemon counts the last refusal when that connection's thread
+        # ends, which may be just after the close above returned
+        deadline = time.monotonic() + 10
+        while (st := local.daemon_stats())["daemon"]["clients_refused"] < 4:
+            assert time.monotonic() < deadline, st["daemon"]
+            time.sleep(0.01)
         assert st["held"]["clients"] == 1 and st["device"]["prefetch_issued"] == 0
         assert st["daemon"]["clients_refused"] == 4
     refusals = [e for e in d.events() if e.get("event") == "refuse"]
