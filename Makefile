@@ -54,11 +54,16 @@ demo: setup-runtime
 ## test: install what is missing, then the lint (ruff, mypy, clang-format)
 ## beside the fast C tests (plain and ASan/UBSan builds; -O: each one's output
 ## whole), then pytest without the slow tier; any failure fails the whole run.
+## The engines' pytest process (mostly waiting on the engines' child
+## processes) starts with the lint and C tests and its output comes last.
 ## The TSan builds run in test-all (CI runs both)
 test: setup
-	@rc=0; \
+	@$(MAKE) --no-print-directory ext || exit 1; \
+	rc=0; log=$$(mktemp); \
+	$(MAKE) --no-print-directory pytest-engines >"$$log" 2>&1 & engines=$$!; \
 	$(MAKE) --no-print-directory -k -j$(JOBS) -O lint-py lint-c c-tests || rc=1; \
-	$(MAKE) --no-print-directory pytest || rc=1; \
+	$(MAKE) --no-print-directory pytest-workers || rc=1; \
+	wait $$engines || rc=1; cat "$$log"; rm -f "$$log"; \
 	exit $$rc
 
 ## test-all: the slow tier that `make test` leaves out (the C tests' TSan

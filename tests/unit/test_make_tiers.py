@@ -31,7 +31,7 @@ def _c_runs(out: str) -> set[tuple[str, str]]:
 
 def test_make_test_runs_every_check_of_the_fast_tier() -> None:
     out = _dry("test")
-    for target in ("lint-py", "lint-c", "c-tests", "pytest"):
+    for target in ("ext", "lint-py", "lint-c", "c-tests", "pytest-engines", "pytest-workers"):
         assert re.search(rf"\$\(MAKE\).*\b{target}\b|make .*\b{target}\b", out), target
     assert '-m "not slow"' in _dry("pytest")
     assert "-m slow" in _dry("pytest-slow")
