@@ -330,6 +330,24 @@ def mem_available() -> int:
     return 0
 
 
+def json_path_option(value: str | None) -> str | None:
+    """A click tool's --json: the file must be creatable, its directory
+    existing (checked before the run, a usage error otherwise)."""
+    import click
+
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        raise click.BadParameter(f"{value!r} is a directory", param_hint="--json")
+    if not p.resolve().parent.is_dir():
+        raise click.BadParameter(
+            f"{value!r}: directory {str(p.resolve().parent)!r} does not exist",
+            param_hint="--json",
+        )
+    return value
+
+
 def write_json(path: str | None, payload: dict[str, Any]) -> None:
     if not path:
         return

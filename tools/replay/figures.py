@@ -175,26 +175,11 @@ _common = [
         "--json",
         "json_path",
         default=None,
-        callback=lambda ctx, param, value: _json_path(value),
+        callback=lambda ctx, param, value: bl.json_path_option(value),
         help="Write the results as JSON here (results.json's document: parameters, "
         "summary, claims, verdicts).",
     ),
 ]
-
-
-def _json_path(value: str | None) -> str | None:
-    """--json's file must be creatable: its directory exists (checked before replaying)."""
-    if value is None:
-        return None
-    p = Path(value)
-    if p.is_dir():
-        raise click.BadParameter(f"{value!r} is a directory", param_hint="--json")
-    if not p.resolve().parent.is_dir():
-        raise click.BadParameter(
-            f"{value!r}: directory {str(p.resolve().parent)!r} does not exist",
-            param_hint="--json",
-        )
-    return value
 
 
 def _need_out(out: Path | None, quick: bool, json_path: str | None) -> None:

@@ -170,7 +170,7 @@ def _ints(opt: str, text: str) -> list[int]:
     "--json",
     "json_path",
     default=None,
-    callback=lambda ctx, param, value: _json_path(value),
+    callback=lambda ctx, param, value: bl.json_path_option(value),
     help="Write the results as JSON here (results.json's document: setup, summaries, "
     "the ratio, verdicts).",
 )
@@ -502,21 +502,6 @@ def main(
             console.print("no --out: the files went to a temporary directory, removed at exit")
     bl.write_json(json_path, doc)
     sys.exit(v.finish())
-
-
-def _json_path(value: str | None) -> str | None:
-    """--json's file must be creatable: its directory exists (checked before replaying)."""
-    if value is None:
-        return None
-    p = Path(value)
-    if p.is_dir():
-        raise click.BadParameter(f"{value!r} is a directory", param_hint="--json")
-    if not p.resolve().parent.is_dir():
-        raise click.BadParameter(
-            f"{value!r}: directory {str(p.resolve().parent)!r} does not exist",
-            param_hint="--json",
-        )
-    return value
 
 
 if __name__ == "__main__":
