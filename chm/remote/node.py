@@ -104,6 +104,7 @@ class _Link:
         self.node, self.epoch = int(n["id"]), int(n["epoch"])
         self.lock = threading.Lock()  # one request at a time, with its own deadline
         self.area_lock = threading.Lock()  # one save's blocks in the area at a time
+        self.told = False  # an unanswered request sent since the last answer
 
     @property
     def broken(self) -> bool:
@@ -122,7 +123,9 @@ class _Link:
                 raise NodeGone(None, f"{op.name}: no time left")
             self.dev.request_timeout = max(0.001, left - wait)
             try:
-                return self.dev._call(op, body, wait)
+                got = self.dev._call(op, body, wait)
+                self.told = False  # the daemon serves a connection in order
+                return got
             except (ChmError, OSError) as exc:
                 if refusals and isinstance(exc, ChmError) and not self.broken:
                     raise
@@ -133,7 +136,18 @@ class _Link:
         gives everything back anyway, so its failure is not an error."""
         with self.lock, contextlib.suppress(ChmError, OSError):
             self.dev.request_timeout = TELL_TIMEOUT
+            self.told = True
             self.dev._tell(op, body)
+
+    def settle(self, deadline: float) -> None:
+        """Once this returns, the daemon has taken every unanswered request
+        sent before: one answered request that changes nothing (an empty
+        RELEASE) when any is outstanding. Another connection's request then
+        finds this one's hand-backs done (a remove right after a load is not
+        Busy with the load's own pins)."""
+        if self.told and not self.broken:
+            with contextlib.suppress(NodeGone):
+                self.call(Op.RELEASE, [], deadline)
 
     def abort(self, why: str) -> None:
         self.dev.abort(why)
@@ -816,6 +830,9 @@ class RemoteTier:
         (NodeGone naming the epochs)."""
         with self._lock:
             kept = self._ctl.get(node)
+            loads = self._links.get(node)
+        if loads is not None:  # this tier's own hand-backs come first
+            loads.settle(deadline)
         link = self._link(node, epoch, deadline, control=True)
         by = deadline if grace is None else time.monotonic() + wait + grace
         try:
