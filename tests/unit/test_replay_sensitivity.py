@@ -43,6 +43,12 @@ def test_describe_names_the_used_choice_and_what_each_alternative_changes() -> N
         "lru line 64 KiB, scale 1, fpga-cxlhm: 2.05x; lru line 1 MiB: 1.46x (>= 1.50x in 1 of 2)"
     )
     assert RatioPoint(used, 0.0, 1.0).ratio == 0.0
+    # a choice whose lru replay loaded nothing says so, not "0.00x"
+    none = [pts[0], RatioPoint(Choice("fpga-cxlhm", MiB, 1), 0.0, 2.0)]
+    assert describe(none, 1.5) == (
+        "lru line 64 KiB, scale 1, fpga-cxlhm: 2.05x; "
+        "lru line 1 MiB: not measured (no lru loads) (>= 1.50x in 1 of 2)"
+    )
 
 
 def test_the_lru_line_reaches_the_device_and_bad_lines_are_errors() -> None:

@@ -134,13 +134,19 @@ def ratio_sweep(
     return out
 
 
+def _ratio_text(p: RatioPoint) -> str:
+    """The ratio, or that there was none: lru mode loaded nothing (its ratio
+    reads 0, which is not a measured 0.00x)."""
+    return f"{p.ratio:.2f}x" if p.lru_bw_Bps > 0 else "not measured (no lru loads)"
+
+
 def describe(points: Sequence[RatioPoint], target: float) -> str:
     """One line: the first point (the choice used) and every alternative
     with what differs from it, and in how many the ratio meets ``target``."""
     if not points:
         return "no modeling choices replayed"
     used = points[0].choice
-    parts = [f"{used.label()}: {points[0].ratio:.2f}x"]
+    parts = [f"{used.label()}: {_ratio_text(points[0])}"]
     for p in points[1:]:
         c, diff = p.choice, []
         if c.lru_line_bytes != used.lru_line_bytes:
@@ -149,6 +155,6 @@ def describe(points: Sequence[RatioPoint], target: float) -> str:
             diff.append(f"scale {c.scale}")
         if c.timing != used.timing:
             diff.append(c.timing)
-        parts.append(f"{', '.join(diff)}: {p.ratio:.2f}x")
+        parts.append(f"{', '.join(diff)}: {_ratio_text(p)}")
     held = sum(p.ratio >= target for p in points)
     return f"{'; '.join(parts)} (>= {target:.2f}x in {held} of {len(points)})"
