@@ -173,7 +173,6 @@ class Client:
         self.last_active = time.monotonic()
         self._gaps: collections.deque[int] = collections.deque(maxlen=_GAPS)
         self._window = 0  # ns to poll for the next request (see _learn)
-        self._done = 0  # perf_counter_ns when the last request was served
         self._calm_at = 0  # perf_counter_ns before which it does not poll (_polled)
         self.evicted: str | None = None  # why the daemon ended it before HELLO
         self.staging: dict[str, int] | None = None  # its last KV_STAGING report
@@ -199,14 +198,12 @@ class Client:
                 if op in QUIET:  # no answer: the client does not wait for one
                     self._quiet(op, body)
                     self.d.metrics.observe(op.name, time.perf_counter() - t0)
-                    self._done = time.perf_counter_ns()
                     continue
                 try:
                     reply = self._dispatch(op, body)
                 except ChmError as exc:  # the request failed: this client's answer
                     self._check_alone(op)
                     self._fail(op, exc.errno or errno.EIO, exc.strerror or str(exc))
-                    self._done = time.perf_counter_ns()
                     continue
                 except (ProtocolError, _Gone, OSError):
                     raise
@@ -216,12 +213,10 @@ class Client:
                     )
                     self._check_alone(op)
                     self._fail(op, errno.EIO, f"internal error: {type(exc).__name__}: {exc}")
-                    self._done = time.perf_counter_ns()
                     continue
                 self.d.metrics.observe(op.name, time.perf_counter() - t0)
                 self._check_alone(op)
                 self.sock.send(encode(op, seq, reply))
-                self._done = time.perf_counter_ns()
         except _Gone as gone:
             reason = gone.reason
         except _Idle as idle:
@@ -360,7 +355,10 @@ class Client:
             self.sock.send(encode(Op.ERROR, self.seq, body))
 
     def _recv(self, timeout: float | None = None, hello: bool = False) -> tuple[Op, int, Any]:
-        poll = self._window and time.perf_counter_ns() >= self._calm_at
+        # called as soon as the last request was served (or HELLO answered):
+        # from here to the next packet is the client's gap
+        asked = time.perf_counter_ns()
+        poll = self._window and asked >= self._calm_at
         got = self._polled(self._window) if poll else None
         if got is None:
             if timeout is not None:
@@ -370,8 +368,8 @@ class Client:
                         raise ProtocolError(f"no HELLO within {timeout:g} s")
                     raise _Idle(f"idle for {timeout:g} s (idle_timeout): the connection is closed")
             got = self.sock.recvmsg(MAX_FRAME + 1)
-        if self._done:
-            self._learn(time.perf_counter_ns() - self._done)
+        if not hello:
+            self._learn(time.perf_counter_ns() - asked)
         data, _, flags, _ = got
         if not data:
             raise _Gone(self._vanished())
@@ -474,7 +472,6 @@ class Client:
         # (set before the answer, which lets the client connect a next one)
         self.greeted = True
         send_fds(self.sock, encode(Op.HELLO, 0, welcome), [d.pool_ro_fd, self.area_fd])
-        self._done = time.perf_counter_ns()
         self.d.log.info(
             "client connected",
             extra={
