@@ -227,6 +227,11 @@ class DaemonNode:
             self._keep_gone(gone)
             return
         ents = self._entries(ks[done]) if done else []
+        self._published(self._update(ents, gone))
+
+    def _update(self, ents: list[Entry], gone: list[tuple[bytes, int]]) -> bool:
+        """Publishes ``ents`` and unpublishes the dropped blocks ``gone`` in
+        one Master call, counted; what it could not send waits for the next."""
         n = self.master.update(self.node, self.epoch, ents, gone)
         with self._lock:
             if n is None:
@@ -237,7 +242,7 @@ class DaemonNode:
                 self.counts["evicted_unpublished"] += n
         if n is None:
             self._keep_gone(gone)
-        self._published(n is not None)
+        return n is not None
 
     def removed(self, ks: np.ndarray[Any, Any], gone: list[bool]) -> None:
         """Unpublishes the blocks a remove dropped (when their entries are
@@ -265,13 +270,7 @@ class DaemonNode:
             n += len(ents)
         gone = self._take_gone()  # what was dropped while Redis was skipped
         if gone:
-            got = self.master.update(self.node, self.epoch, (), gone)
-            if got is None:
-                self._keep_gone(gone)
-            else:
-                with self._lock:
-                    self.counts["unpublished"] += got
-                    self.counts["evicted_unpublished"] += got
+            self._update([], gone)
         return n
 
     def _master_back(self) -> tuple[int, int]:
