@@ -51,7 +51,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -301,12 +301,7 @@ class NodesStore:
                 if g["checksum"] == e.checksum:  # the very block the Master lists
                     out[j] = bytes(g["meta"] or b"")
 
-        groups = list(by_node.items())
-        if len(groups) == 1:
-            one(*groups[0])
-        else:
-            for f in [self._pool.submit(one, n, todo) for n, todo in groups]:
-                f.result()
+        self._side_by_side(one, list(by_node.items()))
         return out
 
     # ---- loads
@@ -351,13 +346,7 @@ class NodesStore:
                     out[j] = True
                 todo = todo[n + 1 :]  # the one that ended the run is a miss; the rest go on
 
-        groups = list(by_node.items())
-        if len(groups) == 1:
-            one(*groups[0])
-        elif groups:
-            futs = [self._pool.submit(one, node, todo) for node, todo in groups]
-            for f in futs:
-                f.result()
+        self._side_by_side(one, list(by_node.items()))
         return out
 
     # ---- puts
@@ -465,11 +454,7 @@ class NodesStore:
                 out[j] = g
             self.master.drop([ks[j] for j in todo], node, epoch)
 
-        futs = [self._pool.submit(one, n, ep, todo) for (n, ep), todo in by_node.items()]
-        errs = [f.exception() for f in futs]
-        for exc in errs:
-            if exc is not None:
-                raise exc
+        self._side_by_side(one, [(n, ep, todo) for (n, ep), todo in by_node.items()])
         return out
 
     def flush(self, timeout: float | None = None) -> None:
@@ -504,9 +489,17 @@ class NodesStore:
                 ) from None
             self._forget(node, epoch, seen.get(node, 0))
 
-        futs = [self._pool.submit(one, n, ep) for n, ep in todo.items()]
-        errs = [f.exception() for f in futs]
-        for exc in errs:
+        self._side_by_side(one, list(todo.items()))
+
+    def _side_by_side(self, one: Callable[..., None], calls: list[tuple[Any, ...]]) -> None:
+        """``one(*args)`` for each node's ``args``, the nodes side by side (on
+        the pool; a single one on this thread); once all have ended, the
+        first exception raised, if any."""
+        if len(calls) == 1:
+            one(*calls[0])
+            return
+        futs = [self._pool.submit(one, *args) for args in calls]
+        for exc in [f.exception() for f in futs]:
             if exc is not None:
                 raise exc
 
