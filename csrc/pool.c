@@ -6,7 +6,9 @@
  *   CHM_POOL_HUGETLB  private MAP_HUGETLB memory, rounded up to the default
  *                     huge page size (/proc/meminfo Hugepagesize)
  *   CHM_POOL_MEMFD    a memfd "chm-pool" mapped shared and sealed against
- *                     shrinking and growing, so a daemon can pass it to clients
+ *                     shrinking and growing, so a daemon can pass it to clients;
+ *                     mapped at a THP-aligned address and collapsed into huge
+ *                     pages (below)
  *   CHM_POOL_FILE     a shared mapping of cfg->pool_path: a regular file
  *                     (extended, and its blocks allocated, so a full
  *                     filesystem is -ENOSPC here rather than SIGBUS on a later
@@ -22,6 +24,19 @@
  * without it) keeps page faults out of the first pass over the pool.
  * pool->hugepages reports what /proc/self/smaps shows was obtained, not what
  * was advised.
+ *
+ * A memfd pool is shmem, whose huge pages follow
+ * /sys/kernel/mm/transparent_hugepage/shmem_enabled, "never" on many hosts:
+ * MADV_HUGEPAGE alone then leaves it in 4 KiB pages. Every O_DIRECT read into
+ * it then spans one segment per page (a 1 MiB stripe unit is 256 segments,
+ * split into several requests by the block layer) and every copy out of it
+ * walks 4 KiB page tables: measured, an embedded device staged 0.6x as fast
+ * from a 4 KiB memfd pool as from an anonymous THP pool (docs/daemon.md,
+ * "Staged reads"). So collapse_shared() touches one page per huge page and
+ * asks MADV_COLLAPSE (Linux 6.1+, which ignores shmem_enabled except "deny")
+ * to build each huge page, best effort: a kernel without it, or with no huge
+ * page free, leaves the 4 KiB pages the pre-fault then fills in. Clients
+ * mapping the same memfd at an aligned address get PMD mappings of it too.
  *
  * Pre-faulting is nearly all kernel page zeroing (clear_page; in a VM also
  * the host backing guest pages on first touch): 0.05 s to several seconds
@@ -252,6 +267,47 @@ static void *map_anon_aligned(uint64_t len, uint64_t align, int extra_flags)
 	return base;
 }
 
+/* A shared mapping of fd's first len bytes whose start is aligned to align
+ * (an address reserved with align to spare, then the file mapped over it). */
+static void *map_shared_aligned(int fd, uint64_t len, uint64_t align)
+{
+	uint64_t span = len + align;
+	char *raw, *base, *end;
+
+	raw = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (raw == MAP_FAILED)
+		return MAP_FAILED;
+	base = (char *)CHM_ALIGN_UP((uintptr_t)raw, align);
+	end = base + len;
+	if (mmap(base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+		munmap(raw, span);
+		return MAP_FAILED;
+	}
+	if (base > raw)
+		munmap(raw, base - raw);
+	if (raw + span > end)
+		munmap(end, raw + span - end);
+	return base;
+}
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+
+/* Best effort: the huge pages of a shared (shmem) pool, see the top. The
+ * pages stay zero: each touch writes the zero it reads. */
+static void collapse_shared(struct chm_pool *pool, uint64_t hp_size)
+{
+	volatile char *p = pool->base;
+	uint64_t len = CHM_ALIGN_DOWN(pool->bytes, hp_size);
+
+	if (!len || (uintptr_t)pool->base % hp_size)
+		return;
+	for (uint64_t off = 0; off < len; off += hp_size)
+		p[off] = p[off];
+	(void)madvise(pool->base, len, MADV_COLLAPSE);
+}
+
 /* Opens cfg->pool_path and sizes it; sets pool->fd and pool->bytes. */
 static int open_pool_file(struct chm_pool *pool, const struct chm_config *cfg, uint64_t bytes,
                           bool *is_dax, int *dax_node)
@@ -412,7 +468,8 @@ static int pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint
 			ret = errno == EFBIG ? -ENOMEM : -errno;
 			goto close_fd;
 		}
-		base = mmap(NULL, pool->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pool->fd, 0);
+		hp_size = thp_size();
+		base = map_shared_aligned(pool->fd, pool->bytes, hp_size);
 		if (base == MAP_FAILED) {
 			ret = -ENOMEM;
 			goto close_fd;
@@ -455,6 +512,8 @@ static int pool_create(struct chm_pool *pool, const struct chm_config *cfg, uint
 
 	/* the anon pool's open-time pre-fault goes to a thread (see the top) */
 	bool later = bg && !lazy && pool->kind == CHM_POOL_ANON;
+	if (pool->kind == CHM_POOL_MEMFD)
+		collapse_shared(pool, hp_size);
 	ret = lazy || later ? 0 : prefault(pool);
 	if (ret)
 		goto unmap;

@@ -166,6 +166,46 @@ static long smaps_huge_kb(const void *p, uint64_t len)
 	return total;
 }
 
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+
+/* Whether this kernel builds a shmem huge page on request right now: one
+ * 2 MiB memfd page collapsed by hand (Linux 6.1+, shmem_enabled not deny). */
+static bool shmem_collapse_works(void)
+{
+	const uint64_t hp = 2 * MiB;
+	int fd = memfd_create("probe", MFD_CLOEXEC);
+	char *raw, *p;
+	bool ok = false;
+
+	if (fd < 0 || ftruncate(fd, (off_t)hp))
+		goto out;
+	raw = mmap(NULL, 2 * hp, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (raw == MAP_FAILED)
+		goto out;
+	p = (char *)(((uintptr_t)raw + hp - 1) & ~(uintptr_t)(hp - 1));
+	if (mmap(p, hp, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED) {
+		p[0] = 1;
+		ok = madvise(p, hp, MADV_COLLAPSE) == 0 && smaps_huge_kb(p, hp) > 0;
+	}
+	munmap(raw, 2 * hp);
+out:
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+static bool all_zero(const struct chm_pool *p)
+{
+	const char *b = p->base;
+
+	for (uint64_t i = 0; i < p->bytes; i++)
+		if (b[i])
+			return false;
+	return true;
+}
+
 static bool all_resident(const struct chm_pool *p)
 {
 	long pg = sysconf(_SC_PAGESIZE);
@@ -448,6 +488,19 @@ static void test_memfd(bool numa)
 	CHECK(ftruncate(fd, (off_t)p.bytes * 2) == -1 && errno == EPERM, "grow after sealing: %s",
 	      strerror(errno));
 	CHECK(all_resident(&p), "memfd pool not pre-faulted");
+	/* huge pages where the kernel builds them (see pool.c's top): two of
+	 * the 4 MiB + 4 KiB, the tail page in 4 KiB */
+	bool can = shmem_collapse_works();
+	long huge = smaps_huge_kb(p.base, p.bytes);
+	CHECK((uintptr_t)p.base % (2 * MiB) == 0, "memfd pool at %p, not 2 MiB aligned", p.base);
+	CHECK(p.hugepages == (huge > 0), "memfd hugepages=%d but smaps shows %ld kB huge",
+	      p.hugepages, huge);
+	if (can)
+		CHECK(huge == 4096,
+		      "memfd pool: %ld kB in huge pages, expected 4096 (the kernel "
+		      "collapses shmem here)",
+		      huge);
+	CHECK(all_zero(&p), "a new memfd pool is not all zero");
 	CHECK(usable(&p, 0), "memfd pattern mismatch");
 
 	/* A client's view: the same pages through the fd. */
@@ -467,8 +520,9 @@ static void test_memfd(bool numa)
 		CHECK(bound_to(&p, 0, why, sizeof(why)), "memfd node 0: %s", why);
 	}
 	printf("ok   memfd: fd %d, CLOEXEC, sealed (ftruncate -> EPERM), shared with a "
-	       "read-only mapping, pre-faulted%s\n",
-	       fd, numa ? ", bound to node 0" : "");
+	       "read-only mapping, pre-faulted, zero, %ld kB in huge pages (%s)%s\n",
+	       fd, huge, can ? "the kernel collapses shmem" : "no shmem collapse here: 4 KiB pages",
+	       numa ? ", bound to node 0" : "");
 	chm_pool_destroy(&p);
 	errno = 0;
 	CHECK(fcntl(fd, F_GETFD) == -1 && errno == EBADF, "memfd fd still open after destroy");

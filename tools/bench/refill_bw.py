@@ -431,10 +431,13 @@ def main(
             f"  '{shape}' reads the region with the I/O shape chm's fills use (max_io-sized "
             "I/Os, queue_depth in flight): the backend's own overhead is the gap to it."
         )
+        m0 = series["chm uring pool=memfd"].extra[0]
         bl.console.print(
-            "  'chm uring pool=memfd' stages into 4 KiB pages (shmem without THP here), as fio's "
-            "malloc'd buffers are; the default anon pool is THP-backed (pool_hugepages="
-            f"{u0['pool_hugepages']}), so one 1 MiB I/O is one DMA segment."
+            "  'chm uring pool=memfd' stages into the shareable pool a daemon serves from "
+            f"(pool_hugepages={m0['pool_hugepages']}: collapsed into huge pages where the "
+            "kernel can, else 4 KiB pages, as fio's malloc'd buffers are); the default anon "
+            f"pool is THP-backed (pool_hugepages={u0['pool_hugepages']}), so one 1 MiB I/O is "
+            "one DMA segment."
         )
         met = verdicts.check(f"chm uring / {fio_label}", ratio_med, target_ratio, speed=True)
         bl.console.print(
