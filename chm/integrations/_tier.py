@@ -54,6 +54,20 @@ _MIB = 1 << 20
 _DEFAULT_DRAM = 320 * _MIB  # the device's default dram (chm-emu options)
 
 
+# The settings of an embedded store (path). A daemon's (socket) and the
+# remote nodes' (master) stores have their own, from chm-emu serve: given
+# with either, they would be ignored, so they are refused.
+EMBEDDED_ONLY = (
+    "capacity",
+    "sparse_overcommit",
+    "slot_size",
+    "per_rank_dir",
+    "backend",
+    "mode",
+    "eviction",
+)
+
+
 @dataclass
 class TierOptions:
     """The tier's configuration as an adapter's config names it."""
@@ -78,6 +92,9 @@ class TierOptions:
     host: str | None = None  # this worker's Transfer Engine address
     remote_buffer: str | int | None = None  # default: two store calls, at least 64 MiB
     remote_timeout: float = 10.0  # each load and save on the nodes (seconds)
+    # the settings the engine's configuration names (TierOptions' names):
+    # those of EMBEDDED_ONLY are refused with socket or master
+    given: frozenset[str] = frozenset()
 
 
 def default_wbuf(
@@ -260,6 +277,19 @@ def _open_tier(
             f"process only), '{key_prefix}socket' (a chm-emu serve daemon, shared by "
             f"every rank) and '{key_prefix}master' (remote nodes' Master, redis://HOST:PORT/DB, "
             "shared by every worker)",
+        )
+    stray = [n for n in EMBEDDED_ONLY if n in opts.given] if not opts.path else []
+    if stray:
+        via, owner = (
+            ("master", "each node's (chm-emu serve on the node)")
+            if opts.master
+            else ("socket", "the daemon's (chm-emu serve)")
+        )
+        raise InvalidArgument(
+            None,
+            f"{what}: {', '.join(repr(key_prefix + n) for n in stray)}: setting(s) of an "
+            f"embedded store ('{key_prefix}path'); with '{key_prefix}{via}' the store and its "
+            f"settings are {owner}",
         )
     if opts.flush_interval is not None and opts.flush_interval <= 0:
         opts.flush_interval = None  # 0: no periodic flush

@@ -374,6 +374,11 @@ class ChmStorageBackend(StoragePluginInterface):  # type: ignore[misc]
                     host=opts.get("host"),
                     remote_buffer=opts.get("remote_buffer"),
                     remote_timeout=self.get_timeout or 10.0,
+                    given=frozenset(
+                        k[len("chm.") :]
+                        for k, v in (getattr(config, "extra_config", None) or {}).items()
+                        if k.startswith("chm.") and v is not None
+                    ),
                 ),
                 namespace=namespace_of(metadata),
                 chunk_bytes=self.chunk_bytes,

@@ -228,6 +228,7 @@ class ChmHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 host=extra.get("host"),
                 remote_buffer=extra.get("remote_buffer"),
                 remote_timeout=self.get_timeout or 10.0,
+                given=frozenset(k for k, v in extra.items() if v is not None),
             )
             self._batch = max(1, batch)
             self._rank = int(storage_config.tp_rank)

@@ -280,6 +280,13 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         if tier is None:
             self.identity = vllm_identity(offloading_spec, chunk)
             ns = _namespace(self.identity, model)
+            given = {  # what the configuration set (the rest are these defaults)
+                "capacity": capacity != "64G",
+                "sparse_overcommit": sparse_overcommit,
+                "slot_size": slot_size is not None,
+                "per_rank_dir": per_rank_dir,
+                "backend": backend != "auto",
+            }
             if slot_size is None:
                 slot_size = max(_SLOT_ALIGN, -(-chunk // _SLOT_ALIGN) * _SLOT_ALIGN)
             opts = TierOptions(
@@ -300,6 +307,7 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
                 host=host,
                 remote_buffer=remote_buffer,
                 remote_timeout=float(load_timeout_s),
+                given=frozenset(k for k, v in given.items() if v),
             )
             par = offloading_spec.config.parallel
             tier = open_tier(

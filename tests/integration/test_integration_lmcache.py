@@ -59,6 +59,8 @@ from chm.integrations.lmcache import ChmStorageBackend, hash_is_per_process, opt
 LAYERS, HEADS, HEAD_DIM, CHUNK = 2, 2, 64, 256  # bf16: 1 KiB per token, 256 KiB chunks
 USERS, TURNS, GROWTH = 3, 5, 2  # each turn adds 2 chunks: 10 chunks (2.5 MiB) per history
 CHM = {"chm.capacity": "256M", "chm.dram": "2M", "chm.wbuf": "1M", "chm.slot_size": "256K"}
+# CHM's settings are an embedded store's: with a daemon or nodes, left out
+_DAEMONS_OWN: dict[str, Any] = dict.fromkeys(CHM)
 CHM_DRAM = 2 << 20
 CHUNK_BYTES = 2 * LAYERS * CHUNK * HEADS * HEAD_DIM * 2
 
@@ -436,6 +438,20 @@ def test_per_process_hash_is_detected() -> None:
 # ---- two ranks
 
 
+def test_embedded_settings_with_a_daemon_fail_loudly(
+    tmp_path: Path, engines: list[str], chm_log: Records
+) -> None:
+    """The README's embedded config with chm.socket in place of chm.path:
+    its capacity and slot size would be ignored, so the plugin refuses them,
+    naming each (LMCache runs on without it; the log line says why)."""
+    kw = {"chm.socket": str(tmp_path / "chm.sock"), "chm.dram": None, "chm.wbuf": None}
+    _, b, n = engine_any(None, **kw)
+    engines.append(n)
+    assert b is None
+    errors = [m for m in chm_log.lines(logging.ERROR) if m.startswith("chm: tier not in use")]
+    assert errors and "'chm.capacity', 'chm.slot_size': setting(s) of an embedded" in errors[0]
+
+
 def test_two_ranks_on_one_path_the_second_fails_loudly(
     tmp_path: Path, engines: list[str], chm_log: Records
 ) -> None:
@@ -470,7 +486,7 @@ def test_two_ranks_share_one_daemon(tmp_path: Path, engines: list[str]) -> None:
         'capacity = "256M"\ndram = "4M"\nwbuf = "1M"\nslot_size = "256K"\n'
     )
     with DaemonProcess(["--config", str(toml)], sock) as daemon:
-        kw: dict[str, Any] = {"chm.socket": str(sock), "chm.dram": None, "chm.wbuf": None}
+        kw: dict[str, Any] = {"chm.socket": str(sock), **_DAEMONS_OWN}
         ranks = [engine(None, worker=w, world=2, **kw) for w in (0, 1)]
         engines += [n for _, _, n in ranks]
         for w, (eng, b, _) in enumerate(ranks):
@@ -538,8 +554,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
                 "chm.nodes": "node-a",
                 "chm.host": "127.0.0.1",
                 "chm.get_timeout_s": 3.0,
-                "chm.dram": None,  # the node's settings
-                "chm.wbuf": None,
+                **_DAEMONS_OWN,  # the node's settings
             }
         )
         yield srv, node, kw

@@ -62,6 +62,8 @@ PAGE = 64 * 1024  # bytes per page (64 tokens x 1 KiB)
 EXTRA = {"backend_name": "chm", "module_path": "chm.integrations.sglang",
          "class_name": "ChmHiCacheStorage", "capacity": "64M", "dram": "2M", "wbuf": "1M",
          "slot_size": "64K"}  # fmt: skip
+# EXTRA's device settings are an embedded store's: with a daemon or nodes, left out
+DEVICE_OWN: dict[str, Any] = {"capacity": None, "dram": None, "wbuf": None, "slot_size": None}
 
 
 def _stub_attr(module: str) -> Any:
@@ -228,6 +230,10 @@ def test_bad_configuration_and_calls_are_refused(tmp_path: Path) -> None:
         backend(tmp_path / "kv", master="redis://127.0.0.1:1/0")
     with pytest.raises(InvalidArgument, match="unknown extra-config"):
         backend(tmp_path / "kv", capcity="1G")
+    # an embedded store's settings (EXTRA's capacity, slot_size) with a
+    # daemon would be ignored: refused, named, before connecting
+    with pytest.raises(InvalidArgument, match=r"'capacity', 'slot_size': setting\(s\) of an emb"):
+        backend(None, socket=str(tmp_path / "s"), dram=None, wbuf=None)
     with pytest.raises(InvalidArgument, match="per_rank_dir='maybe' is not a boolean"):
         backend(tmp_path / "kv", per_rank_dir="maybe")
     with pytest.raises(InvalidArgument, match="flush_interval"):
@@ -422,7 +428,7 @@ def test_two_ranks_share_one_daemon(tmp_path: Path) -> None:
         'capacity = "256M"\ndram = "4M"\nwbuf = "1M"\nslot_size = "64K"\n'
     )
     with DaemonProcess(["--config", str(toml)], sock):
-        kw: dict[str, Any] = {"socket": str(sock), "dram": None, "wbuf": None}
+        kw: dict[str, Any] = {"socket": str(sock), **DEVICE_OWN}
         ranks = [backend(None, tp_rank=r, tp_size=2, interface_v1=1, **kw) for r in (0, 1)]
         pools = [host_pool(), host_pool()]
         keys = [f"{i:064x}" for i in range(20)]  # the same page hashes on both ranks
@@ -467,8 +473,7 @@ def test_two_workers_share_one_tier_on_a_remote_node(tmp_path: Path) -> None:
             "master": srv.url,
             "secret_file": str(tmp_path / "secret"),
             "host": "127.0.0.1",
-            "dram": None,
-            "wbuf": None,
+            **DEVICE_OWN,
         }
         workers = [backend(None, interface_v1=1, **kw) for _ in range(2)]
         pools = [host_pool(), host_pool()]

@@ -474,6 +474,15 @@ def test_full_staging_queue_skips_counts_and_warns(
 # ---- many replicas and ranks
 
 
+def test_embedded_settings_with_a_daemon_are_refused(tmp_path: Path, primary: Primary) -> None:
+    """An embedded store's settings with ``socket`` would be ignored (the
+    daemon's device has its own): vLLM's start-up gets the error, naming them."""
+    cfg = {"type": "ChmSecondaryTier", "module_path": "chm.integrations.vllm",
+           "socket": str(tmp_path / "chm.sock"), "capacity": "1T", "backend": "pread"}  # fmt: skip
+    with pytest.raises(InvalidArgument, match=r"'capacity', 'backend': setting\(s\) of an emb"):
+        make_tier(cfg, primary)
+
+
 def test_second_tier_on_one_path_fails_loudly(
     tmp_path: Path, primary: Primary, caplog: pytest.LogCaptureFixture
 ) -> None:

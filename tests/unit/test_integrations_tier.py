@@ -55,6 +55,32 @@ def test_path_xor_socket_and_daemon_settings(tmp_path: Path) -> None:
         open_tier(TierOptions(socket=str(tmp_path / "s"), dram="1G"), namespace=NS)
 
 
+def test_embedded_settings_are_refused_with_a_daemon_or_nodes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An embedded store's settings given with socket or master would be
+    ignored (the daemon's and the nodes' stores have their own): refused,
+    naming each, before anything is connected to."""
+    given = frozenset({"capacity", "slot_size", "batch"})  # batch: every tier's
+    sock = TierOptions(socket=str(tmp_path / "no.sock"), capacity="1T", given=given)
+    with (
+        caplog.at_level(logging.ERROR, "chm.integrations"),
+        pytest.raises(
+            InvalidArgument,
+            match=r"'chm\.capacity', 'chm\.slot_size': setting\(s\) of an embedded store "
+            r"\('chm\.path'\); with 'chm\.socket' the store and its settings are the daemon's",
+        ),
+    ):
+        open_tier(sock, namespace=NS, key_prefix="chm.")
+    assert "chm: tier not in use" in caplog.text
+    nodes = TierOptions(master="redis://127.0.0.1:1/0", given=frozenset({"backend"}))
+    with pytest.raises(InvalidArgument, match=r"'backend': .* with 'master' .* each node's"):
+        open_tier(nodes, namespace=NS)
+    # the same settings on an embedded store are its own
+    t = open_tier(opts(tmp_path / "kv", given=given), namespace=NS)
+    t.close()
+
+
 def test_second_opener_is_busy_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     t = open_tier(opts(tmp_path / "kv"), namespace=NS)
     try:
