@@ -784,10 +784,10 @@ class Client:
 
     def _kv_remove(self, body: Any) -> Any:
         ks = _keys(_list(body, "KV_REMOVE", 2), "key")
-        gone = self._writable("KV_REMOVE").remove(ks)
+        seqs = self._writable("KV_REMOVE").remove_seqs(ks)
         if self.d.node is not None:  # a storage node: no longer a hit in the Master
-            self.d.node.removed(ks, gone)
-        return gone
+            self.d.node.removed(ks, seqs)
+        return [s is not None for s in seqs]
 
     def _kv_staging(self, body: Any) -> Any:
         if not isinstance(body, dict) or set(body) != set(STAGING_COUNTERS):

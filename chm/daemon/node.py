@@ -14,20 +14,21 @@ in-band:
   :class:`~chm.remote.master.Lease` thread renews; a clean shutdown ends
   the lease, so its entries stop being hits at once;
 - every block a client puts (STORED or EXISTS) is published under the
-  current epoch; a removed or condemned block is unpublished; on start, and
-  whenever Redis comes back without this node, everything the store holds
-  is published again. Puts never wait on a Redis that does not answer:
-  after a publish found it down they skip publishing for a second, and the
-  first publish that works again re-publishes everything. A block the
-  store evicts to make room (or drops as corrupt, or after a failed flush)
-  leaves the Master in the same round trip as the put's publish
-  (:meth:`Store.take_drops`, :meth:`RedisMaster.update`: only while the
-  entry is still that very block); with Redis skipped or down they wait
-  (at most ``_GONE_MAX``) for the next publish that works. A stale entry
-  that still gets through (more waiting than that, or a node killed
-  before it told Redis) is dropped by the first worker that asks for it:
-  the node answers it absent, and the worker drops the entry if it still
-  names this node and epoch (:meth:`RedisMaster.drop`).
+  current epoch; on start, and whenever Redis comes back without this
+  node, everything the store holds is published again. Puts never wait on
+  a Redis that does not answer: after a publish found it down they skip
+  publishing for a second, and the first publish that works again
+  re-publishes everything. A block the store evicts to make room (or drops
+  as corrupt, or after a failed flush) leaves the Master in the same round
+  trip as the put's publish (:meth:`Store.take_drops`,
+  :meth:`RedisMaster.update`: only while the entry is still that very
+  block), a removed or condemned block in the remove's
+  (:meth:`Store.remove_seqs`); with Redis skipped or down both wait (at
+  most ``_GONE_MAX``) for the next publish that works. A stale entry that
+  still gets through (more waiting than that, or a node killed before it
+  told Redis) is dropped by the first worker that asks for it: the node
+  answers it absent, and the worker drops the entry if it still names this
+  node and epoch (:meth:`RedisMaster.drop`).
 
 A TCP client's WELCOME carries ``transfer`` (the engine's endpoint, the
 pool's and this client's area's addresses and sizes) and ``node`` (id,
@@ -229,9 +230,12 @@ class DaemonNode:
         ents = self._entries(ks[done]) if done else []
         self._published(self._update(ents, gone))
 
-    def _update(self, ents: list[Entry], gone: list[tuple[bytes, int]]) -> bool:
+    def _update(
+        self, ents: list[Entry], gone: list[tuple[bytes, int]], *, evicted: bool = True
+    ) -> bool:
         """Publishes ``ents`` and unpublishes the dropped blocks ``gone`` in
-        one Master call, counted; what it could not send waits for the next."""
+        one Master call, counted (``evicted``: as the store's own drops);
+        what it could not send waits for the next."""
         n = self.master.update(self.node, self.epoch, ents, gone)
         with self._lock:
             if n is None:
@@ -239,20 +243,24 @@ class DaemonNode:
             else:
                 self.counts["published"] += len(ents)
                 self.counts["unpublished"] += n
-                self.counts["evicted_unpublished"] += n
+                if evicted:
+                    self.counts["evicted_unpublished"] += n
         if n is None:
             self._keep_gone(gone)
         return n is not None
 
-    def removed(self, ks: np.ndarray[Any, Any], gone: list[bool]) -> None:
-        """Unpublishes the blocks a remove dropped (when their entries are
-        this node's); with Redis down they stay until a worker asks for
-        them (the node answers them absent, and the worker drops them)."""
-        drop = [k for k, g in zip(key_bytes(ks), gone, strict=True) if g]
-        if drop and not self._master_down():
-            n = self.master.drop(drop, self.node)
-            with self._lock:
-                self.counts["unpublished"] += n
+    def removed(self, ks: np.ndarray[Any, Any], seqs: list[int | None]) -> None:
+        """Unpublishes the blocks a remove dropped (``Store.remove_seqs``:
+        each key's put sequence), exactly those blocks, so a later put of
+        the key is left alone; with Redis skipped or down they wait with
+        the evictions for the next publish that works."""
+        gone = [(k, s) for k, s in zip(key_bytes(ks), seqs, strict=True) if s is not None]
+        if not gone:
+            return
+        if self._lease.lost or self._master_down():
+            self._keep_gone(gone)
+            return
+        self._published(self._update([], gone, evicted=False))
 
     def republish(self) -> int:
         """Publishes every block the store holds under this epoch; returns how many."""

@@ -97,8 +97,9 @@ class NodeHooks(Protocol):
         """Publishes what a put stored."""
         ...
 
-    def removed(self, ks: Any, gone: list[bool]) -> None:
-        """Unpublishes what a remove dropped."""
+    def removed(self, ks: Any, seqs: list[int | None]) -> None:
+        """Unpublishes what a remove dropped (each key's put sequence, None
+        for a key that was not there)."""
         ...
 
 

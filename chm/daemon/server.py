@@ -581,9 +581,9 @@ class Daemon:
             ks = np.zeros(1, dtype=KEY_DTYPE)
             ks[0] = p
             try:
-                gone = st.remove(ks)
+                seqs = st.remove_seqs(ks)
                 if self.node is not None:
-                    self.node.removed(ks, gone)
+                    self.node.removed(ks, seqs)
             except Busy:  # another client still loads it: later
                 continue
             except ChmError as exc:

@@ -1299,6 +1299,13 @@ class Store:
 
     def remove(self, keys: Any) -> list[bool]:
         """Drops the keys; per key whether it was there. Busy for a pinned key."""
+        return [s is not None for s in self.remove_seqs(keys)]
+
+    def remove_seqs(self, keys: Any) -> list[int | None]:
+        """:meth:`remove`, answering per key the put sequence (``epoch``,
+        as in :meth:`take_drops`) of the block it dropped, None for a key
+        that was not there: a storage node unpublishes exactly those
+        blocks (``chm.daemon.node``)."""
         self._check_open("remove")
         ks = self._keys(keys)
         with self._lock:
@@ -1312,8 +1319,9 @@ class Store:
                     f"remove: key #{j} is pinned (being loaded, or pin()ed)",
                     call="Store.remove",
                 )
+            seqs = [int(e["epoch"][r]) if r >= 0 else None for r in rows.tolist()]
             self._drop_rows(hit, journal=True, report=False)
-            return [bool(r >= 0) for r in rows]
+            return seqs
 
     def flush(self, timeout: float | None = None) -> None:
         """Makes every block stored before the call durable, journaled and synced.

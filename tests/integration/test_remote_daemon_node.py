@@ -341,3 +341,62 @@ def test_blocks_evicted_while_redis_is_stopped_leave_the_master_after(
     finally:
         node.kill()
         master.close()
+
+
+def test_blocks_removed_while_redis_is_stopped_leave_the_master_after(
+    redis_srv: RedisServer, tmp_path: Path
+) -> None:
+    """Redis stopped (SIGSTOP) while a worker removes published blocks and
+    puts one of the keys again: the removes wait on it at most one Redis
+    timeout, and once it answers the removed blocks leave the Master (that
+    very block: the key put again stays a hit) with no worker asking."""
+    import os
+    import signal
+
+    from chm.remote.master import key_bytes
+
+    secret = tmp_path / "secret"
+    write_secret(secret)
+    node = NodeProcess(redis_srv.url, "r1", tmp_path / "r1", secret, options=OPTS).start()
+    ns = Namespace(model="stall-remove")
+    keys = ns.keys(range(8))
+    master = RedisMaster(redis_srv.url, lease=1.0)
+    blk = np.arange(256 << 10, dtype=np.uint32).astype(np.uint8)
+    nid = int(node.info["node"])
+
+    def listed() -> set[bytes]:
+        return {e.key for e in master.entries_of(nid)}
+
+    try:
+        with chm.connect(node.info["socket"]) as dev:
+            kv = dev.kv(ns)
+            assert kv.put(keys, [blk] * 8) == [PutStatus.STORED] * 8
+            assert listed() == set(key_bytes(keys))
+            assert redis_srv.proc is not None
+            os.kill(redis_srv.proc.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                assert kv.remove(keys[:4]) == [True] * 4
+                took = time.monotonic() - t0
+                assert kv.put(keys[:1], [blk[::-1].copy()]) == [PutStatus.STORED]
+            finally:
+                os.kill(redis_srv.proc.pid, signal.SIGCONT)
+            assert took < 1.0, took  # at most one 0.5 s Redis timeout
+            time.sleep(1.1)  # puts skip a Redis that did not answer for a second
+            assert kv.put(keys[7:], [blk]) == [PutStatus.EXISTS]
+            want = set(key_bytes(np.concatenate([keys[:1], keys[4:]])))
+            deadline = time.monotonic() + 15
+            while listed() != want:
+                if time.monotonic() > deadline:
+                    got = listed()
+                    raise AssertionError(
+                        f"Master lists {len(got - want)} blocks not held, lacks {len(want - got)};"
+                        f" stats {dev.daemon_stats()['node']}"
+                    )
+                time.sleep(0.2)
+            out = np.zeros(blk.size, np.uint8)
+            assert kv.get(keys[:1], [out]) == [True]
+            assert np.array_equal(out, blk[::-1])  # the block put again, not the removed one
+    finally:
+        node.kill()
+        master.close()

@@ -45,7 +45,13 @@ def test_take_drops_reports_evictions_not_removes(tmp_backing: Path) -> None:
         _put(st, list(range(8, 56)))  # segments 0..6
         ents = st.entries(list(range(8)))
         epochs = {k: e["epoch"] for k, e in zip(range(8), ents, strict=True) if e is not None}
-        assert st.remove([20]) == [True]  # a remove is its caller's to report
+        # a remove is its caller's to report: remove_seqs names each
+        # removed block's put sequence, as take_drops does (None: absent)
+        e21 = st.entries([21])[0]
+        assert e21 is not None
+        assert st.remove([20]) == [True]
+        assert st.remove_seqs([21, 20, 999]) == [e21["epoch"], None, None]
+        assert not any(st.contains([20, 21]))
         _put(st, list(range(100, 116)))  # two segments back: segment 0's 8 blocks go
         got = st.take_drops()
         assert got.dtype == DROP_DTYPE and got.size == 8
