@@ -92,7 +92,11 @@ def _interrupt_after_first_snapshot(sock: str, delay: float) -> tuple[int, str, 
     p = _watch(sock, "--json", "--watch", "0.05")
     assert p.stdout is not None
     try:
-        json.loads(p.stdout.readline())
+        first = p.stdout.readline()
+        if not first:  # it exited before its first snapshot: say why
+            _, err = p.communicate(timeout=10)
+            raise AssertionError(f"stats --watch exited with {p.returncode}: {err}")
+        json.loads(first)
         time.sleep(delay)
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
