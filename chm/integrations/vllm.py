@@ -90,6 +90,7 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
     ReqContext,
     RequestOffloadingContext,
 )
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager  # noqa: E402
 from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
     JobResult,
     SecondaryTierManager,
@@ -118,6 +119,22 @@ _COUNTERS = {
     "checksum_errors": "Blocks whose bytes failed their checksum on load.",
     "lookup_errors": "Lookups the chm tier could not answer (counted as misses).",
 }
+
+
+class _MasterLookups(AsyncLookupManager):  # type: ignore[misc]
+    """vLLM's asynchronous lookups for a tier on remote nodes: the keys the
+    scheduler asks about in one step go to the Master together, per
+    request, on vLLM's lookup thread (``NodesStore.contains``: up to 32 keys
+    a Redis round trip) and are answered from the next step on; until then
+    a key is ``RETRY``, as for vLLM's own remote tiers. On one host the
+    store's index answers at once, so lookups stay synchronous there."""
+
+    def __init__(self, tier: ChmSecondaryTier, tier_type: str) -> None:
+        self._tier = tier
+        super().__init__(tier_type=tier_type)
+
+    def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        return self._tier._contains([bytes(k) for k in keys])
 
 
 def _model_files(name: str) -> list[list[Any]]:
@@ -358,6 +375,9 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         self._reported = dict.fromkeys(_COUNTERS, 0)
         self._closed = False
         self._last_lookup_error = -1e18
+        self._async: _MasterLookups | None = None
+        if tier.nodes:
+            self._async = _MasterLookups(self, tier_type)
 
     def _rows(self, job: TransferJob) -> list[np.ndarray[Any, Any]]:
         view = self._primary_rows
@@ -370,19 +390,35 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
 
     # ---- SecondaryTierManager
 
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+    def _contains(self, keys: list[bytes]) -> list[bool]:
+        """The store's answer for keys; all misses when it cannot answer."""
         try:
-            hit = self._lookup_store.contains([bytes(key)])[0]
+            return list(self._lookup_store.contains(keys))
         except ChmError as exc:
-            # the daemon went away (or the store failed): vLLM serves on,
-            # recomputing what it would have loaded; the log says why
-            self._count("lookup_errors", 1)
+            # the daemon or the Master went away (or the store failed): vLLM
+            # serves on, recomputing what it would have loaded; the log says why
+            self._count("lookup_errors", len(keys))
             now = time.monotonic()
             if now - self._last_lookup_error > 10.0:
                 self._last_lookup_error = now
                 _log.error("chm: vLLM tier lookups fail, every block is a miss: %s", exc)
-            return LookupResult.MISS
-        return LookupResult.HIT if hit else LookupResult.MISS
+            return [False] * len(keys)
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._async is not None:  # remote nodes: batched per step
+            got = self._async.lookup(key, req_context)
+            if got is None:
+                return LookupResult.RETRY
+            return LookupResult.HIT if got else LookupResult.MISS
+        return LookupResult.HIT if self._contains([bytes(key)])[0] else LookupResult.MISS
+
+    def on_schedule_end(self, context: Any) -> None:
+        if self._async is not None:
+            self._async.flush()  # this step's lookups, to the Master
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        if self._async is not None:
+            self._async.cleanup(req_context.req_id)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = [bytes(k) for k in job_metadata.keys]
@@ -417,9 +453,15 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
             except Exception:
                 _log.exception("chm: vLLM tier: load job %d failed", job.job_id)
                 self._count("load_misses", len(keys))
+                if self._async is not None:
+                    self._async.mark_miss(keys)
                 return JobResult(job_id=job.job_id, success=False)
             self._count("loaded_blocks", sum(ok))
             self._count("load_misses", len(ok) - sum(ok))
+            if self._async is not None and not all(ok):
+                # answered a miss from now on: vLLM stops promoting what
+                # will not load (the Master still named it)
+                self._async.mark_miss([k for k, o in zip(keys, ok, strict=True) if not o])
         else:
             assert isinstance(handle, Ticket)
             try:
@@ -522,6 +564,8 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         self.drain_jobs()
         self._closed = True
         self._loader.shutdown(wait=True)
+        if self._async is not None:
+            self._async.shutdown()  # its thread asks the store: before it closes
         # let go of the primary tier's memory, so that vLLM can unmap it
         self._primary_rows = np.zeros((0, self.block_size_bytes), dtype=np.uint8)
         try:

@@ -441,10 +441,11 @@ def test_per_process_hash_is_detected() -> None:
 def test_embedded_settings_with_a_daemon_fail_loudly(
     tmp_path: Path, engines: list[str], chm_log: Records
 ) -> None:
-    """The README's embedded config with chm.socket in place of chm.path:
-    its capacity and slot size would be ignored, so the plugin refuses them,
-    naming each (LMCache runs on without it; the log line says why)."""
-    kw = {"chm.socket": str(tmp_path / "chm.sock"), "chm.dram": None, "chm.wbuf": None}
+    """An embedded config (the tests' chm.capacity and chm.slot_size) with
+    chm.socket in place of chm.path: those settings would be ignored, so the
+    plugin refuses them, naming each (LMCache runs on without it; the log
+    line says why)."""
+    kw: dict[str, Any] = {"chm.socket": str(tmp_path / "s"), "chm.dram": None, "chm.wbuf": None}
     _, b, n = engine_any(None, **kw)
     engines.append(n)
     assert b is None

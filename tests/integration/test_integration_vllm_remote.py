@@ -123,6 +123,7 @@ def test_two_tiering_managers_share_one_remote_node(tmp_path: Path) -> None:
         make_tier,
         store_all,
     )
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
     from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 
     secret = tmp_path / "secret"
@@ -146,6 +147,22 @@ def test_two_tiering_managers_share_one_remote_node(tmp_path: Path) -> None:
                 k for k, c in zip(data, tiers[0].store.contains(list(data)), strict=True) if c
             ]
             assert len(stored) == st0["stored_blocks"]
+            # lookups on remote nodes are vLLM's asynchronous ones: a step's
+            # keys go to the Master together, answered from the next step
+            req = ReqContext(req_id="probe")
+            master = tiers[1].store.master
+            trips = master.stats["round_trips"]
+            assert [tiers[1].lookup(k, req) for k in stored] == [LookupResult.RETRY] * len(stored)
+            assert master.stats["round_trips"] == trips  # nothing asked on the scheduler's thread
+            tiers[1].on_schedule_end(ScheduleEndContext((), ()))
+            deadline = time.monotonic() + 10
+            while tiers[1].lookup(stored[0], req) is LookupResult.RETRY:
+                assert time.monotonic() < deadline
+                tiers[1].on_schedule_end(ScheduleEndContext((), ()))
+                time.sleep(0.005)
+            assert [tiers[1].lookup(k, req) for k in stored] == [LookupResult.HIT] * len(stored)
+            assert master.stats["round_trips"] - trips == -(-len(stored) // 32)  # 32 keys a trip
+            tiers[1].on_request_finished(req)
             assert load_all(mgrs[1], prims[1], {k: data[k] for k in stored}) == len(stored)
             st1 = tiers[1].stats()
             assert st1["loaded_blocks"] == len(stored) and st1["load_misses"] == 0, st1
