@@ -16,11 +16,13 @@ The engines' own entry points on remote nodes are in
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,21 @@ class Lines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def _node_and_store(
+    redis_srv: RedisServer, secret_file: Path, tmp_path: Path, **kw: Any
+) -> Iterator[tuple[NodeProcess, NodesStore]]:
+    """The node "node-a" and a NodesStore of this process on it."""
+    with NodeProcess(
+        redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS
+    ) as node:
+        store = NodesStore.open(redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", **kw)
+        try:
+            yield node, store
+        finally:
+            store.close()
 
 
 def _open(log: logging.Logger | None = None, **kw: Any) -> Any:
@@ -194,27 +211,21 @@ def test_puts_and_loads_do_not_take_each_others_buffer(
     put call in flight, held here by taking it), a put ends at once, not
     stored (SKIPPED, or ERROR where RemoteTier counts a busy buffer as a
     failed save), and loads are served in full."""
-    with NodeProcess(redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS):
-        store = NodesStore.open(
-            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", buffer=2 << 20
-        )
-        try:
-            data = [np.full(BLOCK, j, np.uint8) for j in range(8)]
-            assert store.put(list(range(8)), data) == [PutStatus.STORED] * 8
-            held = store.save_tier.buf.take(store.save_tier.buf.nbytes)
-            t0 = time.monotonic()
-            (busy,) = store.put([100], [data[0]])
-            assert busy in (PutStatus.SKIPPED, PutStatus.ERROR), busy
-            assert time.monotonic() - t0 < 1.0 and store.contains([100]) == [False]
-            outs = [np.zeros(BLOCK, np.uint8) for _ in range(8)]
-            assert store.load_prefix(list(range(8)), outs) == 8
-            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
-            store.save_tier.buf.give(held, store.save_tier.buf.nbytes)
-            assert store.put([100], [data[0]]) == [PutStatus.STORED]
-            st = store.stats()
-            assert st["skipped_blocks"] + st["error_blocks"] == 1, st
-        finally:
-            store.close()
+    with _node_and_store(redis_srv, secret_file, tmp_path, buffer=2 << 20) as (_, store):
+        data = [np.full(BLOCK, j, np.uint8) for j in range(8)]
+        assert store.put(list(range(8)), data) == [PutStatus.STORED] * 8
+        held = store.save_tier.buf.take(store.save_tier.buf.nbytes)
+        t0 = time.monotonic()
+        (busy,) = store.put([100], [data[0]])
+        assert busy in (PutStatus.SKIPPED, PutStatus.ERROR), busy
+        assert time.monotonic() - t0 < 1.0 and store.contains([100]) == [False]
+        outs = [np.zeros(BLOCK, np.uint8) for _ in range(8)]
+        assert store.load_prefix(list(range(8)), outs) == 8
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+        store.save_tier.buf.give(held, store.save_tier.buf.nbytes)
+        assert store.put([100], [data[0]]) == [PutStatus.STORED]
+        st = store.stats()
+        assert st["skipped_blocks"] + st["error_blocks"] == 1, st
 
 
 def test_redis_down_while_running_is_misses_then_service_again(
@@ -267,31 +278,23 @@ def test_a_remove_right_after_a_load_is_not_busy_with_its_own_pins(
     full run before). Loads and removes back to back, 40 rounds; the settling
     request is seen on the load connection's counters (the race itself is
     too rare to catch on a quiet machine)."""
-    with NodeProcess(
-        redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS
-    ) as node:
-        store = NodesStore.open(
-            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", timeout=5.0
-        )
-        try:
-            for r in range(40):
-                keys = [1000 * r + j for j in range(4)]
-                data = [np.full(BLOCK, (r + j) % 251 + 1, np.uint8) for j in range(4)]
-                assert store.put(keys, data) == [PutStatus.STORED] * 4
-                outs = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
-                assert store.load_prefix(keys, outs) == 4
-                assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
-                link = store.tier._links[int(node.info["node"])]
-                told = [link.told]  # the blocks went back unanswered
-                n0 = link.dev.round_trips
-                assert store.remove(keys) == [True] * 4, r
-                told.append(link.told)
-                assert told == [True, False] and link.dev.round_trips == n0 + 1
-                n0 = link.dev.round_trips
-                assert store.remove(keys) == [False] * 4  # nothing to settle now
-                assert link.dev.round_trips == n0
-        finally:
-            store.close()
+    with _node_and_store(redis_srv, secret_file, tmp_path, timeout=5.0) as (node, store):
+        for r in range(40):
+            keys = [1000 * r + j for j in range(4)]
+            data = [np.full(BLOCK, (r + j) % 251 + 1, np.uint8) for j in range(4)]
+            assert store.put(keys, data) == [PutStatus.STORED] * 4
+            outs = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
+            assert store.load_prefix(keys, outs) == 4
+            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+            link = store.tier._links[int(node.info["node"])]
+            told = [link.told]  # the blocks went back unanswered
+            n0 = link.dev.round_trips
+            assert store.remove(keys) == [True] * 4, r
+            told.append(link.told)
+            assert told == [True, False] and link.dev.round_trips == n0 + 1
+            n0 = link.dev.round_trips
+            assert store.remove(keys) == [False] * 4  # nothing to settle now
+            assert link.dev.round_trips == n0
 
 
 def test_remove_removes_the_blocks_on_their_node(
@@ -302,39 +305,31 @@ def test_remove_removes_the_blocks_on_their_node(
     node is loading (pinned by its KV_LOOKUP) is Busy, as on one daemon:
     nothing of that request is removed, and once it is handed back the
     remove goes through."""
-    with NodeProcess(
-        redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS
-    ) as node:
-        store = NodesStore.open(
-            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", timeout=2.0
-        )
+    with _node_and_store(redis_srv, secret_file, tmp_path, timeout=2.0) as (node, store):
+        data = [np.full(BLOCK, j + 1, np.uint8) for j in range(4)]
+        assert store.put(list(range(4)), data) == [PutStatus.STORED] * 4
+        assert store.remove([0, 1, 7]) == [True, True, False]
+        assert store.contains(list(range(4))) == [False, False, True, True]
+        with chm.connect(node.info["socket"]) as dev:
+            assert dev.kv(NS).contains(list(range(4))) == [False, False, True, True]
+        # another client loads key 2: its KV_LOOKUP pins it on the node
+        other = _Link(node.info["control"], str(secret_file), 5.0)
         try:
-            data = [np.full(BLOCK, j + 1, np.uint8) for j in range(4)]
-            assert store.put(list(range(4)), data) == [PutStatus.STORED] * 4
-            assert store.remove([0, 1, 7]) == [True, True, False]
-            assert store.contains(list(range(4))) == [False, False, True, True]
+            k2 = key_bytes(NS.keys([2]))
+            ans = other.call(Op.KV_LOOKUP, [_pairs(k2), False], time.monotonic() + 5)
+            assert ans[0][0] == 0 and ans[0][1]
+            with pytest.raises(Busy):
+                store.remove([2, 3])
+            assert store.contains([2, 3]) == [True, True]
             with chm.connect(node.info["socket"]) as dev:
-                assert dev.kv(NS).contains(list(range(4))) == [False, False, True, True]
-            # another client loads key 2: its KV_LOOKUP pins it on the node
-            other = _Link(node.info["control"], str(secret_file), 5.0)
-            try:
-                k2 = key_bytes(NS.keys([2]))
-                ans = other.call(Op.KV_LOOKUP, [_pairs(k2), False], time.monotonic() + 5)
-                assert ans[0][0] == 0 and ans[0][1]
-                with pytest.raises(Busy):
-                    store.remove([2, 3])
-                assert store.contains([2, 3]) == [True, True]
-                with chm.connect(node.info["socket"]) as dev:
-                    assert dev.kv(NS).contains([2, 3]) == [True, True]
-                other.call(Op.KV_DONE, [[*_pairs(k2)[0], ans[0][1], 0]], time.monotonic() + 5)
-            finally:
-                other.close()
-            assert store.remove([2, 3]) == [True, True]
-            with chm.connect(node.info["socket"]) as dev:
-                assert dev.kv(NS).contains(list(range(4))) == [False] * 4
-            assert store.contains(list(range(4))) == [False] * 4
+                assert dev.kv(NS).contains([2, 3]) == [True, True]
+            other.call(Op.KV_DONE, [[*_pairs(k2)[0], ans[0][1], 0]], time.monotonic() + 5)
         finally:
-            store.close()
+            other.close()
+        assert store.remove([2, 3]) == [True, True]
+        with chm.connect(node.info["socket"]) as dev:
+            assert dev.kv(NS).contains(list(range(4))) == [False] * 4
+        assert store.contains(list(range(4))) == [False] * 4
 
 
 def test_flush_is_a_barrier_across_a_node_kill(
@@ -419,31 +414,23 @@ def test_metadata_is_kept_with_the_block_on_its_node(
     one put is one block in the node's store and one entry in the Master,
     and meta() reads it back from the node (b"" for a key put without,
     None for an absent key); a removed key's metadata goes with it."""
-    with NodeProcess(
-        redis_srv.url, "node-a", tmp_path / "a", secret_file, options=NODE_OPTS
-    ) as node:
-        store = NodesStore.open(
-            redis_srv.url, secret_file, namespace=NS, host="127.0.0.1", timeout=2.0
-        )
-        try:
-            data = [np.full(BLOCK, j + 1, np.uint8) for j in range(4)]
-            metas = [b"m0", bytes(range(256)) * 4, None, b"\x00three"]
-            assert store.put(list(range(4)), data, metas) == [PutStatus.STORED] * 4
-            assert store.meta(list(range(5))) == [
-                b"m0",
-                bytes(range(256)) * 4,
-                b"",
-                b"\x00three",
-                None,
-            ]
-            with chm.connect(node.info["socket"]) as dev:
-                assert dev.daemon_stats()["kv"]["entries"] == 4  # no block of its own per metadata
-                assert dev.kv(NS).meta([0, 3]) == [b"m0", b"\x00three"]
-            assert len(list(store.master.entries_of(int(node.info["node"])))) == 4
-            outs = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
-            assert store.load_prefix(list(range(4)), outs) == 4
-            assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
-            assert store.remove([0]) == [True]
-            assert store.meta([0, 1]) == [None, bytes(range(256)) * 4]
-        finally:
-            store.close()
+    with _node_and_store(redis_srv, secret_file, tmp_path, timeout=2.0) as (node, store):
+        data = [np.full(BLOCK, j + 1, np.uint8) for j in range(4)]
+        metas = [b"m0", bytes(range(256)) * 4, None, b"\x00three"]
+        assert store.put(list(range(4)), data, metas) == [PutStatus.STORED] * 4
+        assert store.meta(list(range(5))) == [
+            b"m0",
+            bytes(range(256)) * 4,
+            b"",
+            b"\x00three",
+            None,
+        ]
+        with chm.connect(node.info["socket"]) as dev:
+            assert dev.daemon_stats()["kv"]["entries"] == 4  # no block of its own per metadata
+            assert dev.kv(NS).meta([0, 3]) == [b"m0", b"\x00three"]
+        assert len(list(store.master.entries_of(int(node.info["node"])))) == 4
+        outs = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
+        assert store.load_prefix(list(range(4)), outs) == 4
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+        assert store.remove([0]) == [True]
+        assert store.meta([0, 1]) == [None, bytes(range(256)) * 4]
