@@ -222,20 +222,27 @@ class DaemonNode:
         meanwhile (the put's evictions)."""
         done = [j for j, s in enumerate(status) if s in (PutStatus.STORED, PutStatus.EXISTS)]
         gone = self._take_gone()
-        if not done and not gone:
-            return
+        if done or gone:
+            self._send(ks[done], gone)
+
+    def _send(
+        self, ks: np.ndarray[Any, Any], gone: list[tuple[bytes, int]], *, evicted: bool = True
+    ) -> None:
+        """Publishes the blocks of ``ks`` and unpublishes ``gone``, unless
+        Redis is skipped (or this node superseded): then ``gone`` waits."""
         if self._lease.lost or self._master_down():
             self._keep_gone(gone)
             return
-        ents = self._entries(ks[done]) if done else []
-        self._published(self._update(ents, gone))
+        ents = self._entries(ks) if ks.size else []
+        self._published(self._update(ents, gone, evicted=evicted))
 
     def _update(
         self, ents: list[Entry], gone: list[tuple[bytes, int]], *, evicted: bool = True
     ) -> bool:
         """Publishes ``ents`` and unpublishes the dropped blocks ``gone`` in
-        one Master call, counted (``evicted``: as the store's own drops);
-        what it could not send waits for the next."""
+        one Master call, counted (``evicted``: as the store's own drops,
+        with any removes that waited among them); what it could not send
+        waits for the next."""
         n = self.master.update(self.node, self.epoch, ents, gone)
         with self._lock:
             if n is None:
@@ -255,12 +262,8 @@ class DaemonNode:
         the key is left alone; with Redis skipped or down they wait with
         the evictions for the next publish that works."""
         gone = [(k, s) for k, s in zip(key_bytes(ks), seqs, strict=True) if s is not None]
-        if not gone:
-            return
-        if self._lease.lost or self._master_down():
-            self._keep_gone(gone)
-            return
-        self._published(self._update([], gone, evicted=False))
+        if gone:
+            self._send(ks[:0], gone, evicted=False)
 
     def republish(self) -> int:
         """Publishes every block the store holds under this epoch; returns how many."""
