@@ -297,12 +297,12 @@ class ChmSecondaryTier(SecondaryTierManager):  # type: ignore[misc]
         if tier is None:
             self.identity = vllm_identity(offloading_spec, chunk)
             ns = _namespace(self.identity, model)
-            given = {  # what the configuration set (the rest are these defaults)
-                "capacity": capacity != "64G",
-                "sparse_overcommit": sparse_overcommit,
+            given = {  # what the configuration set: the rest are TierOptions' defaults
+                "capacity": capacity != TierOptions.capacity,
+                "sparse_overcommit": sparse_overcommit != TierOptions.sparse_overcommit,
                 "slot_size": slot_size is not None,
-                "per_rank_dir": per_rank_dir,
-                "backend": backend != "auto",
+                "per_rank_dir": per_rank_dir != TierOptions.per_rank_dir,
+                "backend": backend != TierOptions.backend,
             }
             if slot_size is None:
                 slot_size = max(_SLOT_ALIGN, -(-chunk // _SLOT_ALIGN) * _SLOT_ALIGN)
