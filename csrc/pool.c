@@ -267,26 +267,18 @@ static void *map_anon_aligned(uint64_t len, uint64_t align, int extra_flags)
 	return base;
 }
 
-/* A shared mapping of fd's first len bytes whose start is aligned to align
- * (an address reserved with align to spare, then the file mapped over it). */
+/* A shared mapping of fd's first len bytes whose start is aligned to align:
+ * the file mapped over an aligned anonymous reservation of its size. */
 static void *map_shared_aligned(int fd, uint64_t len, uint64_t align)
 {
-	uint64_t span = len + align;
-	char *raw, *base, *end;
+	void *base = map_anon_aligned(len, align, MAP_NORESERVE);
 
-	raw = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (raw == MAP_FAILED)
+	if (base == MAP_FAILED)
 		return MAP_FAILED;
-	base = (char *)CHM_ALIGN_UP((uintptr_t)raw, align);
-	end = base + len;
 	if (mmap(base, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-		munmap(raw, span);
+		munmap(base, len);
 		return MAP_FAILED;
 	}
-	if (base > raw)
-		munmap(raw, base - raw);
-	if (raw + span > end)
-		munmap(end, raw + span - end);
 	return base;
 }
 
