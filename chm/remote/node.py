@@ -405,7 +405,7 @@ class RemoteTier:
                 and hits[start + k].epoch == h.epoch
                 and total + hits[start + k].length <= half
             ):
-                total += (hits[start + k].length + 63) & ~63
+                total += RegisteredBuffer.span(hits[start + k].length)
                 k += 1
             return k
 
@@ -531,7 +531,7 @@ class RemoteTier:
         rcs = [int(a[0]) for a in ans[:n]]
         offs = [int(a[4]) for a in ans[:n]]
         del ents[n:], outs[n:], pairs[n:]
-        total = sum((e.length + 63) & ~63 for e in ents)
+        total = sum(RegisteredBuffer.span(e.length) for e in ents)
         at = 0  # tokens [at, n) are still held
         if not whole:
             grow = None
@@ -553,7 +553,7 @@ class RemoteTier:
                         toks += [int(x[1]) for x in mans[:k]]
                         rcs += [int(x[0]) for x in mans[:k]]
                         offs += [int(x[4]) for x in mans[:k]]
-                        total += sum((e.length + 63) & ~63 for e in more[:k])
+                        total += sum(RegisteredBuffer.span(e.length) for e in more[:k])
                         n += k
                 if at == n:
                     if grow is None:

@@ -226,9 +226,14 @@ class RegisteredBuffer:
         self._lock = threading.Lock()
         self.quarantined = 0
 
+    @staticmethod
+    def span(nbytes: int) -> int:
+        """The bytes a region of ``nbytes`` takes (64-byte aligned)."""
+        return (int(nbytes) + 63) & ~63
+
     def take(self, nbytes: int) -> int:
         """The offset of a free region of ``nbytes`` (NoSpace when none is free)."""
-        n = (int(nbytes) + 63) & ~63
+        n = self.span(nbytes)
         with self._lock:
             for i, (off, ln) in enumerate(self._free):
                 if ln >= n:
@@ -240,7 +245,7 @@ class RegisteredBuffer:
         raise NoSpace(None, f"registered buffer: no free region of {nbytes} bytes")
 
     def give(self, offset: int, nbytes: int) -> None:
-        n = (int(nbytes) + 63) & ~63
+        n = self.span(nbytes)
         with self._lock:
             self._free.append((offset, n))
             self._free.sort()
