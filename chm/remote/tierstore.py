@@ -122,6 +122,17 @@ def local_address(url: str) -> str:
         return "127.0.0.1"
 
 
+def _by_node(ents: Sequence[Entry | None], *, epoch: bool = False) -> list[tuple[Any, ...]]:
+    """The indexes of the present entries grouped by node (by node and
+    epoch with ``epoch``), each group as ``(node, [epoch,] indexes)``:
+    the calls of :meth:`NodesStore._side_by_side`."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for j, e in enumerate(ents):
+        if e is not None:
+            groups.setdefault((e.node, e.epoch) if epoch else (e.node,), []).append(j)
+    return [(*where, todo) for where, todo in groups.items()]
+
+
 class NodesStore:
     """A :class:`chm.kv.StoreLike` over remote nodes and their Master (module doc).
 
@@ -284,10 +295,6 @@ class NodesStore:
             return []
         ents = self._entries(ks)
         out: list[bytes | None] = [None] * len(ks)
-        by_node: dict[int, list[int]] = {}
-        for j, e in enumerate(ents):
-            if e is not None:
-                by_node.setdefault(e.node, []).append(j)
 
         def one(node: int, todo: list[int]) -> None:
             try:
@@ -301,7 +308,7 @@ class NodesStore:
                 if g["checksum"] == e.checksum:  # the very block the Master lists
                     out[j] = bytes(g["meta"] or b"")
 
-        self._side_by_side(one, list(by_node.items()))
+        self._side_by_side(one, _by_node(ents))
         return out
 
     # ---- loads
@@ -328,10 +335,7 @@ class NodesStore:
         side (a stopped node costs its own keys the timeout, not the others')."""
         out = [False] * len(ks)
         outs = [as_dst(d, f"buffer {j}") for j, d in enumerate(dsts)]
-        by_node: dict[int, list[int]] = {}
-        for j, e in enumerate(self._entries(ks)):
-            if e is not None:
-                by_node.setdefault(e.node, []).append(j)
+        ents = self._entries(ks)
         deadline = time.monotonic() + timeout
 
         def one(node: int, todo: list[int]) -> None:
@@ -346,7 +350,7 @@ class NodesStore:
                     out[j] = True
                 todo = todo[n + 1 :]  # the one that ended the run is a miss; the rest go on
 
-        self._side_by_side(one, list(by_node.items()))
+        self._side_by_side(one, _by_node(ents))
         return out
 
     # ---- puts
@@ -442,10 +446,6 @@ class NodesStore:
         ks = self._keys(keys)
         if not ks:
             return []
-        by_node: dict[tuple[int, int], list[int]] = {}
-        for j, e in enumerate(self._entries(ks)):
-            if e is not None:
-                by_node.setdefault((e.node, e.epoch), []).append(j)
         out = [False] * len(ks)
 
         def one(node: int, epoch: int, todo: list[int]) -> None:
@@ -454,7 +454,7 @@ class NodesStore:
                 out[j] = g
             self.master.drop([ks[j] for j in todo], node, epoch)
 
-        self._side_by_side(one, [(n, ep, todo) for (n, ep), todo in by_node.items()])
+        self._side_by_side(one, _by_node(self._entries(ks), epoch=True))
         return out
 
     def flush(self, timeout: float | None = None) -> None:
